@@ -1,0 +1,3 @@
+from pg_task_py.cli import main
+
+raise SystemExit(main())

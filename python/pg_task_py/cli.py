@@ -1,0 +1,148 @@
+"""Command line of the launcher: `pg_task_py run --dsn CONNINFO [...]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from pg_task_py import __version__
+from pg_task_py.launcher import Scheduler, Settings, SetupError
+
+DESCRIPTION = """\
+Run the pg_task_py scheduler: start the tasks inserted into table `task` of
+each database, in worker backends opened through dblink, as soon as they are
+due.  Runs in the foreground until SIGINT or SIGTERM, then stops cleanly
+(exit 0): it claims nothing more, waits up to --grace seconds for running
+tasks, cancels what is still running, and exits.
+
+The database needs `CREATE EXTENSION pg_task_py CASCADE;` and the launcher
+must connect as a superuser (it drives PL/Python and dblink).
+"""
+
+EPILOG = """\
+connection:
+  --dsn takes a libpq conninfo or URI ('dbname=app user=postgres',
+  'postgresql:///app').  Without --dsn and --config, the libpq environment
+  (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...) decides, as for psql.
+
+config file (--config), in the spirit of pg_task.json, one entry a database:
+  [{"dsn": "dbname=app1"}, {"dsn": "dbname=app2", "run": 4, "grace": 60}]
+
+exit status: 0 after a clean stop; 2 for bad usage; 1 when a database cannot
+be scheduled (wrong credentials, missing database or extension).  A server
+that is down or restarting is retried with backoff, not fatal.
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="pg_task_py", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pg_task_py {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run", help="run the scheduler in the foreground", description=DESCRIPTION,
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("--dsn", action="append", default=[], metavar="CONNINFO",
+                     help="database to schedule; repeat for several databases")
+    run.add_argument("--config", type=Path, metavar="FILE",
+                     help="JSON list of databases: [{\"dsn\": ..., \"run\": N, \"grace\": S}]")
+    run.add_argument("--run", type=positive_int, default=Settings.run, metavar="N",
+                     help="most tasks running at once per database, like pg_task.run "
+                          "(default: unlimited; each running task uses two backends)")
+    run.add_argument("--grace", type=float, default=Settings.grace, metavar="SECONDS",
+                     help="on SIGINT/SIGTERM, how long to wait for running tasks "
+                          "before cancelling them (default: %(default)s)")
+    run.add_argument("--log-level", default="INFO",
+                     choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
+    run.add_argument("--log-json", action="store_true", help="log one JSON object a line")
+    return parser.parse_args(argv)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def load_settings(args: argparse.Namespace) -> list[Settings]:
+    """One Settings per database, from --dsn flags and the --config file."""
+    settings = [Settings(dsn=dsn, run=args.run, grace=args.grace) for dsn in args.dsn]
+    if args.config is not None:
+        try:
+            entries = json.loads(args.config.read_text())
+        except (OSError, ValueError) as exc:
+            raise SetupError(f"cannot read config file {args.config}: {exc}") from None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and "dsn" in e for e in entries):
+            raise SetupError(f"config file {args.config}: expected a JSON list of objects with a \"dsn\"")
+        for entry in entries:
+            unknown = set(entry) - {"dsn", "run", "grace"}
+            if unknown:
+                raise SetupError(f"config file {args.config}: unknown key(s) {sorted(unknown)}")
+            settings.append(Settings(dsn=str(entry["dsn"]), run=int(entry.get("run", args.run)),
+                                     grace=float(entry.get("grace", args.grace))))
+    return settings or [Settings(dsn="", run=args.run, grace=args.grace)]
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": self.formatTime(record), "level": record.levelname,
+                "message": record.getMessage(), **getattr(record, "fields", {})}
+        return json.dumps(line, default=str)
+
+
+def setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if as_json else
+                         logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    logging.getLogger("psycopg").setLevel(logging.WARNING)
+
+
+def run_all(settings: list[Settings]) -> int:
+    """Run one scheduler thread per database; return the exit status."""
+    stopping = threading.Event()
+    failures: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logging.getLogger("pg_task_py").info("received %s: stopping", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    def run_one(entry: Settings) -> None:
+        try:
+            Scheduler(entry, stopping).run()
+        except SetupError as exc:
+            failures.append(str(exc))
+            logging.getLogger("pg_task_py").error("%s", exc)
+
+    threads = [threading.Thread(target=run_one, args=(s,), name=s.dsn or "env") for s in settings]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        for thread in threads:
+            thread.join(timeout=0.2)  # short joins keep the main thread free for signals
+        if failures and len(failures) == len(settings):
+            break
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.log_level, args.log_json)
+    try:
+        settings = load_settings(args)
+    except SetupError as exc:
+        logging.getLogger("pg_task_py").error("%s", exc)
+        return 2
+    return run_all(settings)

@@ -1,0 +1,252 @@
+"""Body of FUNCTION pgtaskpy.dispatch(run_limit, cancel_running) RETURNS (events, wake_in, running).
+
+One turn of the scheduler, run in the launcher's own session each time the
+launcher wakes (NOTIFY, a planned time, or a second passing):
+
+1. collect workers whose task ended;
+2. once a second: recover tasks of dead backends, expire tasks past `active`;
+3. claim due tasks (pgtaskpy.claim_due_tasks) up to the free worker slots;
+4. start each on an idle worker backend (kept open, so a task pays no
+   connection start-up) or on a new one, with dblink_send_query;
+5. close workers idle too long; say when to wake up next.
+
+Worker backends are this session's dblink connections; their state lives in
+GD, which lasts as long as the session.
+"""
+
+import json
+import time
+
+HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
+KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
+KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
+
+
+def prepared(name, query, types=()):
+    if name not in SD:
+        SD[name] = plpy.prepare(query.replace("dblink.", dblink_schema() + "."), list(types))
+    return SD[name]
+
+
+def dblink_schema():
+    """dblink may live in any schema; this function's search_path is pinned."""
+    if "dblink_schema" not in SD:
+        SD["dblink_schema"] = plpy.execute(
+            "SELECT quote_ident(n.nspname) AS s FROM pg_extension AS e"
+            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'dblink'"
+        )[0]["s"]
+    return SD["dblink_schema"]
+
+
+def run(name, query, types=(), args=()):
+    return plpy.execute(prepared(name, query, types), list(args))
+
+
+def quote_conninfo(value):
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def worker_conninfo():
+    """A loopback connection to this database as the launcher's own role."""
+    row = run(
+        "conninfo",
+        "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
+        " current_setting('port') AS port, current_database() AS dbname, current_user AS usr",
+    )[0]
+    parts = {
+        "host": row["host"].strip() or "localhost",
+        "port": row["port"],
+        "dbname": row["dbname"],
+        "user": row["usr"],
+        "application_name": "pg_task_py worker",
+    }
+    return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
+
+
+def state():
+    pool = GD.get("pgtaskpy.pool")
+    if pool is None:
+        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0}
+    return pool
+
+
+def disconnect(pool, name):
+    pool["workers"].pop(name, None)
+    try:
+        run("disconnect", "SELECT dblink.dblink_disconnect($1)", ["text"], [name])
+    except plpy.SPIError:
+        pass  # already gone
+
+
+def collect(pool, name, worker, events):
+    """Read the finished CALL's result; fail the task if the worker did not record it."""
+    error = None
+    try:
+        for _ in range(2):  # the CALL's result, then the end marker dblink requires
+            run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(status text)",
+                ["text"], [name])
+        message = run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
+        if message and message != "OK":
+            error = message.strip()
+    except plpy.SPIError as exc:
+        error = str(exc)
+    task_id = worker["task"]
+    worker["task"] = None
+    worker["idle_since"] = time.monotonic()
+    if error:
+        disconnect(pool, name)
+        ended = run(
+            "worker_failed",
+            "SELECT pgtaskpy.finish_task($1, 'FAIL', NULL, $2)",
+            ["bigint", "text"],
+            [task_id, f"ERROR:  pg_task_py worker failed: {error}"],
+        )
+        events.append({"event": "worker_error", "id": task_id, "message": error,
+                       "failed": ended[0]["finish_task"] is not None})
+    return task_id
+
+
+def reap(pool, events):
+    """Collect every worker whose CALL has returned.
+
+    Returns True when a task's row has ended but its worker has not answered
+    yet (the CALL returns just after the final commit): look again very soon.
+    """
+    busy = {w["task"]: name for name, w in pool["workers"].items() if w["task"] is not None}
+    if not busy:
+        return False
+    running = {
+        r["id"]
+        for r in run(
+            "running",
+            "SELECT id FROM @extschema@.task WHERE id = ANY($1) AND state IN ('TAKE', 'WORK')",
+            ["bigint[]"],
+            [list(busy)],
+        )
+    }
+    ended, answering = [], False
+    for task_id, name in busy.items():
+        try:
+            still_busy = run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"]
+        except plpy.SPIError:
+            still_busy = 0  # a broken connection: collect() records the failure
+        if still_busy:
+            answering = answering or task_id not in running
+            continue
+        ended.append(collect(pool, name, pool["workers"][name], events))
+    for row in run(
+        "ended",
+        "SELECT i AS id, t.state::text AS state, extract(epoch FROM t.stop - t.start)::float8 AS seconds"
+        " FROM unnest($1::bigint[]) AS i LEFT JOIN @extschema@.task AS t ON t.id = i",
+        ["bigint[]"],
+        [ended],
+    ):
+        events.append({"event": "end", "id": row["id"], "state": row["state"] or "DELETED",
+                       "seconds": row["seconds"]})
+    return answering
+
+
+def housekeeping(pool, events):
+    now = time.monotonic()
+    if now < pool["housekeeping_at"]:
+        return
+    pool["housekeeping_at"] = now + HOUSEKEEPING_EVERY
+    recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
+    expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    if recovered:
+        events.append({"event": "recovered", "count": recovered})
+    if expired:
+        events.append({"event": "expired", "count": expired})
+
+
+def pick_worker(pool, task):
+    """An idle worker for the task: the one holding its reusable session, else any."""
+    idle = [(name, w) for name, w in pool["workers"].items() if w["task"] is None]
+    key = [task["owner"], task["remote"], task["hash"]]
+    for name, worker in idle:
+        if task["reuse"] and worker["key"] == key:
+            return name
+    if idle:  # prefer one without a kept session, which it would have to close
+        return min(idle, key=lambda item: item[1]["key"] is not None)[0]
+    pool["serial"] += 1
+    name = f"pg_task_py_w{pool['serial']}"
+    run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
+    pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic()}
+    return name
+
+
+def start(pool, task, claimer, events):
+    try:
+        name = pick_worker(pool, task)
+        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+            [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)})"])
+    except plpy.SPIError as exc:
+        # No backend for it now (max_connections?): the task waits for the next turn.
+        run("unclaim", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+            " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
+        events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
+        return False
+    worker = pool["workers"][name]
+    worker["task"] = task["id"]
+    worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] else None
+    events.append({"event": "start", "id": task["id"], "worker": name})
+    return True
+
+
+def close_idle_workers(pool):
+    """Close idle workers past their keep time; return seconds until the next one is due."""
+    now = time.monotonic()
+    next_due = None
+    for name, worker in list(pool["workers"].items()):
+        if worker["task"] is not None:
+            continue
+        keep = KEEP_IDLE_SESSION if worker["key"] is not None else KEEP_IDLE_WORKER
+        due = worker["idle_since"] + keep
+        if due <= now:
+            disconnect(pool, name)
+        elif next_due is None or due - now < next_due:
+            next_due = due - now
+    return next_due
+
+
+def cancel_running_tasks(pool, events):
+    """Cancel the tasks this launcher's workers run (graceful stop past its grace period)."""
+    ids = [w["task"] for w in pool["workers"].values() if w["task"] is not None]
+    for row in run(
+        "cancel",
+        "SELECT id, @extschema@.task_cancel(id) AS cancelled FROM @extschema@.task"
+        " WHERE id = ANY($1) AND state = 'WORK' AND remote IS NULL",
+        ["bigint[]"],
+        [ids],
+    ):
+        events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
+
+
+def main():
+    pool = state()
+    events = []
+    if cancel_running:
+        cancel_running_tasks(pool, events)
+    answering = reap(pool, events)
+    housekeeping(pool, events)
+    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+    claimer = run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]
+    claimed = run(
+        "claim",
+        "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
+        ["integer", "integer"],
+        [max(0, run_limit - busy), claimer],
+    )
+    for task in claimed:
+        start(pool, task, claimer, events)
+    waits = [pool["housekeeping_at"] - time.monotonic()]
+    idle_due = close_idle_workers(pool)
+    if idle_due is not None:
+        waits.append(idle_due)
+    next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
+    if next_plan is not None:
+        waits.append(next_plan)
+    if answering:
+        waits.append(0.002)
+    running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+    return json.dumps(events), max(0.0, min(waits)), running

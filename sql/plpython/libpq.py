@@ -1,0 +1,253 @@
+"""A small libpq client for the worker, loaded with ctypes.
+
+Why libpq and not SPI or dblink: a task's input must arrive at a backend as
+one top-level simple query (so VACUUM, CREATE DATABASE and procedures that
+COMMIT work, as in pg_task), and every result of a multi-statement input must
+be read with its column names and types.  SPI sees only the last result and
+never runs at top level; dblink_get_result needs the column list in advance.
+libpq is on every PostgreSQL server (dblink links it), so no package is needed.
+"""
+
+import ctypes
+import ctypes.util
+import select
+import time
+
+_lib = ctypes.CDLL(ctypes.util.find_library("pq") or "libpq.so.5")
+
+_P = ctypes.c_void_p
+_S = ctypes.c_char_p
+_I = ctypes.c_int
+
+
+def _fn(name, restype, *argtypes):
+    function = getattr(_lib, name)
+    function.restype = restype
+    function.argtypes = list(argtypes)
+    return function
+
+
+PQconnectdbParams = _fn("PQconnectdbParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
+PQstatus = _fn("PQstatus", _I, _P)
+PQerrorMessage = _fn("PQerrorMessage", _S, _P)
+PQfinish = _fn("PQfinish", None, _P)
+PQbackendPID = _fn("PQbackendPID", _I, _P)
+PQsocket = _fn("PQsocket", _I, _P)
+PQsendQuery = _fn("PQsendQuery", _I, _P, _S)
+PQsendQueryParams = _fn(
+    "PQsendQueryParams", _I, _P, _S, _I, _P, ctypes.POINTER(_S), _P, _P, _I
+)
+PQconsumeInput = _fn("PQconsumeInput", _I, _P)
+PQisBusy = _fn("PQisBusy", _I, _P)
+PQgetResult = _fn("PQgetResult", _P, _P)
+PQsetSingleRowMode = _fn("PQsetSingleRowMode", _I, _P)
+PQresultStatus = _fn("PQresultStatus", _I, _P)
+PQntuples = _fn("PQntuples", _I, _P)
+PQnfields = _fn("PQnfields", _I, _P)
+PQfname = _fn("PQfname", _P, _P, _I)
+PQftype = _fn("PQftype", ctypes.c_uint, _P, _I)
+PQgetvalue = _fn("PQgetvalue", _P, _P, _I, _I)
+PQgetlength = _fn("PQgetlength", _I, _P, _I, _I)
+PQgetisnull = _fn("PQgetisnull", _I, _P, _I, _I)
+PQcmdStatus = _fn("PQcmdStatus", _P, _P)
+PQresultErrorField = _fn("PQresultErrorField", _P, _P, _I)
+PQclear = _fn("PQclear", None, _P)
+PQtransactionStatus = _fn("PQtransactionStatus", _I, _P)
+PQputCopyEnd = _fn("PQputCopyEnd", _I, _P, _S)
+PQgetCopyData = _fn("PQgetCopyData", _I, _P, ctypes.POINTER(_P), _I)
+PQfreemem = _fn("PQfreemem", None, _P)
+PQconnectionUsedPassword = _fn("PQconnectionUsedPassword", _I, _P)
+PQgetCancel = _fn("PQgetCancel", _P, _P)
+PQcancel = _fn("PQcancel", _I, _P, _S, _I)
+PQfreeCancel = _fn("PQfreeCancel", None, _P)
+NoticeReceiver = ctypes.CFUNCTYPE(None, _P, _P)
+PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
+
+CONNECTION_OK = 0
+PGRES_EMPTY_QUERY, PGRES_COMMAND_OK, PGRES_TUPLES_OK = 0, 1, 2
+PGRES_COPY_OUT, PGRES_COPY_IN = 3, 4
+PGRES_FATAL_ERROR = 7
+PGRES_COPY_BOTH, PGRES_SINGLE_TUPLE = 8, 9
+PQTRANS_INTRANS, PQTRANS_INERROR = 2, 3
+
+# Error fields, from postgres_ext.h.
+PG_DIAG_SEVERITY = ord("S")
+PG_DIAG_SEVERITY_NONLOCALIZED = ord("V")
+PG_DIAG_MESSAGE_PRIMARY = ord("M")
+PG_DIAG_MESSAGE_DETAIL = ord("D")
+PG_DIAG_MESSAGE_HINT = ord("H")
+PG_DIAG_CONTEXT = ord("W")
+
+
+def _text(pointer, length=None):
+    """Decode a C string from libpq; invalid UTF-8 is kept visible, never fatal."""
+    if not pointer:
+        return None
+    raw = ctypes.string_at(pointer, length) if length is not None else ctypes.string_at(pointer)
+    return raw.decode("utf-8", "replace")
+
+
+class ConnectError(Exception):
+    """The task's session could not be opened: libpq's message."""
+
+
+class Result:
+    """One PGresult, freed when the with-block ends."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        PQclear(self.handle)
+
+    @property
+    def status(self):
+        return PQresultStatus(self.handle)
+
+    def field(self, code):
+        return _text(PQresultErrorField(self.handle, code))
+
+    def columns(self):
+        return [
+            (_text(PQfname(self.handle, c)), PQftype(self.handle, c))
+            for c in range(PQnfields(self.handle))
+        ]
+
+    def rows(self):
+        """Each row as a list of str, None for NULL."""
+        handle = self.handle
+        ncolumns = PQnfields(handle)
+        for r in range(PQntuples(handle)):
+            yield [
+                None
+                if PQgetisnull(handle, r, c)
+                else _text(PQgetvalue(handle, r, c), PQgetlength(handle, r, c))
+                for c in range(ncolumns)
+            ]
+
+    def command_tag(self):
+        return _text(PQcmdStatus(self.handle)) or ""
+
+
+class Session:
+    """A libpq connection that runs one query at a time and yields its results."""
+
+    def __init__(self, keywords):
+        keys = [k.encode() for k in keywords] + [None]
+        values = [str(v).encode() for v in keywords.values()] + [None]
+        self.handle = PQconnectdbParams(
+            (_S * len(keys))(*keys), (_S * len(values))(*values), 1
+        )
+        if not self.handle:
+            raise ConnectError("out of memory")
+        if PQstatus(self.handle) != CONNECTION_OK:
+            message = _text(PQerrorMessage(self.handle)).strip()
+            self.close()
+            raise ConnectError(message)
+        self.notices = []
+        # Kept on self: ctypes must not collect the callback while libpq holds it.
+        self._receiver = NoticeReceiver(self._on_notice)
+        PQsetNoticeReceiver(self.handle, self._receiver, None)
+
+    def _on_notice(self, _arg, handle):
+        # libpq frees the notice's PGresult when this returns: copy the text now.
+        notice = Result(handle)
+        severity = notice.field(PG_DIAG_SEVERITY) or "NOTICE"
+        self.notices.append(f"{severity}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}")
+
+    def close(self):
+        if self.handle:
+            PQfinish(self.handle)
+            self.handle = None
+
+    @property
+    def ok(self):
+        return bool(self.handle) and PQstatus(self.handle) == CONNECTION_OK
+
+    @property
+    def pid(self):
+        return PQbackendPID(self.handle)
+
+    @property
+    def used_password(self):
+        return bool(PQconnectionUsedPassword(self.handle))
+
+    @property
+    def transaction_status(self):
+        return PQtransactionStatus(self.handle)
+
+    def error_message(self):
+        return (_text(PQerrorMessage(self.handle)) or "").strip()
+
+    def cancel(self):
+        """Ask the server to cancel the running query (safe from any thread)."""
+        cancel = PQgetCancel(self.handle)
+        if cancel:
+            buffer = ctypes.create_string_buffer(256)
+            PQcancel(cancel, buffer, 256)
+            PQfreeCancel(cancel)
+
+    def send(self, query, params=None):
+        if params is None:
+            sent = PQsendQuery(self.handle, query.encode())
+        else:
+            values = [None if p is None else str(p).encode() for p in params]
+            sent = PQsendQueryParams(
+                self.handle, query.encode(), len(values), None,
+                (_S * len(values))(*values), None, None, 0,
+            )
+        if not sent:
+            raise ConnectError(self.error_message())
+        # One row at a time keeps a worker's memory flat on huge results.
+        PQsetSingleRowMode(self.handle)
+
+    def results(self, deadline=None, on_wait=None):
+        """Yield each PGresult of the query sent last, until libpq has none left.
+
+        Waits on the socket so that `deadline` (time.monotonic) can cancel a
+        query that runs too long and `on_wait` runs about once a second.
+        """
+        while True:
+            while PQisBusy(self.handle):
+                timeout = 1.0
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+                readable, _, _ = select.select([PQsocket(self.handle)], [], [], timeout)
+                if not readable:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        self.cancel()
+                        deadline = None
+                    if on_wait is not None:
+                        on_wait()
+                    continue
+                if not PQconsumeInput(self.handle):
+                    break
+            handle = PQgetResult(self.handle)
+            if not handle:
+                return
+            yield Result(handle)
+
+    def finish_copy(self, status):
+        """End a COPY the task started: refuse COPY FROM STDIN, drain COPY TO STDOUT."""
+        if status == PGRES_COPY_IN:
+            PQputCopyEnd(self.handle, b"COPY FROM STDIN is not supported")
+            return
+        buffer = _P()
+        while PQgetCopyData(self.handle, ctypes.byref(buffer), 0) > 0:
+            PQfreemem(buffer)
+
+    def execute(self, query, params=None):
+        """Run a query of the worker's own and raise on error; return the last rows."""
+        self.send(query, params)
+        rows, error = [], None
+        for result in self.results():
+            with result:
+                if result.status == PGRES_FATAL_ERROR:
+                    error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
+                rows.extend(result.rows())
+        if error:
+            raise ConnectError(error)
+        return rows

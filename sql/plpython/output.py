@@ -1,0 +1,114 @@
+"""How a task's results and errors are written into `output` and `error`, as pg_task does.
+
+Output: every statement that returns rows adds its rows (columns joined by
+`delimiter`, rows by newline, a header line of column names when `header` is
+set and the result has more than one column); a statement without rows adds its
+command tag (`DELETE 0`); NULL prints as `null`.  With a `quote`, values are
+quoted and `quote`/`escape` characters inside them are escaped; with `string`
+only string-typed values (type category S) are quoted, header names always.
+
+Error: as the server log prints it, `ERROR:  message`, then DETAIL, HINT and
+CONTEXT lines where present, then `STATEMENT:  <input>`.
+"""
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # assembled into one function body with libpq.py by sql/build.py
+    from libpq import (
+        PG_DIAG_CONTEXT,
+        PG_DIAG_MESSAGE_DETAIL,
+        PG_DIAG_MESSAGE_HINT,
+        PG_DIAG_MESSAGE_PRIMARY,
+        PG_DIAG_SEVERITY,
+    )
+
+
+class OutputTooLarge(Exception):
+    """The output passed the task's byte limit."""
+
+
+class OutputWriter:
+    """Collects the formatted lines of one task, bounded by `limit` characters."""
+
+    def __init__(self, task, is_string_type, limit):
+        self.delimiter = task["delimiter"]
+        self.quote = task["quote"] or ""
+        self.escape = task["escape"] or ""
+        self.null = task["null"]
+        self.header = task["header"]
+        self.string = task["string"]
+        self.is_string_type = is_string_type
+        self.limit = limit
+        self.lines = []
+        self.size = 0
+        self.columns = None  # the result set being read, None between sets
+
+    def _add(self, line):
+        self.size += len(line) + 1
+        if self.limit and self.size > self.limit:
+            raise OutputTooLarge(f"task output exceeds {self.limit} characters")
+        self.lines.append(line)
+
+    def _quoted(self, value):
+        if self.escape:
+            value = "".join(
+                self.escape + ch if ch in (self.quote, self.escape) else ch for ch in value
+            )
+        return f"{self.quote}{value}{self.quote}"
+
+    def _cell(self, value, quoted):
+        if value is None:
+            return self.null
+        return self._quoted(value) if quoted else value
+
+    def rows(self, columns, rows):
+        """Add rows of a result set; the header goes before its first row."""
+        if self.columns is None:
+            self.columns = columns
+            self.quoted = [
+                bool(self.quote) and (not self.string or self.is_string_type(oid))
+                for _, oid in columns
+            ]
+            self.pending_header = self.header and len(columns) > 1
+        for row in rows:
+            if self.pending_header:
+                self.pending_header = False
+                names = [self._quoted(name) if self.quote else name for name, _ in columns]
+                self._add(self.delimiter.join(names))
+            self._add(self.delimiter.join(map(self._cell, row, self.quoted)))
+
+    def end_rows(self):
+        self.columns = None
+
+    def command(self, tag):
+        self._add(tag)
+
+    def text(self):
+        """The output column: None when the task produced nothing at all."""
+        return "\n".join(self.lines) if self.lines else None
+
+
+def format_error(result, statement, fallback=""):
+    """An error result as the server log prints it, ending with the statement."""
+    severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
+    lines = [f"{severity}:  {result.field(PG_DIAG_MESSAGE_PRIMARY) or fallback}"]
+    for label, code in (
+        ("DETAIL", PG_DIAG_MESSAGE_DETAIL),
+        ("HINT", PG_DIAG_MESSAGE_HINT),
+        ("CONTEXT", PG_DIAG_CONTEXT),
+    ):
+        value = result.field(code)
+        if value:
+            lines.append(f"{label}:  {value}")
+    lines.append(f"STATEMENT:  {statement}")
+    return "\n".join(lines)
+
+
+def format_message(message, statement, hint=None):
+    """An error of the scheduler's own (no PGresult), in the same layout."""
+    lines = [f"ERROR:  {message}"]
+    if hint:
+        lines.append(f"HINT:  {hint}")
+    if statement is not None:
+        lines.append(f"STATEMENT:  {statement}")
+    return "\n".join(lines)

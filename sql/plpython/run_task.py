@@ -1,0 +1,247 @@
+"""Body of PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer).
+
+Runs in a worker backend that the launcher's session opened with dblink and
+sent `CALL pgtaskpy.run_task(...)` to (pg_background-style), so the
+launcher never waits for a task.  The worker opens the task's own session
+with libpq, logged in as the task's owner (or to `remote`), marks the task
+WORK, commits, sends the input as one top-level query, writes output and
+error, and commits the end state.  The session is kept in GD for the next
+task of the same owner, remote and group when `count`/`live` allow reuse.
+"""
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
+    from libpq import (
+        PGRES_COMMAND_OK,
+        PGRES_COPY_BOTH,
+        PGRES_COPY_IN,
+        PGRES_COPY_OUT,
+        PGRES_FATAL_ERROR,
+        PGRES_SINGLE_TUPLE,
+        PGRES_TUPLES_OK,
+        PQTRANS_INERROR,
+        PQTRANS_INTRANS,
+        ConnectError,
+        Session,
+    )
+    from output import OutputTooLarge, OutputWriter, format_error, format_message
+
+
+SESSION_KEY = "pgtaskpy.session"
+
+
+def prepared(name, query, types):
+    """A plan prepared once per worker backend (SD lives as long as it)."""
+    if name not in SD:
+        SD[name] = plpy.prepare(query, types)
+    return SD[name]
+
+
+def take_task():
+    rows = plpy.execute(
+        prepared(
+            "take",
+            "SELECT id, input, owner, remote, hash, timeout, count, live, save,"
+            "       header, string, delimiter, quote, escape, \"null\","
+            "       extract(epoch FROM timeout)::float8 AS timeout_s,"
+            "       extract(epoch FROM live)::float8 AS live_s"
+            " FROM @extschema@.task WHERE id = $1 AND state = 'TAKE' AND worker = $2"
+            " FOR UPDATE",
+            ["bigint", "integer"],
+        ),
+        [task_id, claimer],
+    )
+    return rows[0] if rows else None
+
+
+def loopback_keywords(owner):
+    """Connection keywords of a session in this database, logged in as `owner`."""
+    settings = plpy.execute(
+        prepared(
+            "loopback",
+            "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
+            "       current_setting('port') AS port, current_database() AS dbname",
+            [],
+        )
+    )[0]
+    return {
+        "host": settings["host"].strip() or "localhost",
+        "port": settings["port"],
+        "dbname": settings["dbname"],
+        "user": owner,
+        "application_name": "pg_task_py task",
+    }
+
+
+def session_key(task):
+    return (task["owner"], task["remote"], task["hash"])
+
+
+def open_session(task):
+    """The task's session: the kept one when it may be reused, else a new one."""
+    kept = GD.get(SESSION_KEY)
+    if kept is not None:
+        reusable = (
+            kept["key"] == session_key(task)
+            and kept["session"].ok
+            and (task["count"] <= 0 or kept["runs"] < task["count"])
+            and (task["live_s"] <= 0 or time.monotonic() < kept["born"] + task["live_s"])
+            and (task["count"] > 0 or task["live_s"] > 0)
+        )
+        if reusable:
+            return kept
+        close_session()
+    if task["remote"] is not None:
+        keywords = {"dbname": task["remote"], "fallback_application_name": "pg_task_py task"}
+    else:
+        keywords = loopback_keywords(task["owner"])
+    kept = {"key": session_key(task), "session": Session(keywords), "runs": 0,
+            "born": time.monotonic()}
+    GD[SESSION_KEY] = kept
+    return kept
+
+
+def close_session():
+    kept = GD.pop(SESSION_KEY, None)
+    if kept is not None:
+        kept["session"].close()
+
+
+def is_string_type(oid):
+    """Whether values of this type are strings (category S), for the `string` flag."""
+    known = GD.setdefault("pgtaskpy.string_types", {})
+    if oid not in known:
+        rows = plpy.execute(
+            prepared("typcategory",
+                     "SELECT typcategory = 'S' AS s FROM pg_catalog.pg_type WHERE oid = $1", ["oid"]),
+            [oid],
+        )
+        known[oid] = bool(rows and rows[0]["s"])
+    return known[oid]
+
+
+def output_limit():
+    value = plpy.execute(
+        prepared("limit", "SELECT current_setting('pg_task_py.output_limit', true) AS v", [])
+    )[0]["v"]
+    return int(value) if value else 100 * 1024 * 1024
+
+
+def run_input(session, task):
+    """Send the input as one top-level query; return (output, error)."""
+    writer = OutputWriter(task, is_string_type, output_limit())
+    error = None
+    session.execute(
+        "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
+        "       pg_catalog.set_config('statement_timeout', $2, false)",
+        [task["id"], f"{int(task['timeout_s'] * 1000)}ms"],
+    )
+    session.send(task["input"])
+    try:
+        for result in session.results():
+            with result:
+                status = result.status
+                if error is not None:
+                    continue  # drain what is left after an error of ours
+                if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
+                    writer.rows(result.columns(), result.rows())
+                    if status == PGRES_TUPLES_OK:
+                        writer.end_rows()
+                elif status == PGRES_COMMAND_OK:
+                    writer.command(result.command_tag())
+                elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
+                    direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
+                    error = format_message(
+                        f"COPY {direction} is not supported", task["input"],
+                        hint="COPY to or from a server file works; a task has no client to stream to.")
+                    session.finish_copy(status)
+                elif status == PGRES_FATAL_ERROR:
+                    error = format_error(result, task["input"], session.error_message())
+    except OutputTooLarge as exc:
+        session.cancel()
+        for result in session.results():
+            result.__exit__()
+        error = format_message(str(exc), task["input"],
+                               hint="Raise pg_task_py.output_limit or make the task return less.")
+    if session.transaction_status == PQTRANS_INTRANS:
+        # pg_task ends a transaction the input left open, and says so.
+        session.execute("COMMIT")
+        writer.command("COMMIT")
+    elif session.transaction_status == PQTRANS_INERROR:
+        session.execute("ROLLBACK")
+    return writer.text(), error
+
+
+def release_or_reset(kept, task, reused_next):
+    """Keep the session for the next task (reset unless `save`) or close it."""
+    kept["runs"] += 1
+    if not reused_next or not kept["session"].ok:
+        close_session()
+        return
+    try:
+        if task["save"]:
+            kept["session"].execute("RESET statement_timeout; RESET pg_task.id")
+        else:
+            kept["session"].execute("DISCARD ALL")
+    except ConnectError:
+        close_session()
+
+
+def mark_working(session):
+    plpy.execute(
+        prepared(
+            "work",
+            "UPDATE @extschema@.task SET state = 'WORK', start = clock_timestamp(),"
+            " pid = $2, worker = pg_backend_pid() WHERE id = $1",
+            ["bigint", "integer"],
+        ),
+        [task_id, session.pid],
+    )
+
+
+def finish(state, output, error):
+    plpy.execute(
+        prepared(
+            "finish",
+            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4)",
+            ["bigint", "text", "text", "text"],
+        ),
+        [task_id, state, output, error],
+    )
+
+
+def connect_failure_hint(task):
+    if task["remote"] is not None:
+        return "Check the task's remote conninfo and that the server accepts it."
+    return (
+        f'The task runs in a session logged in as its owner "{task["owner"]}" over the local socket: '
+        "allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN."
+    )
+
+
+def main():
+    task = take_task()
+    if task is None:
+        return  # stopped, or taken over after this worker's launcher died
+    try:
+        kept = open_session(task)
+    except ConnectError as exc:
+        finish("FAIL", None, format_message(
+            f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
+        plpy.commit()
+        return
+    session = kept["session"]
+    mark_working(session)
+    plpy.commit()  # WORK, start and pid are visible while the input runs
+
+    try:
+        output, error = run_input(session, task)
+    except ConnectError as exc:  # the session broke outside the input itself
+        output, error = None, format_message(str(exc), task["input"])
+    reuse = task["count"] > 0 or task["live_s"] > 0
+    release_or_reset(kept, task, reuse)
+    finish("FAIL" if error else "DONE", output, error)
+    plpy.commit()
+

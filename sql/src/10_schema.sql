@@ -1,0 +1,112 @@
+-- The task table and its type: pg_task's columns, names, types and defaults,
+-- plus `owner` (whom the task runs as), `save` and `worker`.
+
+CREATE SCHEMA pgtaskpy;
+COMMENT ON SCHEMA pgtaskpy IS 'pg_task_py internals: scheduling functions called by the launcher';
+
+CREATE TYPE @extschema@.state AS ENUM ('PLAN', 'TAKE', 'WORK', 'DONE', 'FAIL', 'STOP', 'GONE');
+COMMENT ON TYPE @extschema@.state IS
+    'PLAN waiting, TAKE claimed, WORK running, DONE ok, FAIL error, STOP stopped by a user, GONE not started within active';
+
+-- Column defaults come from pg_task.<column> settings (SET, ALTER ROLE/DATABASE ... SET,
+-- postgresql.conf), read when a row is inserted; a bad value names the setting.
+CREATE FUNCTION pgtaskpy.setting(name text) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT NULLIF(current_setting('pg_task.' || name, true), '') $$;
+
+CREATE FUNCTION pgtaskpy.invalid_setting(name text, type text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'invalid value for setting "pg_task.%": "%"', name, pgtaskpy.setting(name)
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = format('pg_task.%s must be a valid %s; fix it with SET, ALTER ROLE ... SET or ALTER DATABASE ... SET.', name, type);
+END
+$$;
+
+-- One cast per type, each catching only a bad value: the common path (setting
+-- absent) enters no exception block.
+CREATE FUNCTION pgtaskpy.cast_setting(name text, fallback anyelement) RETURNS anyelement
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    result fallback%TYPE;
+BEGIN
+    EXECUTE format('SELECT $1::%s', pg_typeof(fallback)) INTO result USING pgtaskpy.setting(name);
+    RETURN result;
+EXCEPTION WHEN data_exception THEN
+    PERFORM pgtaskpy.invalid_setting(name, pg_typeof(fallback)::text);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgtaskpy.setting_default(name text, fallback anyelement) RETURNS anyelement
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pgtaskpy.setting(name) IS NULL THEN
+        RETURN fallback;
+    END IF;
+    RETURN pgtaskpy.cast_setting(name, fallback);
+END
+$$;
+
+CREATE TABLE @extschema@.task (
+    id          bigserial PRIMARY KEY,
+    parent      bigint DEFAULT NULLIF(current_setting('pg_task.id', true), '')::bigint,
+    plan        timestamptz NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    start       timestamptz,
+    stop        timestamptz,
+    active      interval NOT NULL DEFAULT pgtaskpy.setting_default('active', interval '1 hour'),
+    live        interval NOT NULL DEFAULT pgtaskpy.setting_default('live', interval '0 sec'),
+    repeat      interval NOT NULL DEFAULT pgtaskpy.setting_default('repeat', interval '0 sec'),
+    timeout     interval NOT NULL DEFAULT pgtaskpy.setting_default('timeout', interval '0 sec'),
+    count       integer NOT NULL DEFAULT pgtaskpy.setting_default('count', 0),
+    hash        integer NOT NULL GENERATED ALWAYS AS (hashtext("group" || E'\x1f' || COALESCE(remote, ''))) STORED,
+    max         integer NOT NULL DEFAULT pgtaskpy.setting_default('max', 0),
+    pid         integer,
+    state       @extschema@.state NOT NULL DEFAULT 'PLAN',
+    delete      boolean NOT NULL DEFAULT pgtaskpy.setting_default('delete', true),
+    drift       boolean NOT NULL DEFAULT pgtaskpy.setting_default('drift', false),
+    header      boolean NOT NULL DEFAULT pgtaskpy.setting_default('header', true),
+    string      boolean NOT NULL DEFAULT pgtaskpy.setting_default('string', true),
+    delimiter   text NOT NULL DEFAULT pgtaskpy.setting_default('delimiter', E'\t'::text),
+    escape      text NOT NULL DEFAULT pgtaskpy.setting_default('escape', ''::text),
+    quote       text NOT NULL DEFAULT pgtaskpy.setting_default('quote', ''::text),
+    data        text,
+    error       text,
+    "group"     text NOT NULL DEFAULT pgtaskpy.setting_default('group', 'group'::text),
+    input       text NOT NULL,
+    "null"      text NOT NULL DEFAULT pgtaskpy.setting_default('null', E'\\N'::text),
+    output      text,
+    remote      text,
+    save        boolean NOT NULL DEFAULT pgtaskpy.setting_default('save', false),
+    owner       name NOT NULL DEFAULT current_user,
+    worker      integer,
+    -- Constraint names are the messages a user sees when an INSERT is rejected.
+    CONSTRAINT "task.active must be a positive interval" CHECK (active > interval '0'),
+    CONSTRAINT "task.live must not be negative" CHECK (live >= interval '0'),
+    CONSTRAINT "task.repeat must not be negative" CHECK (repeat >= interval '0'),
+    CONSTRAINT "task.timeout must not be negative" CHECK (timeout >= interval '0'),
+    CONSTRAINT "task.count must not be negative" CHECK (count >= 0),
+    CONSTRAINT "task.input must not be empty" CHECK (btrim(input, E' \t\r\n;') <> ''),
+    CONSTRAINT "task.delimiter must be exactly one character" CHECK (length(delimiter) = 1),
+    CONSTRAINT "task.quote must be at most one character" CHECK (length(quote) <= 1),
+    CONSTRAINT "task.escape must be at most one character" CHECK (length(escape) <= 1)
+);
+
+COMMENT ON TABLE @extschema@.task IS 'pg_task_py: insert SQL into input, read output/error/state back';
+COMMENT ON COLUMN @extschema@.task.owner IS 'role the task runs as (its session logs in as this role)';
+COMMENT ON COLUMN @extschema@.task.worker IS 'pid of the local backend that claimed (TAKE) or supervises (WORK) the task';
+COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET) for the next task of a reused worker session';
+
+-- Finding due work stays cheap however many finished rows the table holds:
+-- every scheduling index covers only the few rows that are waiting or running.
+CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN';
+CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN';
+CREATE INDEX task_hash_running ON @extschema@.task (hash) WHERE state IN ('TAKE', 'WORK');
+CREATE INDEX task_parent ON @extschema@.task (parent) WHERE parent IS NOT NULL;
+
+-- pg_dump keeps users' tasks (the extension's objects are recreated by CREATE EXTENSION).
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.task', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.task_id_seq', '');

@@ -1,0 +1,182 @@
+-- The scheduling rules, written once: which tasks may start now, how a task
+-- ends (and what follows it), and what happens to tasks whose backend died.
+-- The launcher only calls these through pgtaskpy.dispatch().
+
+-- Claim due tasks: PLAN -> TAKE, at most max + 1 running per group, higher max
+-- first, then lower id (pg_task's priority).  Claims of all launchers of a
+-- database are serialized by a transaction lock, so two launchers never both
+-- fill the last slot of a group.
+CREATE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer)
+RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF claim_limit <= 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0);
+    RETURN QUERY
+    WITH running AS (
+        SELECT t.hash, count(*)::integer AS n
+        FROM @extschema@.task AS t
+        WHERE t.state IN ('TAKE', 'WORK')
+        GROUP BY t.hash
+    ), due AS (
+        SELECT t.id, t.hash, t.max,
+               row_number() OVER (PARTITION BY t.hash ORDER BY t.max DESC, t.id) AS rank
+        FROM @extschema@.task AS t
+        WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active > now()
+    ), chosen AS (
+        SELECT d.id
+        FROM due AS d LEFT JOIN running AS r ON r.hash = d.hash
+        WHERE CASE WHEN d.max >= 0 THEN d.rank + COALESCE(r.n, 0) <= d.max::bigint + 1
+                   ELSE d.rank = 1 AND r.n IS NULL   -- negative max: one at a time
+              END
+        ORDER BY d.max DESC, d.id
+        LIMIT claim_limit
+    )
+    UPDATE @extschema@.task AS t
+    SET state = 'TAKE', worker = claimer
+    FROM chosen AS c
+    WHERE t.id = c.id AND t.state = 'PLAN'
+    RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
+END
+$$;
+
+-- The next planned time of a repeating task: old plan + k * repeat, the first
+-- such time in the future, or stop + repeat when the task drifts.
+CREATE FUNCTION pgtaskpy.next_plan(task @extschema@.task) RETURNS timestamptz
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    next timestamptz;
+    steps double precision;
+BEGIN
+    IF task.drift THEN
+        RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
+    END IF;
+    -- Jump close with arithmetic (fixed-length intervals), then step exactly
+    -- (months and days have no fixed length).
+    steps := floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat));
+    next := task.plan + task.repeat * greatest(steps, 0);
+    WHILE next <= clock_timestamp() LOOP
+        next := next + task.repeat;
+    END LOOP;
+    RETURN next;
+END
+$$;
+
+-- End a task: record its result, insert the next run of a repeating task
+-- (exactly once: only the transaction that moves the row out of from_states
+-- does it), hold back the next task of a pausing group (negative max), delete
+-- a task that produced nothing when asked to, and wake the launchers.
+CREATE FUNCTION pgtaskpy.finish_task(
+    task_id bigint, end_state @extschema@.state, task_output text, task_error text,
+    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}')
+RETURNS @extschema@.state
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t @extschema@.task;
+BEGIN
+    UPDATE @extschema@.task AS task
+    SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error
+    WHERE task.id = task_id AND task.state = ANY (from_states)
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    IF t.repeat > interval '0' THEN
+        INSERT INTO @extschema@.task (
+            parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
+            string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner)
+        VALUES (
+            t.id, pgtaskpy.next_plan(t), t.active, t.live, t.repeat, t.timeout, t.count,
+            t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
+            t.data, t."group", t.input, t."null", t.remote, t.save, t.owner);
+    END IF;
+
+    IF t.max < 0 THEN
+        -- pg_task's pause: the group's next task waits -max ms after this one's
+        -- stop (drift) or after this one's plan (no drift).
+        UPDATE @extschema@.task AS task
+        SET plan = greatest(task.plan,
+                            CASE WHEN t.drift THEN t.stop ELSE t.plan END
+                            + make_interval(secs => -t.max / 1000.0))
+        WHERE task.id = (SELECT w.id FROM @extschema@.task AS w
+                         WHERE w.hash = t.hash AND w.state = 'PLAN'
+                         ORDER BY w.max DESC, w.id LIMIT 1);
+    END IF;
+
+    IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
+        DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
+    END IF;
+
+    PERFORM pg_notify('pg_task_py', '');
+    RETURN end_state;
+END
+$$;
+
+-- Tasks whose backend is gone.  TAKE: the claiming launcher died before a
+-- worker started the task, so it never ran: back to PLAN.  WORK: the task may
+-- have run in part, so it is not run again (at most once): FAIL, and a
+-- repeating task goes on with its next run.
+CREATE FUNCTION pgtaskpy.recover_orphaned_tasks() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    orphan record;
+    recovered integer := 0;
+BEGIN
+    UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL
+    WHERE t.state = 'TAKE'
+      AND NOT EXISTS (SELECT FROM pg_stat_get_activity(NULL) AS a WHERE a.pid = t.worker);
+    GET DIAGNOSTICS recovered = ROW_COUNT;
+
+    FOR orphan IN
+        SELECT t.id, t.input FROM @extschema@.task AS t
+        WHERE t.state = 'WORK'
+          AND NOT EXISTS (SELECT FROM pg_stat_get_activity(NULL) AS a
+                          WHERE a.pid = t.worker AND a.backend_start <= t.start)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM pgtaskpy.finish_task(orphan.id, 'FAIL', NULL,
+            E'ERROR:  task worker ended before the task finished\n'
+            || E'HINT:  its backend was terminated or the server restarted; the task is not run again\n'
+            || 'STATEMENT:  ' || orphan.input, '{WORK}');
+        recovered := recovered + 1;
+    END LOOP;
+    RETURN recovered;
+END
+$$;
+
+-- Waiting tasks that were not started within `active` after their plan.
+CREATE FUNCTION pgtaskpy.expire_inactive_tasks() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    late bigint;
+    expired integer := 0;
+BEGIN
+    FOR late IN
+        SELECT t.id FROM @extschema@.task AS t
+        WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active <= now()
+        ORDER BY t.plan LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM pgtaskpy.finish_task(late, 'GONE', NULL, 'ERROR:  task not active', '{PLAN}');
+        expired := expired + 1;
+    END LOOP;
+    RETURN expired;
+END
+$$;
+
+-- Seconds until the earliest planned task that is not due yet (NULL: none).
+CREATE FUNCTION pgtaskpy.seconds_to_next_plan() RETURNS double precision
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT extract(epoch FROM min(t.plan) - clock_timestamp())::double precision
+    FROM @extschema@.task AS t
+    WHERE t.state = 'PLAN' AND t.plan > now()
+$$;

@@ -1,0 +1,24 @@
+-- The two PL/Python entry points of the scheduler.  Their source is in
+-- sql/plpython/*.py; sql/build.py pastes it between the $python$ quotes.
+
+-- Runs in a worker backend (a dblink connection of the launcher's session).
+-- A procedure, so that it can commit WORK before the input runs and the end
+-- state after.  No SET clause: a procedure with one cannot commit, so every
+-- name inside is schema-qualified instead.
+CREATE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer)
+LANGUAGE plpython3u
+AS $python$
+{{ libpq.py output.py run_task.py }}
+$python$;
+
+-- One turn of the scheduler, in the launcher's session.
+CREATE FUNCTION pgtaskpy.dispatch(
+    run_limit integer, cancel_running boolean DEFAULT false,
+    OUT events jsonb, OUT wake_in double precision, OUT running integer)
+LANGUAGE plpython3u SET search_path = pg_catalog, pg_temp
+AS $python$
+{{ dispatch.py }}
+$python$;
+
+REVOKE ALL ON PROCEDURE pgtaskpy.run_task(bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.dispatch(integer, boolean) FROM PUBLIC;

@@ -1,0 +1,92 @@
+-- Functions for users: enqueue a task, wait for its result, cancel it.
+
+-- INSERT with only the given columns; the others take their defaults.
+CREATE FUNCTION @extschema@.task_enqueue(
+    input text,
+    plan timestamptz DEFAULT NULL,
+    "group" text DEFAULT NULL,
+    max integer DEFAULT NULL,
+    repeat interval DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    remote text DEFAULT NULL,
+    data text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    names text[] := '{}';
+    values_ text[] := '{}';
+    task_id bigint;
+BEGIN
+    IF plan IS NOT NULL THEN names := names || 'plan'; values_ := values_ || '$2'; END IF;
+    IF "group" IS NOT NULL THEN names := names || 'group'; values_ := values_ || '$3'; END IF;
+    IF max IS NOT NULL THEN names := names || 'max'; values_ := values_ || '$4'; END IF;
+    IF repeat IS NOT NULL THEN names := names || 'repeat'; values_ := values_ || '$5'; END IF;
+    IF timeout IS NOT NULL THEN names := names || 'timeout'; values_ := values_ || '$6'; END IF;
+    IF remote IS NOT NULL THEN names := names || 'remote'; values_ := values_ || '$7'; END IF;
+    IF data IS NOT NULL THEN names := names || 'data'; values_ := values_ || '$8'; END IF;
+    EXECUTE format('INSERT INTO @extschema@.task (input%s) VALUES ($1%s) RETURNING id',
+                   (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
+                   (SELECT string_agg(', ' || v, '') FROM unnest(values_) AS v))
+        INTO task_id
+        USING input, plan, "group", max, repeat, timeout, remote, data;
+    RETURN task_id;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_enqueue IS 'insert a task (unset arguments take the column defaults) and return its id';
+
+-- Wait until a task has ended and return its row (NULL when it was deleted
+-- because it produced neither output nor error).  Polls with a growing pause:
+-- a function cannot wait for NOTIFY.
+CREATE FUNCTION @extschema@.task_wait(task_id bigint, wait_for interval DEFAULT interval '1 minute')
+RETURNS @extschema@.task
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + wait_for;
+    pause double precision := 0.001;
+    t @extschema@.task;
+BEGIN
+    LOOP
+        SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
+        IF NOT FOUND OR t.state NOT IN ('PLAN', 'TAKE', 'WORK') THEN
+            RETURN t;
+        END IF;
+        IF clock_timestamp() >= deadline THEN
+            RAISE EXCEPTION 'task % is still %, after waiting %', task_id, t.state, wait_for
+                USING ERRCODE = 'query_canceled',
+                      HINT = 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).';
+        END IF;
+        PERFORM pg_sleep(pause);
+        pause := least(pause * 2, 0.1);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
+
+-- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
+-- cancel error).  Returns whether there was something to stop.
+CREATE FUNCTION @extschema@.task_cancel(task_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t @extschema@.task;
+BEGIN
+    UPDATE @extschema@.task SET state = 'STOP' WHERE id = task_id AND state = 'PLAN' RETURNING * INTO t;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF t.state = 'WORK' AND t.remote IS NULL THEN
+        RETURN pg_cancel_backend(t.pid);
+    END IF;
+    RAISE EXCEPTION 'task % cannot be cancelled while %', task_id, t.state
+        USING HINT = CASE WHEN t.remote IS NOT NULL THEN 'Cancel it on the remote server with pg_cancel_backend(pid).'
+                          ELSE 'It is about to start; try again in a moment.' END;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';
