@@ -166,6 +166,29 @@ CREATE TRIGGER task_notify_update
     FOR EACH ROW WHEN (NEW.state = 'PLAN' AND (OLD.state <> 'PLAN' OR NEW.plan < OLD.plan))
     EXECUTE FUNCTION pgtaskpy.notify_launchers();
 
+-- ---- sql/src/25_security.sql
+-- Who may see and change which tasks.  A task runs as its owner, so a role
+-- that could edit another role's task could run SQL with that role's
+-- privileges: row-level security confines each role to its own tasks.
+-- Superusers (the launcher) bypass it; members of pgtaskpy_admin see all.
+
+GRANT USAGE ON SCHEMA pgtaskpy TO PUBLIC;  -- column defaults and triggers call into it
+
+DO $$
+BEGIN
+    -- Roles are cluster-wide: the first database to create the extension makes it.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_admin') THEN
+        CREATE ROLE pgtaskpy_admin NOLOGIN;
+    END IF;
+END
+$$;
+
+ALTER TABLE @extschema@.task ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY task_owner_or_admin ON @extschema@.task
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'))
+    WITH CHECK (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+
 -- ---- sql/src/30_scheduling.sql
 -- The scheduling rules, written once: which tasks may start now, how a task
 -- ends (and what follows it), and what happens to tasks whose backend died.
@@ -349,6 +372,12 @@ AS $$
     FROM @extschema@.task AS t
     WHERE t.state = 'PLAN' AND t.plan > now()
 $$;
+
+-- Only the launcher (a superuser) schedules.
+REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 
 -- ---- sql/src/40_worker.sql
 -- The two PL/Python entry points of the scheduler.  Their source is in
@@ -568,15 +597,16 @@ class Session:
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
 
-    def results(self, deadline=None, on_wait=None):
+    def results(self, deadline=None, on_wait=None, wait_step=1.0):
         """Yield each PGresult of the query sent last, until libpq has none left.
 
         Waits on the socket so that `deadline` (time.monotonic) can cancel a
-        query that runs too long and `on_wait` runs about once a second.
+        query that runs too long and `on_wait` runs every `wait_step` seconds
+        while the query runs.
         """
         while True:
             while PQisBusy(self.handle):
-                timeout = 1.0
+                timeout = wait_step
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - time.monotonic()))
                 readable, _, _ = select.select([PQsocket(self.handle)], [], [], timeout)
@@ -765,6 +795,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
 
 
 SESSION_KEY = "pgtaskpy.session"
+INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 
 
 def prepared(name, query, types):
@@ -864,6 +895,17 @@ def output_limit():
     return int(value) if value else 100 * 1024 * 1024
 
 
+def serve_interrupts():
+    """Let this backend act on interrupts while it waits for the task's session.
+
+    A backend blocked in a C call acts on no signal: not on a cancel or a
+    terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
+    from every backend (a task dropping a database would wait forever).  Any
+    SPI call checks for interrupts; a cancel raises here and ends the task.
+    """
+    plpy.execute(prepared("interrupts", "SELECT", []))
+
+
 def run_input(session, task):
     """Send the input as one top-level query; return (output, error)."""
     writer = OutputWriter(task, is_string_type, output_limit())
@@ -875,7 +917,7 @@ def run_input(session, task):
     )
     session.send(task["input"])
     try:
-        for result in session.results():
+        for result in session.results(on_wait=serve_interrupts, wait_step=INTERRUPT_EVERY):
             with result:
                 status = result.status
                 if error is not None:
@@ -900,6 +942,11 @@ def run_input(session, task):
             result.__exit__()
         error = format_message(str(exc), task["input"],
                                hint="Raise pg_task_py.output_limit or make the task return less.")
+    except plpy.SPIError:
+        # This worker was cancelled or terminated: stop the task's query too.
+        session.cancel()
+        close_session()
+        raise
     if session.transaction_status == PQTRANS_INTRANS:
         # pg_task ends a transaction the input left open, and says so.
         session.execute("COMMIT")

@@ -16,7 +16,18 @@ log = logging.getLogger("pg_task_py")
 
 CHANNEL = "pg_task_py"
 # Connection errors that retrying cannot fix: wrong password, role or database.
+# libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
 FATAL_SQLSTATES = {"28000", "28P01", "3D000"}
+FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplied",
+                 "no pg_hba.conf entry", "invalid connection option", "invalid dsn",
+                 "missing \"=\"", "invalid URI")
+
+
+def is_fatal(exc: psycopg.Error) -> bool:
+    """Whether a connection error needs the user to act, rather than a retry."""
+    if isinstance(exc, psycopg.ProgrammingError) or exc.sqlstate in FATAL_SQLSTATES:
+        return True
+    return any(phrase in str(exc) for phrase in FATAL_PHRASES)
 
 
 class SetupError(Exception):
@@ -57,7 +68,7 @@ class Scheduler:
                     self._drain(conn)
                     return
             except psycopg.Error as exc:
-                if exc.sqlstate in FATAL_SQLSTATES:
+                if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
                 what = ("connection lost or refused" if isinstance(exc, psycopg.OperationalError)
                         else "scheduler error")

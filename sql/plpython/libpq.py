@@ -204,15 +204,16 @@ class Session:
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
 
-    def results(self, deadline=None, on_wait=None):
+    def results(self, deadline=None, on_wait=None, wait_step=1.0):
         """Yield each PGresult of the query sent last, until libpq has none left.
 
         Waits on the socket so that `deadline` (time.monotonic) can cancel a
-        query that runs too long and `on_wait` runs about once a second.
+        query that runs too long and `on_wait` runs every `wait_step` seconds
+        while the query runs.
         """
         while True:
             while PQisBusy(self.handle):
-                timeout = 1.0
+                timeout = wait_step
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - time.monotonic()))
                 readable, _, _ = select.select([PQsocket(self.handle)], [], [], timeout)

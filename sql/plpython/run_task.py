@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
 
 
 SESSION_KEY = "pgtaskpy.session"
+INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 
 
 def prepared(name, query, types):
@@ -129,6 +130,17 @@ def output_limit():
     return int(value) if value else 100 * 1024 * 1024
 
 
+def serve_interrupts():
+    """Let this backend act on interrupts while it waits for the task's session.
+
+    A backend blocked in a C call acts on no signal: not on a cancel or a
+    terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
+    from every backend (a task dropping a database would wait forever).  Any
+    SPI call checks for interrupts; a cancel raises here and ends the task.
+    """
+    plpy.execute(prepared("interrupts", "SELECT", []))
+
+
 def run_input(session, task):
     """Send the input as one top-level query; return (output, error)."""
     writer = OutputWriter(task, is_string_type, output_limit())
@@ -140,7 +152,7 @@ def run_input(session, task):
     )
     session.send(task["input"])
     try:
-        for result in session.results():
+        for result in session.results(on_wait=serve_interrupts, wait_step=INTERRUPT_EVERY):
             with result:
                 status = result.status
                 if error is not None:
@@ -165,6 +177,11 @@ def run_input(session, task):
             result.__exit__()
         error = format_message(str(exc), task["input"],
                                hint="Raise pg_task_py.output_limit or make the task return less.")
+    except plpy.SPIError:
+        # This worker was cancelled or terminated: stop the task's query too.
+        session.cancel()
+        close_session()
+        raise
     if session.transaction_status == PQTRANS_INTRANS:
         # pg_task ends a transaction the input left open, and says so.
         session.execute("COMMIT")

@@ -180,3 +180,9 @@ AS $$
     FROM @extschema@.task AS t
     WHERE t.state = 'PLAN' AND t.plan > now()
 $$;
+
+-- Only the launcher (a superuser) schedules.
+REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;

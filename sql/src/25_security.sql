@@ -1,0 +1,21 @@
+-- Who may see and change which tasks.  A task runs as its owner, so a role
+-- that could edit another role's task could run SQL with that role's
+-- privileges: row-level security confines each role to its own tasks.
+-- Superusers (the launcher) bypass it; members of pgtaskpy_admin see all.
+
+GRANT USAGE ON SCHEMA pgtaskpy TO PUBLIC;  -- column defaults and triggers call into it
+
+DO $$
+BEGIN
+    -- Roles are cluster-wide: the first database to create the extension makes it.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_admin') THEN
+        CREATE ROLE pgtaskpy_admin NOLOGIN;
+    END IF;
+END
+$$;
+
+ALTER TABLE @extschema@.task ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY task_owner_or_admin ON @extschema@.task
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'))
+    WITH CHECK (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));

@@ -1,0 +1,130 @@
+"""Fixtures: one real cluster per test session, a fresh database per test, the real launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+from fix_cluster import Cluster, Launcher, wait_until
+
+ACTIVE_STATES = ("PLAN", "TAKE", "WORK")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster().init()
+    cluster.start()
+    # A template with the extension makes each test's database a quick file copy.
+    cluster.create_database("template_pg_task_py")
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+_names = itertools.count()
+
+
+@dataclass
+class Database:
+    """A test's own database with the extension, and helpers to drive it."""
+
+    cluster: Cluster
+    name: str
+    conn: psycopg.Connection
+    launchers: list[Launcher] = field(default_factory=list)
+
+    @property
+    def dsn(self) -> str:
+        return self.cluster.dsn(self.name)
+
+    def connect(self, user: str = "postgres") -> psycopg.Connection:
+        return self.cluster.connect(self.name, user)
+
+    def sql(self, query: str, params: object = None) -> list[tuple]:
+        cursor = self.conn.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+    def value(self, query: str, params: object = None) -> object:
+        rows = self.sql(query, params)
+        return rows[0][0] if rows else None
+
+    def insert(self, input: str, **columns: object) -> int:
+        names = ["input", *columns]
+        quoted = ", ".join(f'"{name}"' for name in names)
+        marks = ", ".join(["%s"] * len(names))
+        return self.value(f"INSERT INTO task ({quoted}) VALUES ({marks}) RETURNING id",
+                          [input, *columns.values()])
+
+    def task(self, task_id: int) -> dict | None:
+        cursor = self.conn.execute("SELECT * FROM task WHERE id = %s", [task_id])
+        row = cursor.fetchone()
+        return dict(zip([d.name for d in cursor.description], row)) if row else None
+
+    def wait_done(self, task_id: int, timeout: float = 20.0) -> dict | None:
+        """The task's row once it has ended (None if it was deleted)."""
+        def ended() -> object:
+            row = self.task(task_id)
+            return ("deleted",) if row is None else (row if row["state"] not in ACTIVE_STATES else None)
+        row = wait_until(ended, timeout, message=f"task {task_id} to end; unfinished: {self.unfinished()}")
+        return None if row == ("deleted",) else row
+
+    def unfinished(self) -> list[tuple]:
+        return self.sql("SELECT id, state, input, pid, worker FROM task WHERE state::text = ANY(%s)",
+                        [list(ACTIVE_STATES)])
+
+    def wait_all_done(self, timeout: float = 30.0) -> None:
+        wait_until(lambda: self.value("SELECT count(*) FROM task WHERE state::text = ANY(%s)",
+                                      [list(ACTIVE_STATES)]) == 0,
+                   timeout, interval=0.05, message="all tasks to end")
+
+    def launcher(self, *args: str, wait: bool = True) -> Launcher:
+        launcher = Launcher(self.dsn, args=args).start()
+        self.launchers.append(launcher)
+        if wait:
+            launcher.wait_active()
+        return launcher
+
+
+@contextlib.contextmanager
+def new_database(cluster: Cluster) -> Iterator[Database]:
+    name = f"test_{next(_names)}"
+    with cluster.connect() as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE template_pg_task_py")
+    conn = cluster.connect(name)
+    database = Database(cluster, name, conn)
+    try:
+        yield database
+    finally:
+        for launcher in database.launchers:
+            launcher.kill()
+        conn.close()
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def db(cluster: Cluster) -> Iterator[Database]:
+    with new_database(cluster) as database:
+        yield database
+
+
+@pytest.fixture(scope="module")
+def shared(cluster: Cluster) -> Iterator[Database]:
+    """One database and launcher for a whole module of independent, quick tasks."""
+    with new_database(cluster) as database:
+        launcher = database.launcher()
+        yield database
+        assert launcher.stop() == 0, launcher.output()
+
+
+@pytest.fixture
+def running(db: Database) -> Database:
+    """A database with a launcher running on it (stopped cleanly at the end of the test)."""
+    launcher = db.launcher()
+    yield db
+    assert launcher.stop() == 0, launcher.output()

@@ -1,0 +1,200 @@
+"""The real launcher against a real server: states, wake-up, groups, stop, reconnect, bad setup."""
+
+import signal
+import subprocess
+import time
+
+from fix_cluster import LAUNCHER, Launcher, wait_until
+
+
+def state_of(db, task_id):
+    return db.value("SELECT state::text FROM task WHERE id = %s", [task_id])
+
+
+def test_task_goes_plan_work_done_with_start_stop_pid(running):
+    task_id = running.insert("SELECT pg_sleep(0.5), pg_backend_pid()", delete=False)
+    wait_until(lambda: state_of(running, task_id) == "WORK", message="WORK")
+    working = running.task(task_id)
+    assert working["start"] is not None and working["stop"] is None and working["pid"]
+    backend = running.value("SELECT query FROM pg_stat_activity WHERE pid = %s", [working["pid"]])
+    assert backend == "SELECT pg_sleep(0.5), pg_backend_pid()"
+    done = running.wait_done(task_id)
+    assert done["state"] == "DONE" and done["stop"] >= done["start"] >= done["plan"]
+    assert done["output"].endswith(f"\t{working['pid']}")
+
+
+def test_invalid_sql_fails_with_the_parser_error(running):
+    row = running.wait_done(running.insert("SELEC 1"))
+    assert row["state"] == "FAIL"
+    assert row["error"] == 'ERROR:  syntax error at or near "SELEC"\nSTATEMENT:  SELEC 1'
+
+
+def test_insert_wakes_an_idle_launcher_at_once(running):
+    """Each task starts far sooner than any one-second poll would allow."""
+    time.sleep(1.5)  # let the launcher go idle
+    delays = []
+    for pause in (0.3, 0.7, 0.45, 0.9, 0.15):
+        time.sleep(pause)  # land at different points of any polling period
+        task_id = running.insert("SELECT 1", delete=False)
+        row = running.wait_done(task_id)
+        delays.append((row["start"] - row["plan"]).total_seconds())
+    assert max(delays) < 0.25, delays
+
+
+def test_planned_task_never_starts_early(running):
+    task_id = running.value("INSERT INTO task (plan, input, delete) VALUES (now() + interval '1.5 s', 'SELECT 1', false)"
+                            " RETURNING id")
+    row = running.wait_done(task_id)
+    late = (row["start"] - row["plan"]).total_seconds()
+    assert 0 <= late < 0.5, late
+
+
+def overlaps(rows):
+    """The most tasks running at any one moment, from their start/stop times."""
+    points = sorted([(r[0], 1) for r in rows] + [(r[1], -1) for r in rows])
+    most = current = 0
+    for _, step in points:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def test_max_limits_concurrency_per_group(running):
+    for group in ("one", "two"):
+        running.sql("INSERT INTO task (\"group\", max, input, delete)"
+                    " SELECT %s, 1, 'SELECT pg_sleep(0.4)', false FROM generate_series(1, 6)", [group])
+    running.wait_all_done(30)
+    for group in ("one", "two"):
+        rows = running.sql("SELECT start, stop FROM task WHERE \"group\" = %s", [group])
+        assert overlaps(rows) == 2, group  # max 1: one beside the running one, never more
+    assert overlaps(running.sql("SELECT start, stop FROM task")) == 4  # the groups run side by side
+
+
+def test_default_max_runs_a_group_one_at_a_time(running):
+    running.sql("INSERT INTO task (input, delete) SELECT 'SELECT pg_sleep(0.2)', false FROM generate_series(1, 4)")
+    running.wait_all_done(30)
+    assert overlaps(running.sql("SELECT start, stop FROM task")) == 1
+    order = [r[0] for r in running.sql("SELECT id FROM task ORDER BY start")]
+    assert order == sorted(order)
+
+
+def test_run_flag_caps_running_tasks(db):
+    db.launcher("--run", "2")
+    db.sql("INSERT INTO task (\"group\", input, delete)"
+           " SELECT 'g' || i, 'SELECT pg_sleep(0.3)', false FROM generate_series(1, 6) AS i")
+    db.wait_all_done(30)
+    assert overlaps(db.sql("SELECT start, stop FROM task")) == 2
+
+
+def test_graceful_stop_waits_for_running_task(db):
+    launcher = db.launcher()
+    task_id = db.insert("SELECT pg_sleep(1.5)", delete=False)
+    wait_until(lambda: state_of(db, task_id) == "WORK", message="WORK")
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0
+    assert state_of(db, task_id) == "DONE"
+    assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
+    assert "stopped" in launcher.output()
+
+
+def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
+    launcher = db.launcher("--grace", "0.5")
+    task_id = db.insert("SELECT pg_sleep(60)", delete=False)
+    wait_until(lambda: state_of(db, task_id) == "WORK", message="WORK")
+    launcher.signal(signal.SIGTERM)
+    waiting = db.insert("SELECT 1", group="other", delete=False)
+    assert launcher.process.wait(30) == 0
+    row = db.task(task_id)
+    assert row["state"] == "FAIL"
+    assert row["error"].startswith("ERROR:  canceling statement due to user request")
+    assert state_of(db, waiting) in ("PLAN", "DONE")  # claimed only if before the signal
+    assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
+
+
+def test_launcher_reconnects_after_server_restart(db, cluster):
+    launcher = db.launcher()
+    db.wait_done(db.insert("SELECT 1", delete=False))
+    db.conn.close()
+    cluster.restart("fast")
+    wait_until(lambda: launcher.output().count("scheduling (active)") >= 2, 30, 0.1, "a reconnect")
+    assert "connection lost or refused" in launcher.output()
+    assert "Traceback" not in launcher.output()
+    db.conn = db.connect()
+    assert db.wait_done(db.insert("SELECT 'after restart'", delete=False))["output"] == "after restart"
+
+
+def test_killed_worker_backend_fails_the_task(running):
+    task_id = running.insert("SELECT pg_sleep(30)", delete=False)
+    wait_until(lambda: state_of(running, task_id) == "WORK", message="WORK")
+    pid = running.task(task_id)["pid"]
+    running.sql("SELECT pg_terminate_backend(%s)", [pid])
+    row = running.wait_done(task_id, 10)
+    assert row["state"] == "FAIL"
+    assert row["error"].startswith("FATAL:  terminating connection due to administrator command")
+    assert running.wait_done(running.insert("SELECT 'next'", delete=False))["output"] == "next"
+
+
+def test_killed_supervisor_backend_fails_the_task(running):
+    task_id = running.insert("SELECT pg_sleep(30)", delete=False)
+    wait_until(lambda: state_of(running, task_id) == "WORK", message="WORK")
+    worker = running.task(task_id)["worker"]
+    running.sql("SELECT pg_terminate_backend(%s)", [worker])
+    row = running.wait_done(task_id, 10)
+    assert row["state"] == "FAIL"
+    assert "worker" in row["error"]
+    assert running.wait_done(running.insert("SELECT 'next'", delete=False))["output"] == "next"
+
+
+def test_several_databases_in_one_launcher(cluster, db):
+    cluster.create_database(f"{db.name}_b")
+    try:
+        launcher = Launcher(db.dsn, cluster.dsn(f"{db.name}_b")).start()
+        wait_until(lambda: launcher.output().count("scheduling (active)") == 2, 15, message="two databases")
+        with cluster.connect(f"{db.name}_b") as other:
+            other_id = other.execute("INSERT INTO task (input, delete) VALUES ('SELECT 2', false)"
+                                     " RETURNING id").fetchone()[0]
+            assert db.wait_done(db.insert("SELECT 1", delete=False))["output"] == "1"
+            wait_until(lambda: other.execute("SELECT output FROM task WHERE id = %s", [other_id]).fetchone()[0],
+                       message="the task of the second database")
+        assert launcher.stop() == 0
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {db.name}_b WITH (FORCE)")
+
+
+def run_launcher(*args, timeout=30):
+    return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_wrong_dsn_is_one_clear_line_and_non_zero_exit(cluster):
+    result = run_launcher("run", "--dsn", cluster.dsn("no_such_database"))
+    assert result.returncode == 1
+    assert 'database "no_such_database" does not exist' in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_database_without_extension_says_what_to_do(cluster, db):
+    cluster.create_database(f"{db.name}_plain", extension=False)
+    try:
+        result = run_launcher("run", "--dsn", cluster.dsn(f"{db.name}_plain"))
+        assert result.returncode == 1
+        assert "CREATE EXTENSION pg_task_py CASCADE" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {db.name}_plain WITH (FORCE)")
+
+
+def test_server_down_is_retried_not_fatal(tmp_path):
+    launcher = Launcher(f"host={tmp_path} port=1 dbname=x", log_dir=tmp_path).start()
+    wait_until(lambda: "retrying in" in launcher.output(), 15, message="a retry")
+    assert launcher.process.poll() is None
+    assert launcher.stop() == 0
+    assert "Traceback" not in launcher.output()
+
+
+def test_help_explains_the_flags():
+    result = run_launcher("run", "--help")
+    assert result.returncode == 0
+    for flag in ("--dsn", "--config", "--run", "--grace", "--log-level", "--log-json", "PGHOST"):
+        assert flag in result.stdout

@@ -1,0 +1,112 @@
+"""Output and error text, byte for byte as SPEC.md §3 (pg_task's formats)."""
+
+import pytest
+
+TAB = "\t"
+
+
+def run(db, input, **columns):
+    """Run one task through the real launcher and return its finished row."""
+    columns.setdefault("delete", False)
+    return db.wait_done(db.insert(input, **columns))
+
+
+@pytest.mark.parametrize(
+    ("input", "output"),
+    [
+        ("SELECT 1 AS a", "1"),
+        ("SELECT 1 AS a, 2 AS b", f"a{TAB}b\n1{TAB}2"),
+        ("SELECT 1 AS a;SELECT 2 AS b", "1\n2"),
+        ("SELECT 1 AS a, 2 AS b;SELECT 3 AS c", f"a{TAB}b\n1{TAB}2\n3"),
+        ("SELECT x AS a FROM generate_series(1, 3) AS x", "1\n2\n3"),
+        ("SELECT NULL AS a", "\\N"),
+        ("SELECT 1 AS a, NULL AS b", f"a{TAB}b\n1{TAB}\\N"),
+        ("CREATE TEMP TABLE t (i int); INSERT INTO t VALUES (1), (2); DELETE FROM t WHERE i = 1",
+         "CREATE TABLE\nINSERT 0 2\nDELETE 1"),
+        ("DELETE FROM task WHERE false", "DELETE 0"),
+        ("CREATE TEMP TABLE r (i int); INSERT INTO r VALUES (5) RETURNING i", "CREATE TABLE\n5"),
+        ("BEGIN; SELECT 1 AS a", "BEGIN\n1\nCOMMIT"),
+        ("VACUUM", "VACUUM"),
+        ("SELECT 'x' AS a, true AS b, '{1,2}'::int[] AS c, '{\"k\": 1}'::jsonb AS d",
+         f"a{TAB}b{TAB}c{TAB}d\nx{TAB}t{TAB}{{1,2}}{TAB}{{\"k\": 1}}"),
+    ],
+)
+def test_output_examples(shared, input, output):
+    row = run(shared, input)
+    assert (row["state"], row["output"], row["error"]) == ("DONE", output, None)
+
+
+def test_header_off_null_and_delimiter(shared):
+    row = run(shared, "SELECT 1 AS a, NULL AS b", header=False, delimiter=",", null="null")
+    assert row["output"] == "1,null"
+
+
+def test_quote_and_escape(shared):
+    row = run(shared, "SELECT 'a\"b\\c'", quote='"', escape="\\")
+    assert row["output"] == '"a\\"b\\\\c"'
+
+
+def test_string_quotes_only_string_values(shared):
+    query = "SELECT 'x' AS s, 1 AS n"
+    assert run(shared, query, quote="'")["output"] == f"'s'{TAB}'n'\n'x'{TAB}1"
+    assert run(shared, query, quote="'", string=False)["output"] == f"'s'{TAB}'n'\n'x'{TAB}'1'"
+
+
+@pytest.mark.parametrize(
+    ("input", "error"),
+    [
+        ("SELECT 1/0 AS a", "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a"),
+        ("SELEKT 1", 'ERROR:  syntax error at or near "SELEKT"\nSTATEMENT:  SELEKT 1'),
+        ("DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$",
+         "ERROR:  boom\nDETAIL:  d\nHINT:  h\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
+         "STATEMENT:  DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$"),
+        ("CREATE TEMP TABLE u (i int PRIMARY KEY); INSERT INTO u VALUES (1), (1)",
+         'ERROR:  duplicate key value violates unique constraint "u_pkey"\n'
+         "DETAIL:  Key (i)=(1) already exists.\n"
+         "STATEMENT:  CREATE TEMP TABLE u (i int PRIMARY KEY); INSERT INTO u VALUES (1), (1)"),
+    ],
+)
+def test_errors_as_the_server_log_prints_them(shared, input, error):
+    row = run(shared, input)
+    assert (row["state"], row["error"]) == ("FAIL", error)
+
+
+def test_failed_statement_rolls_back_the_implicit_transaction(shared):
+    shared.sql("CREATE TABLE audit_rollback (i int)")
+    row = run(shared, "INSERT INTO audit_rollback VALUES (1); SELECT 1/0")
+    assert row["state"] == "FAIL"
+    assert shared.value("SELECT count(*) FROM audit_rollback") == 0
+
+
+@pytest.mark.parametrize("input", ["COPY (SELECT 1) TO STDOUT", "CREATE TEMP TABLE c (i int); COPY c FROM STDIN"])
+def test_copy_to_or_from_the_client_fails_clearly(shared, input):
+    row = run(shared, input)
+    assert row["state"] == "FAIL"
+    direction = "FROM STDIN" if "STDIN" in input else "TO STDOUT"
+    assert row["error"].startswith(f"ERROR:  COPY {direction} is not supported\n")
+
+
+def test_statements_that_cannot_run_in_a_transaction_block(shared):
+    row = run(shared, "CREATE DATABASE made_by_a_task")
+    assert (row["state"], row["output"]) == ("DONE", "CREATE DATABASE")
+    assert run(shared, "DROP DATABASE made_by_a_task")["output"] == "DROP DATABASE"
+
+
+def test_task_sees_its_own_id(shared):
+    task_id = shared.insert("SELECT current_setting('pg_task.id')", delete=False)
+    assert shared.wait_done(task_id)["output"] == str(task_id)
+
+
+def test_task_without_output_is_deleted_when_asked(shared):
+    task_id = shared.insert("SELECT 1 WHERE false", delete=True)
+    assert shared.wait_done(task_id) is None
+    kept = shared.insert("SELECT 1 WHERE false", delete=False)
+    row = shared.wait_done(kept)
+    assert (row["state"], row["output"], row["error"]) == ("DONE", None, None)
+
+
+def test_tasks_inserted_by_a_task_have_it_as_parent(shared):
+    parent = shared.insert("INSERT INTO task (input, \"group\", delete) VALUES ('SELECT 7', 'child', false)")
+    shared.wait_done(parent)
+    child = shared.value("SELECT id FROM task WHERE parent = %s", [parent])
+    assert shared.wait_done(child)["output"] == "7"

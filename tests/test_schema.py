@@ -1,0 +1,132 @@
+"""The extension's objects: columns, defaults from settings, rejected values, dump."""
+
+import subprocess
+
+import psycopg
+import pytest
+from fix_cluster import PG_BIN
+
+PG_TASK_COLUMNS = {
+    "id": "bigint", "parent": "bigint", "plan": "timestamp with time zone",
+    "start": "timestamp with time zone", "stop": "timestamp with time zone",
+    "active": "interval", "live": "interval", "repeat": "interval", "timeout": "interval",
+    "count": "integer", "hash": "integer", "max": "integer", "pid": "integer", "state": "state",
+    "delete": "boolean", "drift": "boolean", "header": "boolean", "string": "boolean",
+    "delimiter": "text", "escape": "text", "quote": "text", "data": "text", "error": "text",
+    "group": "text", "input": "text", "null": "text", "output": "text", "remote": "text",
+    "save": "boolean", "owner": "name",
+}
+
+
+def test_task_has_pg_task_columns(db):
+    rows = db.sql("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                  " WHERE attrelid = 'task'::regclass AND attnum > 0 AND NOT attisdropped")
+    columns = dict(rows)
+    for name, type_ in PG_TASK_COLUMNS.items():
+        assert columns.get(name) == type_, name
+    states = db.value("SELECT enum_range(NULL::state)::text")
+    assert states == "{PLAN,TAKE,WORK,DONE,FAIL,STOP,GONE}"
+
+
+def test_defaults_match_pg_task(db):
+    task_id = db.insert("SELECT 1")
+    row = db.task(task_id)
+    assert row["state"] == "PLAN"
+    assert (row["max"], row["count"], row["delete"], row["drift"], row["header"], row["string"]) == \
+        (0, 0, True, False, True, True)
+    assert (row["delimiter"], row["quote"], row["escape"], row["null"], row["group"]) == \
+        ("\t", "", "", "\\N", "group")
+    assert str(row["active"]) == "1:00:00" and str(row["repeat"]) == "0:00:00"
+    assert row["owner"] == "postgres" and row["parent"] is None
+    assert row["hash"] == db.value("SELECT hash FROM task WHERE id = %s", [task_id])
+
+
+def test_hash_groups_by_group_and_remote(db):
+    a = db.insert("SELECT 1", group="g")
+    b = db.insert("SELECT 1", group="g")
+    c = db.insert("SELECT 1", group="g", remote="dbname=other")
+    d = db.insert("SELECT 1", group="h")
+    hashes = {i: db.task(i)["hash"] for i in (a, b, c, d)}
+    assert hashes[a] == hashes[b]
+    assert len({hashes[a], hashes[c], hashes[d]}) == 3
+
+
+def test_session_setting_changes_the_next_default(db):
+    db.sql("SET pg_task.max = 2")
+    db.sql('SET pg_task."group" = \'reports\'')
+    db.sql("SET pg_task.timeout = '5 min'")
+    row = db.task(db.insert("SELECT 1"))
+    assert (row["max"], row["group"], str(row["timeout"])) == (2, "reports", "0:05:00")
+    db.sql("RESET pg_task.max")
+    assert db.task(db.insert("SELECT 1"))["max"] == 0
+
+
+def test_role_and_database_settings_most_specific_first(db, cluster):
+    db.sql("CREATE ROLE setting_user LOGIN")
+    db.sql("GRANT INSERT, SELECT ON task TO setting_user")
+    db.sql("GRANT USAGE ON SEQUENCE task_id_seq TO setting_user")
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task.max = 3")
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task.drift = on")
+    db.sql("ALTER ROLE setting_user SET pg_task.max = 4")
+    try:
+        with cluster.connect(db.name, "setting_user") as conn:
+            row = conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING max, drift").fetchone()
+            assert row == (4, True)  # role beats database; database applies where the role is silent
+            conn.execute("SET pg_task.max = 5")
+            assert conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING max").fetchone() == (5,)
+    finally:
+        db.sql("DROP OWNED BY setting_user")
+        db.sql("DROP ROLE setting_user")
+
+
+def test_bad_setting_value_names_the_setting(db):
+    db.sql("SET pg_task.max = 'lots'")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='setting "pg_task.max": "lots"'):
+        db.insert("SELECT 1")
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("repeat", "-1 second", "task.repeat must not be negative"),
+        ("timeout", "-1 second", "task.timeout must not be negative"),
+        ("live", "-1 second", "task.live must not be negative"),
+        ("count", -1, "task.count must not be negative"),
+        ("active", "0 seconds", "task.active must be a positive interval"),
+        ("delimiter", "ab", "task.delimiter must be exactly one character"),
+        ("quote", "ab", "task.quote must be at most one character"),
+        ("escape", "ab", "task.escape must be at most one character"),
+    ],
+)
+def test_impossible_values_are_rejected_naming_the_column(db, column, value, message):
+    with pytest.raises(psycopg.errors.CheckViolation, match=message):
+        db.insert("SELECT 1", **{column: value})
+    assert db.value("SELECT count(*) FROM task") == 0
+
+
+@pytest.mark.parametrize("input", ["", "   ", " ; "])
+def test_empty_input_is_rejected(db, input):
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.input must not be empty"):
+        db.insert(input)
+
+
+def test_hash_cannot_be_set(db):
+    with pytest.raises(psycopg.errors.GeneratedAlways):
+        db.insert("SELECT 1", hash=1)
+
+
+def test_pg_dump_keeps_users_tasks(db):
+    db.insert("SELECT 'kept by pg_dump'")
+    dump = subprocess.run(
+        [str(PG_BIN / "pg_dump"), "--data-only", "-d", db.dsn], check=True, capture_output=True, text=True
+    ).stdout
+    assert "SELECT 'kept by pg_dump'" in dump
+    assert "task_id_seq" in dump
+
+
+def test_insert_notifies_the_launchers(db, cluster):
+    with cluster.connect(db.name) as listener:
+        listener.execute("LISTEN pg_task_py")
+        db.insert("SELECT 1")
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in notes] == ["pg_task_py"]
