@@ -241,7 +241,7 @@ CREATE FUNCTION pgtaskpy.next_plan(task @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    next timestamptz;
+    planned timestamptz;  -- not "next": RETURN next would read as RETURN NEXT
     steps double precision;
 BEGIN
     IF task.drift THEN
@@ -250,11 +250,11 @@ BEGIN
     -- Jump close with arithmetic (fixed-length intervals), then step exactly
     -- (months and days have no fixed length).
     steps := floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat));
-    next := task.plan + task.repeat * greatest(steps, 0);
-    WHILE next <= clock_timestamp() LOOP
-        next := next + task.repeat;
+    planned := task.plan + task.repeat * greatest(steps, 0);
+    WHILE planned <= clock_timestamp() LOOP
+        planned := planned + task.repeat;
     END LOOP;
-    RETURN next;
+    RETURN planned;
 END
 $$;
 

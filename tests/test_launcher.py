@@ -42,7 +42,8 @@ def test_insert_wakes_an_idle_launcher_at_once(running):
 
 
 def test_planned_task_never_starts_early(running):
-    task_id = running.value("INSERT INTO task (plan, input, delete) VALUES (now() + interval '1.5 s', 'SELECT 1', false)"
+    task_id = running.value("INSERT INTO task (plan, input, delete)"
+                            " VALUES (now() + interval '1.5 s', 'SELECT 1', false)"
                             " RETURNING id")
     row = running.wait_done(task_id)
     late = (row["start"] - row["plan"]).total_seconds()
@@ -117,7 +118,7 @@ def test_launcher_reconnects_after_server_restart(db, cluster):
     db.conn.close()
     cluster.restart("fast")
     wait_until(lambda: launcher.output().count("scheduling (active)") >= 2, 30, 0.1, "a reconnect")
-    assert "connection lost or refused" in launcher.output()
+    assert "connection lost" in launcher.output()
     assert "Traceback" not in launcher.output()
     db.conn = db.connect()
     assert db.wait_done(db.insert("SELECT 'after restart'", delete=False))["output"] == "after restart"

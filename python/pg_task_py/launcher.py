@@ -24,8 +24,8 @@ FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplie
 
 
 def is_fatal(exc: psycopg.Error) -> bool:
-    """Whether a connection error needs the user to act, rather than a retry."""
-    if isinstance(exc, psycopg.ProgrammingError) or exc.sqlstate in FATAL_SQLSTATES:
+    """Whether a failed connection attempt needs the user to act, rather than a retry."""
+    if exc.sqlstate in FATAL_SQLSTATES:
         return True
     return any(phrase in str(exc) for phrase in FATAL_PHRASES)
 
@@ -57,8 +57,16 @@ class Scheduler:
         backoff = 0.5
         while not self.stopping.is_set():
             try:
-                with psycopg.connect(self.settings.dsn, autocommit=True,
-                                     application_name="pg_task_py launcher") as conn:
+                conn = psycopg.connect(self.settings.dsn, autocommit=True,
+                                       application_name="pg_task_py launcher")
+            except psycopg.Error as exc:
+                if is_fatal(exc):
+                    raise SetupError(f"{self.name}: {first_line(exc)}") from None
+                log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, first_line(exc), backoff)
+                backoff = self._pause(backoff)
+                continue
+            try:
+                with conn:
                     self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
                     self._check_extension(conn)
                     conn.execute(f"LISTEN {CHANNEL}")
@@ -68,13 +76,14 @@ class Scheduler:
                     self._drain(conn)
                     return
             except psycopg.Error as exc:
-                if is_fatal(exc):
-                    raise SetupError(f"{self.name}: {first_line(exc)}") from None
-                what = ("connection lost or refused" if isinstance(exc, psycopg.OperationalError)
-                        else "scheduler error")
-                log.warning("%s: %s (%s); retrying in %.1fs", self.name, what, first_line(exc), backoff)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, self.settings.max_backoff)
+                what = "connection lost" if conn.broken else "scheduler error"
+                log.warning("%s: %s (%s); reconnecting in %.1fs", self.name, what, first_line(exc), backoff)
+                backoff = self._pause(backoff)
+
+    def _pause(self, backoff: float) -> float:
+        """Wait before the next connection attempt (a stop ends the wait); return the next pause."""
+        self.stopping.wait(backoff)
+        return min(backoff * 2, self.settings.max_backoff)
 
     def _check_extension(self, conn: psycopg.Connection) -> None:
         row = conn.execute(
