@@ -260,7 +260,7 @@ $$;
 
 -- End a task: record its result, insert the next run of a repeating task
 -- (exactly once: only the transaction that moves the row out of from_states
--- does it), hold back the next task of a pausing group (negative max), delete
+-- does it), hold back the waiting tasks of a pausing group (negative max), delete
 -- a task that produced nothing when asked to, and wake the launchers.
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
@@ -290,15 +290,13 @@ BEGIN
     END IF;
 
     IF t.max < 0 THEN
-        -- pg_task's pause: the group's next task waits -max ms after this one's
-        -- stop (drift) or after this one's plan (no drift).
+        -- pg_task's pause: the group's waiting tasks wait -max ms after this
+        -- one's stop (drift) or after this one's plan (no drift); the first of
+        -- them to run pushes the rest on again when it ends.
         UPDATE @extschema@.task AS task
-        SET plan = greatest(task.plan,
-                            CASE WHEN t.drift THEN t.stop ELSE t.plan END
-                            + make_interval(secs => -t.max / 1000.0))
-        WHERE task.id = (SELECT w.id FROM @extschema@.task AS w
-                         WHERE w.hash = t.hash AND w.state = 'PLAN'
-                         ORDER BY w.max DESC, w.id LIMIT 1);
+        SET plan = CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0)
+        WHERE task.hash = t.hash AND task.state = 'PLAN'
+          AND task.plan < CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0);
     END IF;
 
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
@@ -806,20 +804,26 @@ def prepared(name, query, types):
 
 
 def take_task():
+    """The task's row, locked, if it is still claimed by this worker's launcher session.
+
+    Locked by id alone: the launcher's claim may not have committed yet, and a
+    row lock waits for it, where a snapshot would show the row still in PLAN.
+    """
     rows = plpy.execute(
         prepared(
             "take",
-            "SELECT id, input, owner, remote, hash, timeout, count, live, save,"
+            "SELECT id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
             "       header, string, delimiter, quote, escape, \"null\","
             "       extract(epoch FROM timeout)::float8 AS timeout_s,"
             "       extract(epoch FROM live)::float8 AS live_s"
-            " FROM @extschema@.task WHERE id = $1 AND state = 'TAKE' AND worker = $2"
-            " FOR UPDATE",
-            ["bigint", "integer"],
+            " FROM @extschema@.task WHERE id = $1 FOR UPDATE",
+            ["bigint"],
         ),
-        [task_id, claimer],
+        [task_id],
     )
-    return rows[0] if rows else None
+    if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
+        return None
+    return rows[0]
 
 
 def loopback_keywords(owner):
@@ -1060,6 +1064,7 @@ import time
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
+ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
 
 
 def prepared(name, query, types=()):
@@ -1146,6 +1151,13 @@ def collect(pool, name, worker, events):
     return task_id
 
 
+def is_busy(name):
+    try:
+        return run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"] == 1
+    except plpy.SPIError:
+        return False  # a broken connection: collect() records the failure
+
+
 def reap(pool, events):
     """Collect every worker whose CALL has returned.
 
@@ -1166,14 +1178,19 @@ def reap(pool, events):
     }
     ended, answering = [], False
     for task_id, name in busy.items():
-        try:
-            still_busy = run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"]
-        except plpy.SPIError:
-            still_busy = 0  # a broken connection: collect() records the failure
-        if still_busy:
+        # A worker returns right after committing its task's end: wait that
+        # moment, so that the next task of a reusable session finds it idle.
+        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running else 0)
+        while is_busy(name) and time.monotonic() < patience:
+            time.sleep(0.0002)
+        if is_busy(name):
             answering = answering or task_id not in running
             continue
         ended.append(collect(pool, name, pool["workers"][name], events))
+    # A worker that found its task not claimed (stopped or deleted meanwhile,
+    # or an error before it took the row) leaves it to be claimed again.
+    run("unclaim_ended", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+        " WHERE id = ANY($1) AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint[]"], [ended])
     for row in run(
         "ended",
         "SELECT i AS id, t.state::text AS state, extract(epoch FROM t.stop - t.start)::float8 AS seconds"
@@ -1318,13 +1335,13 @@ DECLARE
     values_ text[] := '{}';
     task_id bigint;
 BEGIN
-    IF plan IS NOT NULL THEN names := names || 'plan'; values_ := values_ || '$2'; END IF;
-    IF "group" IS NOT NULL THEN names := names || 'group'; values_ := values_ || '$3'; END IF;
-    IF max IS NOT NULL THEN names := names || 'max'; values_ := values_ || '$4'; END IF;
-    IF repeat IS NOT NULL THEN names := names || 'repeat'; values_ := values_ || '$5'; END IF;
-    IF timeout IS NOT NULL THEN names := names || 'timeout'; values_ := values_ || '$6'; END IF;
-    IF remote IS NOT NULL THEN names := names || 'remote'; values_ := values_ || '$7'; END IF;
-    IF data IS NOT NULL THEN names := names || 'data'; values_ := values_ || '$8'; END IF;
+    IF plan IS NOT NULL THEN names := array_append(names, 'plan'); values_ := array_append(values_, '$2'); END IF;
+    IF "group" IS NOT NULL THEN names := array_append(names, 'group'); values_ := array_append(values_, '$3'); END IF;
+    IF max IS NOT NULL THEN names := array_append(names, 'max'); values_ := array_append(values_, '$4'); END IF;
+    IF repeat IS NOT NULL THEN names := array_append(names, 'repeat'); values_ := array_append(values_, '$5'); END IF;
+    IF timeout IS NOT NULL THEN names := array_append(names, 'timeout'); values_ := array_append(values_, '$6'); END IF;
+    IF remote IS NOT NULL THEN names := array_append(names, 'remote'); values_ := array_append(values_, '$7'); END IF;
+    IF data IS NOT NULL THEN names := array_append(names, 'data'); values_ := array_append(values_, '$8'); END IF;
     EXECUTE format('INSERT INTO @extschema@.task (input%s) VALUES ($1%s) RETURNING id',
                    (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
                    (SELECT string_agg(', ' || v, '') FROM unnest(values_) AS v))

@@ -70,17 +70,23 @@ class Database:
         def ended() -> object:
             row = self.task(task_id)
             return ("deleted",) if row is None else (row if row["state"] not in ACTIVE_STATES else None)
-        row = wait_until(ended, timeout, message=f"task {task_id} to end; unfinished: {self.unfinished()}")
+        row = wait_until(ended, timeout, message=f"task {task_id} to end; unfinished: {self.unfinished()}"
+                         f"\nlaunchers' logs:\n" + "\n".join(launcher.output()[-3000:] for launcher in self.launchers))
         return None if row == ("deleted",) else row
 
-    def unfinished(self) -> list[tuple]:
-        return self.sql("SELECT id, state, input, pid, worker FROM task WHERE state::text = ANY(%s)",
-                        [list(ACTIVE_STATES)])
+    def unfinished(self) -> str:
+        """What a timed-out wait reports: the unfinished tasks and the database's backends."""
+        tasks = self.sql("SELECT id, state, input, pid, worker FROM task WHERE state::text = ANY(%s)",
+                         [list(ACTIVE_STATES)])
+        backends = self.sql("SELECT pid, application_name, state, wait_event_type, wait_event, left(query, 80)"
+                            " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return f"{tasks}\nbackends: {backends}"
 
     def wait_all_done(self, timeout: float = 30.0) -> None:
         wait_until(lambda: self.value("SELECT count(*) FROM task WHERE state::text = ANY(%s)",
                                       [list(ACTIVE_STATES)]) == 0,
-                   timeout, interval=0.05, message="all tasks to end")
+                   timeout, interval=0.05, message=f"all tasks to end; unfinished: {self.unfinished()}"
+                   f"\nlaunchers' logs:\n" + "\n".join(launcher.output()[-3000:] for launcher in self.launchers))
 
     def launcher(self, *args: str, wait: bool = True) -> Launcher:
         launcher = Launcher(self.dsn, args=args).start()

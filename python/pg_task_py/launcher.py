@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import threading
 import time
 from dataclasses import dataclass
@@ -69,11 +70,12 @@ class Scheduler:
                 with conn:
                     self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
                     self._check_extension(conn)
+                    waiter = NotifyWaiter(conn)
                     conn.execute(f"LISTEN {CHANNEL}")
                     log.info("%s: scheduling (active)", self.name)
                     backoff = 0.5
-                    self._loop(conn)
-                    self._drain(conn)
+                    self._loop(conn, waiter)
+                    self._drain(conn, waiter)
                     return
             except psycopg.Error as exc:
                 what = "connection lost" if conn.broken else "scheduler error"
@@ -105,12 +107,12 @@ class Scheduler:
             log_event(self.name, event)
         return wake_in, running
 
-    def _loop(self, conn: psycopg.Connection) -> None:
+    def _loop(self, conn: psycopg.Connection, waiter: NotifyWaiter) -> None:
         while not self.stopping.is_set():
             wake_in, _ = self._dispatch(conn, self.settings.run)
-            wait_for_notify(conn, wake_in)
+            waiter.wait(wake_in)
 
-    def _drain(self, conn: psycopg.Connection) -> None:
+    def _drain(self, conn: psycopg.Connection, waiter: NotifyWaiter) -> None:
         """Graceful stop: claim nothing more, let running tasks end, then cancel the rest."""
         deadline = time.monotonic() + self.settings.grace
         cancelled = False
@@ -127,19 +129,40 @@ class Scheduler:
                     log.warning("%s: grace period over, cancelling %d running task(s)", self.name, running)
                 cancelled = True
             log.info("%s: stopping, waiting for %d running task(s)", self.name, running)
-            wait_for_notify(conn, 0.5)
+            waiter.wait(0.5)
         log.info("%s: stopped", self.name)
 
 
-def wait_for_notify(conn: psycopg.Connection, timeout: float) -> None:
-    """Sleep until a notification on CHANNEL arrives or `timeout` seconds pass."""
-    if timeout <= 0:
-        return
-    for _ in conn.notifies(timeout=timeout, stop_after=1):
-        pass
-    # Further notifications queued behind the first one need no turn of their own.
-    for _ in conn.notifies(timeout=0.0):
-        pass
+class NotifyWaiter:
+    """Sleeps until a notification on CHANNEL arrives or a timeout passes.
+
+    Notifications that arrive while a query runs are taken by psycopg and
+    handed to notify handlers, so a handler remembers them; between queries
+    the socket is watched directly.
+    """
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+        self.pending = False
+        conn.add_notify_handler(self._on_notify)
+
+    def _on_notify(self, _notify: psycopg.Notify) -> None:
+        self.pending = True
+
+    def _drain(self) -> bool:
+        got = False
+        while self.conn.pgconn.notifies() is not None:
+            got = True
+        return got
+
+    def wait(self, timeout: float) -> None:
+        if self.pending or self._drain() or timeout <= 0:
+            self.pending = False
+            return
+        ready, _, _ = select.select([self.conn.pgconn.socket], [], [], timeout)
+        if ready:
+            self.conn.pgconn.consume_input()  # raises if the connection broke
+            self._drain()
 
 
 def first_line(exc: BaseException) -> str:

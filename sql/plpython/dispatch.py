@@ -20,6 +20,7 @@ import time
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
+ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
 
 
 def prepared(name, query, types=()):
@@ -106,6 +107,13 @@ def collect(pool, name, worker, events):
     return task_id
 
 
+def is_busy(name):
+    try:
+        return run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"] == 1
+    except plpy.SPIError:
+        return False  # a broken connection: collect() records the failure
+
+
 def reap(pool, events):
     """Collect every worker whose CALL has returned.
 
@@ -126,14 +134,19 @@ def reap(pool, events):
     }
     ended, answering = [], False
     for task_id, name in busy.items():
-        try:
-            still_busy = run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"]
-        except plpy.SPIError:
-            still_busy = 0  # a broken connection: collect() records the failure
-        if still_busy:
+        # A worker returns right after committing its task's end: wait that
+        # moment, so that the next task of a reusable session finds it idle.
+        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running else 0)
+        while is_busy(name) and time.monotonic() < patience:
+            time.sleep(0.0002)
+        if is_busy(name):
             answering = answering or task_id not in running
             continue
         ended.append(collect(pool, name, pool["workers"][name], events))
+    # A worker that found its task not claimed (stopped or deleted meanwhile,
+    # or an error before it took the row) leaves it to be claimed again.
+    run("unclaim_ended", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+        " WHERE id = ANY($1) AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint[]"], [ended])
     for row in run(
         "ended",
         "SELECT i AS id, t.state::text AS state, extract(epoch FROM t.stop - t.start)::float8 AS seconds"

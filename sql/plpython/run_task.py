@@ -41,20 +41,26 @@ def prepared(name, query, types):
 
 
 def take_task():
+    """The task's row, locked, if it is still claimed by this worker's launcher session.
+
+    Locked by id alone: the launcher's claim may not have committed yet, and a
+    row lock waits for it, where a snapshot would show the row still in PLAN.
+    """
     rows = plpy.execute(
         prepared(
             "take",
-            "SELECT id, input, owner, remote, hash, timeout, count, live, save,"
+            "SELECT id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
             "       header, string, delimiter, quote, escape, \"null\","
             "       extract(epoch FROM timeout)::float8 AS timeout_s,"
             "       extract(epoch FROM live)::float8 AS live_s"
-            " FROM @extschema@.task WHERE id = $1 AND state = 'TAKE' AND worker = $2"
-            " FOR UPDATE",
-            ["bigint", "integer"],
+            " FROM @extschema@.task WHERE id = $1 FOR UPDATE",
+            ["bigint"],
         ),
-        [task_id, claimer],
+        [task_id],
     )
-    return rows[0] if rows else None
+    if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
+        return None
+    return rows[0]
 
 
 def loopback_keywords(owner):

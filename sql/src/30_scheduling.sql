@@ -68,7 +68,7 @@ $$;
 
 -- End a task: record its result, insert the next run of a repeating task
 -- (exactly once: only the transaction that moves the row out of from_states
--- does it), hold back the next task of a pausing group (negative max), delete
+-- does it), hold back the waiting tasks of a pausing group (negative max), delete
 -- a task that produced nothing when asked to, and wake the launchers.
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
@@ -98,15 +98,13 @@ BEGIN
     END IF;
 
     IF t.max < 0 THEN
-        -- pg_task's pause: the group's next task waits -max ms after this one's
-        -- stop (drift) or after this one's plan (no drift).
+        -- pg_task's pause: the group's waiting tasks wait -max ms after this
+        -- one's stop (drift) or after this one's plan (no drift); the first of
+        -- them to run pushes the rest on again when it ends.
         UPDATE @extschema@.task AS task
-        SET plan = greatest(task.plan,
-                            CASE WHEN t.drift THEN t.stop ELSE t.plan END
-                            + make_interval(secs => -t.max / 1000.0))
-        WHERE task.id = (SELECT w.id FROM @extschema@.task AS w
-                         WHERE w.hash = t.hash AND w.state = 'PLAN'
-                         ORDER BY w.max DESC, w.id LIMIT 1);
+        SET plan = CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0)
+        WHERE task.hash = t.hash AND task.state = 'PLAN'
+          AND task.plan < CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0);
     END IF;
 
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN

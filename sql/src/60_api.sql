@@ -18,13 +18,13 @@ DECLARE
     values_ text[] := '{}';
     task_id bigint;
 BEGIN
-    IF plan IS NOT NULL THEN names := names || 'plan'; values_ := values_ || '$2'; END IF;
-    IF "group" IS NOT NULL THEN names := names || 'group'; values_ := values_ || '$3'; END IF;
-    IF max IS NOT NULL THEN names := names || 'max'; values_ := values_ || '$4'; END IF;
-    IF repeat IS NOT NULL THEN names := names || 'repeat'; values_ := values_ || '$5'; END IF;
-    IF timeout IS NOT NULL THEN names := names || 'timeout'; values_ := values_ || '$6'; END IF;
-    IF remote IS NOT NULL THEN names := names || 'remote'; values_ := values_ || '$7'; END IF;
-    IF data IS NOT NULL THEN names := names || 'data'; values_ := values_ || '$8'; END IF;
+    IF plan IS NOT NULL THEN names := array_append(names, 'plan'); values_ := array_append(values_, '$2'); END IF;
+    IF "group" IS NOT NULL THEN names := array_append(names, 'group'); values_ := array_append(values_, '$3'); END IF;
+    IF max IS NOT NULL THEN names := array_append(names, 'max'); values_ := array_append(values_, '$4'); END IF;
+    IF repeat IS NOT NULL THEN names := array_append(names, 'repeat'); values_ := array_append(values_, '$5'); END IF;
+    IF timeout IS NOT NULL THEN names := array_append(names, 'timeout'); values_ := array_append(values_, '$6'); END IF;
+    IF remote IS NOT NULL THEN names := array_append(names, 'remote'); values_ := array_append(values_, '$7'); END IF;
+    IF data IS NOT NULL THEN names := array_append(names, 'data'); values_ := array_append(values_, '$8'); END IF;
     EXECUTE format('INSERT INTO @extschema@.task (input%s) VALUES ($1%s) RETURNING id',
                    (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
                    (SELECT string_agg(', ' || v, '') FROM unnest(values_) AS v))

@@ -1,0 +1,158 @@
+"""pg_task's time and group rules through the real launcher: repeat, drift, active, timeout,
+pauses, priority, worker reuse, STOP, and tasks of dead backends."""
+
+import signal
+from datetime import timedelta
+
+from fix_cluster import wait_until
+
+
+def state_of(db, task_id):
+    return db.value("SELECT state::text FROM task WHERE id = %s", [task_id])
+
+
+def series(db, first):
+    """The rows of a repeat series, first run first."""
+    return db.sql("WITH RECURSIVE s AS (SELECT * FROM task WHERE id = %s"
+                  " UNION ALL SELECT t.* FROM task t JOIN s ON t.parent = s.id)"
+                  " SELECT id, parent, plan, start, stop, state::text FROM s ORDER BY id", [first])
+
+
+def test_repeat_chain_keeps_its_plan_grid(running):
+    first = running.insert("SELECT 1", repeat="0.4 s", delete=False)
+    wait_until(lambda: sum(r[5] == "DONE" for r in series(running, first)) >= 3, 15, 0.05, "3 runs")
+    running.sql("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")  # a user ends the series
+    rows = series(running, first)
+    assert [r[1] for r in rows[1:]] == [r[0] for r in rows[:-1]]  # each run's parent is the run before
+    assert running.value("SELECT count(*) - count(DISTINCT parent) FROM task WHERE parent IS NOT NULL") == 0
+    for earlier, later in zip(rows, rows[1:]):
+        step = (later[2] - earlier[2]) / timedelta(seconds=0.4)
+        assert step == round(step) >= 1  # plan + k * repeat, on the first run's grid
+    count = len(series(running, first))
+    running.wait_all_done()
+    assert len(series(running, first)) == count  # STOP ended the series
+
+
+def test_drift_plans_from_the_stop(running):
+    first = running.insert("SELECT pg_sleep(0.3)", repeat="0.2 s", drift=True, delete=False)
+    wait_until(lambda: len(series(running, first)) >= 3, 15, 0.05, "3 runs")
+    running.sql("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
+    rows = series(running, first)
+    for earlier, later in zip(rows[:2], rows[1:3]):
+        assert later[2] - earlier[4] == timedelta(seconds=0.2)  # next plan = stop + repeat
+
+
+def test_task_not_started_within_active_is_gone_and_repeats(running):
+    task_id = running.value("INSERT INTO task (plan, active, repeat, input, delete)"
+                            " VALUES (now() - interval '10 s', '1 s', '1 hour', 'SELECT 1', false) RETURNING id")
+    row = running.wait_done(task_id, 10)
+    assert (row["state"], row["error"], row["start"]) == ("GONE", "ERROR:  task not active", None)
+    assert state_of(running, running.value("SELECT id FROM task WHERE parent = %s", [task_id])) == "PLAN"
+
+
+def test_timeout_cancels_a_long_task(running):
+    row = running.wait_done(running.insert("SELECT pg_sleep(10)", timeout="0.3 s"), 10)
+    assert row["state"] == "FAIL"
+    assert row["error"] == "ERROR:  canceling statement due to statement timeout\nSTATEMENT:  SELECT pg_sleep(10)"
+    assert (row["stop"] - row["start"]).total_seconds() < 3
+
+
+def test_negative_max_pauses_between_tasks(running):
+    """One at a time, each -max ms after the previous one's plan (or its stop, with drift)."""
+    for group, drift in (("plans", False), ("stops", True)):
+        running.sql("INSERT INTO task (\"group\", max, drift, input, delete)"
+                    " SELECT %s, -700, %s, 'SELECT pg_sleep(0.1)', false FROM generate_series(1, 3)", [group, drift])
+    running.wait_all_done(20)
+    for group, anchor in (("plans", 0), ("stops", 2)):
+        rows = running.sql("SELECT plan, start, stop FROM task WHERE \"group\" = %s ORDER BY start", [group])
+        assert all(start >= plan for plan, start, _ in rows)
+        for earlier, later in zip(rows, rows[1:]):
+            assert later[0] - earlier[anchor] == timedelta(seconds=0.7), group
+            assert later[1] >= earlier[2]  # one at a time
+        starts = [r[1] for r in rows]
+        assert all((b - a).total_seconds() < 3 for a, b in zip(starts, starts[1:]))
+
+
+def test_higher_max_starts_beside_the_running_ones(running):
+    running.sql("INSERT INTO task (max, input, delete) SELECT 1, 'SELECT pg_sleep(1.5)', false"
+                " FROM generate_series(1, 6)")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 2, message="2 running")
+    urgent = running.insert("SELECT 'urgent'", max=2, delete=False)
+    row = running.wait_done(urgent, 10)
+    first_two = running.sql("SELECT stop FROM task WHERE max = 1 ORDER BY id LIMIT 2")
+    assert all(stop is None or stop > row["start"] for (stop,) in first_two)  # it did not wait for them
+
+
+def test_count_reuses_one_session_for_the_group(running):
+    running.sql("INSERT INTO task (count, input, delete) SELECT 10, 'SELECT pg_backend_pid()', false"
+                " FROM generate_series(1, 4)")
+    running.wait_all_done()
+    pids = running.sql("SELECT pid, output FROM task")
+    assert len({pid for pid, _ in pids}) == 1
+    assert all(output == str(pid) for pid, output in pids)
+
+
+def test_save_keeps_session_state_for_the_next_task(running):
+    a = running.insert("CREATE TEMP TABLE kept AS SELECT 42 AS v", count=2, save=True, group="s", delete=False)
+    b = running.insert("SELECT v FROM kept", count=2, save=True, group="s", delete=False)
+    assert running.wait_done(a)["state"] == "DONE"
+    assert running.wait_done(b)["output"] == "42"
+    c = running.insert("CREATE TEMP TABLE gone AS SELECT 1 AS v", count=2, group="d", delete=False)
+    d = running.insert("SELECT v FROM gone", count=2, group="d", delete=False)
+    running.wait_done(c)
+    row = running.wait_done(d)
+    assert row["state"] == "FAIL" and 'relation "gone" does not exist' in row["error"]
+    assert running.task(c)["pid"] == row["pid"]  # same session, reset between the tasks
+
+
+def test_stop_prevents_a_waiting_task(running):
+    task_id = running.value("INSERT INTO task (plan, input, delete) VALUES (now() + interval '1 s', 'SELECT 1', false)"
+                            " RETURNING id")
+    running.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [task_id])
+    running.wait_done(running.value("INSERT INTO task (plan, input, delete) VALUES (now() + interval '1.5 s',"
+                                    " 'SELECT 2', false) RETURNING id"))
+    assert state_of(running, task_id) == "STOP"
+
+
+def test_enqueue_wait_and_cancel(running):
+    task_id = running.value("SELECT task_enqueue('SELECT 40 + 2', \"group\" => 'api')")
+    assert running.value("SELECT (task_wait(%s)).output", [task_id]) == "42"
+    later = running.value("SELECT task_enqueue('SELECT 1', plan => now() + interval '1 hour')")
+    assert running.value("SELECT task_cancel(%s)", [later]) is True
+    assert state_of(running, later) == "STOP"
+    long = running.value("SELECT task_enqueue('SELECT pg_sleep(30)', \"group\" => 'long')")
+    wait_until(lambda: state_of(running, long) == "WORK", message="WORK")
+    assert running.value("SELECT task_cancel(%s)", [long]) is True
+    row = running.wait_done(long, 10)
+    assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  canceling statement due to user request")
+
+
+def test_claimed_task_of_a_dead_launcher_runs_again(running):
+    task_id = running.value("INSERT INTO task (plan, input, delete) VALUES (now() + interval '1 hour', 'SELECT 1',"
+                            " false) RETURNING id")
+    running.sql("UPDATE task SET state = 'TAKE', worker = 2147483647, plan = now() WHERE id = %s", [task_id])
+    row = running.wait_done(task_id, 10)
+    assert row["state"] == "DONE" and row["output"] == "1"
+
+
+def test_working_task_of_a_dead_worker_fails_and_repeats(running):
+    task_id = running.value("INSERT INTO task (plan, repeat, input, delete) VALUES"
+                            " (now() + interval '1 hour', '1 hour', 'SELECT 1', false) RETURNING id")
+    running.sql("UPDATE task SET state = 'WORK', worker = 2147483647, start = now() WHERE id = %s", [task_id])
+    row = running.wait_done(task_id, 10)
+    assert row["state"] == "FAIL"
+    assert row["error"].startswith("ERROR:  task worker ended before the task finished")
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", [task_id]) == 1
+
+
+def test_sigkill_of_the_launcher_loses_nothing(db):
+    launcher = db.launcher()
+    task_id = db.insert("SELECT pg_sleep(1)", delete=False)
+    wait_until(lambda: state_of(db, task_id) == "WORK", message="WORK")
+    launcher.signal(signal.SIGKILL)
+    launcher.process.wait(10)
+    assert db.wait_done(task_id, 10)["state"] == "DONE"  # its worker backend finished it alone
+    waiting = db.insert("SELECT 'after'", delete=False)
+    db.launcher()
+    assert db.wait_done(waiting)["output"] == "after"
+    assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
