@@ -87,6 +87,7 @@ CREATE TABLE @extschema@.task (
     save        boolean NOT NULL DEFAULT pgtaskpy.setting_default('save', false),
     owner       name NOT NULL DEFAULT current_user,
     worker      integer,
+    notice      text,
     -- Constraint names are the messages a user sees when an INSERT is rejected.
     CONSTRAINT "task.active must be a positive interval" CHECK (active > interval '0'),
     CONSTRAINT "task.live must not be negative" CHECK (live >= interval '0'),
@@ -102,6 +103,7 @@ CREATE TABLE @extschema@.task (
 COMMENT ON TABLE @extschema@.task IS 'pg_task_py: insert SQL into input, read output/error/state back';
 COMMENT ON COLUMN @extschema@.task.owner IS 'role the task runs as (its session logs in as this role)';
 COMMENT ON COLUMN @extschema@.task.worker IS 'pid of the local backend that claimed (TAKE) or supervises (WORK) the task';
+COMMENT ON COLUMN @extschema@.task.notice IS 'NOTICE and WARNING messages the task raised, one a line';
 COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET) for the next task of a reused worker session';
 
 -- Finding due work stays cheap however many finished rows the table holds:
@@ -264,7 +266,7 @@ $$;
 -- a task that produced nothing when asked to, and wake the launchers.
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
-    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}')
+    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL)
 RETURNS @extschema@.state
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -272,7 +274,8 @@ DECLARE
     t @extschema@.task;
 BEGIN
     UPDATE @extschema@.task AS task
-    SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error
+    SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error,
+        notice = task_notice
     WHERE task.id = task_id AND task.state = ANY (from_states)
     RETURNING * INTO t;
     IF NOT FOUND THEN
@@ -373,7 +376,8 @@ $$;
 
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text)
+    FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 
@@ -546,8 +550,12 @@ class Session:
     def _on_notice(self, _arg, handle):
         # libpq frees the notice's PGresult when this returns: copy the text now.
         notice = Result(handle)
-        severity = notice.field(PG_DIAG_SEVERITY) or "NOTICE"
-        self.notices.append(f"{severity}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}")
+        lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}"]
+        for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
+            value = notice.field(code)
+            if value:
+                lines.append(f"{label}:  {value}")
+        self.notices.append("\n".join(lines))
 
     def close(self):
         if self.handle:
@@ -893,8 +901,22 @@ def is_string_type(oid):
 
 
 def output_limit():
+    """pg_task_py.output_limit: ALTER DATABASE ... SET, else postgresql.conf, else 100 MB.
+
+    Read from the catalog, not from this session: a worker backend lives long
+    and would not see an ALTER DATABASE made after it started; nor from the
+    task's session, where the task itself could raise it.
+    """
     value = plpy.execute(
-        prepared("limit", "SELECT current_setting('pg_task_py.output_limit', true) AS v", [])
+        prepared(
+            "limit",
+            "SELECT COALESCE((SELECT substr(c, length('pg_task_py.output_limit=') + 1)"
+            "  FROM pg_catalog.pg_db_role_setting AS s, unnest(s.setconfig) AS c"
+            "  WHERE s.setrole = 0 AND c LIKE 'pg\\_task\\_py.output\\_limit=%'"
+            "    AND s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())),"
+            " current_setting('pg_task_py.output_limit', true)) AS v",
+            [],
+        )
     )[0]["v"]
     return int(value) if value else 100 * 1024 * 1024
 
@@ -906,14 +928,20 @@ def serve_interrupts():
     terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
     from every backend (a task dropping a database would wait forever).  Any
     SPI call checks for interrupts; a cancel raises here and ends the task.
+    The commit drops the snapshot that SPI calls leave to this procedure's
+    transaction, so that this backend holds back neither VACUUM nor CREATE
+    INDEX CONCURRENTLY (which waits for older snapshots: the task's own) while
+    the task runs.
     """
     plpy.execute(prepared("interrupts", "SELECT", []))
+    plpy.commit()
 
 
 def run_input(session, task):
-    """Send the input as one top-level query; return (output, error)."""
+    """Send the input as one top-level query; return (output, error, notices)."""
     writer = OutputWriter(task, is_string_type, output_limit())
     error = None
+    session.notices.clear()
     session.execute(
         "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
         "       pg_catalog.set_config('statement_timeout', $2, false)",
@@ -957,7 +985,7 @@ def run_input(session, task):
         writer.command("COMMIT")
     elif session.transaction_status == PQTRANS_INERROR:
         session.execute("ROLLBACK")
-    return writer.text(), error
+    return writer.text(), error, "\n".join(session.notices) or None
 
 
 def release_or_reset(kept, task, reused_next):
@@ -987,14 +1015,14 @@ def mark_working(session):
     )
 
 
-def finish(state, output, error):
+def finish(state, output, error, notices=None):
     plpy.execute(
         prepared(
             "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4)",
-            ["bigint", "text", "text", "text"],
+            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4, task_notice => $5)",
+            ["bigint", "text", "text", "text", "text"],
         ),
-        [task_id, state, output, error],
+        [task_id, state, output, error, notices],
     )
 
 
@@ -1023,12 +1051,12 @@ def main():
     plpy.commit()  # WORK, start and pid are visible while the input runs
 
     try:
-        output, error = run_input(session, task)
+        output, error, notices = run_input(session, task)
     except ConnectError as exc:  # the session broke outside the input itself
-        output, error = None, format_message(str(exc), task["input"])
+        output, error, notices = None, format_message(str(exc), task["input"]), None
     reuse = task["count"] > 0 or task["live_s"] > 0
     release_or_reset(kept, task, reuse)
-    finish("FAIL" if error else "DONE", output, error)
+    finish("FAIL" if error else "DONE", output, error, notices)
     plpy.commit()
 
 
@@ -1065,6 +1093,7 @@ HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longe
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
+WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
 
 
 def prepared(name, query, types=()):
@@ -1138,7 +1167,10 @@ def collect(pool, name, worker, events):
     task_id = worker["task"]
     worker["task"] = None
     worker["idle_since"] = time.monotonic()
-    if error:
+    if error and task_id == WARM_UP:
+        disconnect(pool, name)
+        events.append({"event": "spare_failed", "message": error})
+    elif error:
         disconnect(pool, name)
         ended = run(
             "worker_failed",
@@ -1180,13 +1212,15 @@ def reap(pool, events):
     for task_id, name in busy.items():
         # A worker returns right after committing its task's end: wait that
         # moment, so that the next task of a reusable session finds it idle.
-        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running else 0)
+        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and task_id != WARM_UP else 0)
         while is_busy(name) and time.monotonic() < patience:
             time.sleep(0.0002)
         if is_busy(name):
             answering = answering or task_id not in running
             continue
-        ended.append(collect(pool, name, pool["workers"][name], events))
+        task_id = collect(pool, name, pool["workers"][name], events)
+        if task_id != WARM_UP:
+            ended.append(task_id)
     # A worker that found its task not claimed (stopped or deleted meanwhile,
     # or an error before it took the row) leaves it to be claimed again.
     run("unclaim_ended", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
@@ -1225,6 +1259,10 @@ def pick_worker(pool, task):
             return name
     if idle:  # prefer one without a kept session, which it would have to close
         return min(idle, key=lambda item: item[1]["key"] is not None)[0]
+    return new_worker(pool)
+
+
+def new_worker(pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
     run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
@@ -1250,12 +1288,17 @@ def start(pool, task, claimer, events):
     return True
 
 
-def close_idle_workers(pool):
-    """Close idle workers past their keep time; return seconds until the next one is due."""
+def close_idle_workers(pool, keep_spare):
+    """Close idle workers past their keep time, but one spare worker without a
+    session when `keep_spare`; return seconds until the next one is due."""
     now = time.monotonic()
     next_due = None
+    spare = None
     for name, worker in list(pool["workers"].items()):
         if worker["task"] is not None:
+            continue
+        if keep_spare and spare is None and worker["key"] is None:
+            spare = name
             continue
         keep = KEEP_IDLE_SESSION if worker["key"] is not None else KEEP_IDLE_WORKER
         due = worker["idle_since"] + keep
@@ -1264,6 +1307,22 @@ def close_idle_workers(pool):
         elif next_due is None or due - now < next_due:
             next_due = due - now
     return next_due
+
+
+def ensure_spare_worker(pool, events):
+    """Keep one idle worker with PL/Python loaded, so the next task pays neither a
+    backend start nor PL/Python's start (about 100 ms together) before it runs."""
+    if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
+        return  # one is idle or warming up already
+    if len(pool["workers"]) >= run_limit:
+        return
+    try:
+        name = new_worker(pool)
+        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+            [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0)"])
+        pool["workers"][name]["task"] = WARM_UP
+    except plpy.SPIError as exc:
+        events.append({"event": "spare_failed", "message": str(exc)})
 
 
 def cancel_running_tasks(pool, events):
@@ -1297,7 +1356,9 @@ def main():
     for task in claimed:
         start(pool, task, claimer, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
-    idle_due = close_idle_workers(pool)
+    if run_limit > 0:
+        ensure_spare_worker(pool, events)
+    idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
     if idle_due is not None:
         waits.append(idle_due)
     next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
@@ -1382,8 +1443,9 @@ $$;
 COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
 
 -- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
--- cancel error).  Returns whether there was something to stop.
-CREATE FUNCTION @extschema@.task_cancel(task_id bigint)
+-- cancel error; with stop_series, a repeating task gets no next run).
+-- Returns whether there was something to stop.
+CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1393,6 +1455,10 @@ BEGIN
     UPDATE @extschema@.task SET state = 'STOP' WHERE id = task_id AND state = 'PLAN' RETURNING * INTO t;
     IF FOUND THEN
         RETURN true;
+    END IF;
+    IF stop_series THEN
+        -- The run's end inserts the next run only while repeat > 0.
+        UPDATE @extschema@.task SET repeat = interval '0' WHERE id = task_id AND state IN ('TAKE', 'WORK');
     END IF;
     SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
     IF NOT FOUND THEN

@@ -1,5 +1,7 @@
 """The real launcher against a real server: states, wake-up, groups, stop, reconnect, bad setup."""
 
+import json
+import os
 import signal
 import subprocess
 import time
@@ -199,3 +201,34 @@ def test_help_explains_the_flags():
     assert result.returncode == 0
     for flag in ("--dsn", "--config", "--run", "--grace", "--log-level", "--log-json", "PGHOST"):
         assert flag in result.stdout
+
+
+def test_libpq_environment_without_dsn(cluster, db):
+    env = {**os.environ, "PGHOST": str(cluster.socket_dir), "PGPORT": str(cluster.port),
+           "PGDATABASE": db.name, "PGUSER": "postgres"}
+    process = subprocess.Popen([str(LAUNCHER), "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert db.wait_done(db.insert("SELECT 'from env'", delete=False))["output"] == "from env"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+
+
+def test_config_file_sets_run_per_database(tmp_path, db):
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": db.dsn, "run": 1}]))
+    launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
+    launcher.wait_active()
+    db.sql("INSERT INTO task (\"group\", input, delete)"
+           " SELECT 'g' || i, 'SELECT pg_sleep(0.2)', false FROM generate_series(1, 3) AS i")
+    db.wait_all_done(30)
+    assert overlaps(db.sql("SELECT start, stop FROM task")) == 1
+    assert launcher.stop() == 0
+
+
+def test_bad_config_file_is_a_clear_error(tmp_path):
+    config = tmp_path / "pg_task.json"
+    config.write_text('{"dsn": "not a list"}')
+    result = run_launcher("run", "--config", str(config))
+    assert result.returncode == 2
+    assert "expected a JSON list" in result.stderr and "Traceback" not in result.stderr

@@ -156,3 +156,31 @@ def test_sigkill_of_the_launcher_loses_nothing(db):
     db.launcher()
     assert db.wait_done(waiting)["output"] == "after"
     assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
+
+
+def test_live_reuses_one_session_for_a_while(running):
+    running.sql("INSERT INTO task (live, input, delete) SELECT '10 s', 'SELECT pg_backend_pid()', false"
+                " FROM generate_series(1, 3)")
+    running.wait_all_done()
+    assert running.value("SELECT count(DISTINCT pid) FROM task") == 1
+
+
+def test_server_level_setting_is_a_default(running, cluster):
+    """postgresql.conf (ALTER SYSTEM refuses settings of no loaded module, so the file itself)."""
+    conf = cluster.data / "postgresql.conf"
+    original = conf.read_text()
+    conf.write_text(original + "pg_task.count = 7\n")
+    running.sql("SELECT pg_reload_conf()")
+    try:
+        with cluster.connect(running.name) as conn:
+            wait_until(lambda: conn.execute("SELECT current_setting('pg_task.count', true)").fetchone()[0] == "7",
+                       message="the reload")
+            assert conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', 'infinity')"
+                                " RETURNING count").fetchone() == (7,)
+            conn.execute(f"ALTER DATABASE {running.name} SET pg_task.count = 8")
+        with cluster.connect(running.name) as conn:  # the database's setting beats the file's
+            assert conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', 'infinity')"
+                                " RETURNING count").fetchone() == (8,)
+    finally:
+        conf.write_text(original)
+        running.sql("SELECT pg_reload_conf()")

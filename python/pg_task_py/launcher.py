@@ -180,6 +180,8 @@ def log_event(database: str, event: dict) -> None:
         log.info("%s: task %s %s%s", database, event["id"], event["state"], took, extra={"fields": extra})
     elif kind in ("worker_error", "start_failed"):
         log.error("%s: task %s: %s", database, event["id"], event["message"], extra={"fields": extra})
+    elif kind == "spare_failed":
+        log.error("%s: cannot open a worker backend: %s", database, event["message"], extra={"fields": extra})
     elif kind == "recovered":
         log.warning("%s: recovered %s task(s) of dead backends", database, event["count"], extra={"fields": extra})
     elif kind == "expired":

@@ -21,6 +21,7 @@ HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longe
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
+WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
 
 
 def prepared(name, query, types=()):
@@ -94,7 +95,10 @@ def collect(pool, name, worker, events):
     task_id = worker["task"]
     worker["task"] = None
     worker["idle_since"] = time.monotonic()
-    if error:
+    if error and task_id == WARM_UP:
+        disconnect(pool, name)
+        events.append({"event": "spare_failed", "message": error})
+    elif error:
         disconnect(pool, name)
         ended = run(
             "worker_failed",
@@ -136,13 +140,15 @@ def reap(pool, events):
     for task_id, name in busy.items():
         # A worker returns right after committing its task's end: wait that
         # moment, so that the next task of a reusable session finds it idle.
-        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running else 0)
+        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and task_id != WARM_UP else 0)
         while is_busy(name) and time.monotonic() < patience:
             time.sleep(0.0002)
         if is_busy(name):
             answering = answering or task_id not in running
             continue
-        ended.append(collect(pool, name, pool["workers"][name], events))
+        task_id = collect(pool, name, pool["workers"][name], events)
+        if task_id != WARM_UP:
+            ended.append(task_id)
     # A worker that found its task not claimed (stopped or deleted meanwhile,
     # or an error before it took the row) leaves it to be claimed again.
     run("unclaim_ended", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
@@ -181,6 +187,10 @@ def pick_worker(pool, task):
             return name
     if idle:  # prefer one without a kept session, which it would have to close
         return min(idle, key=lambda item: item[1]["key"] is not None)[0]
+    return new_worker(pool)
+
+
+def new_worker(pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
     run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
@@ -206,12 +216,17 @@ def start(pool, task, claimer, events):
     return True
 
 
-def close_idle_workers(pool):
-    """Close idle workers past their keep time; return seconds until the next one is due."""
+def close_idle_workers(pool, keep_spare):
+    """Close idle workers past their keep time, but one spare worker without a
+    session when `keep_spare`; return seconds until the next one is due."""
     now = time.monotonic()
     next_due = None
+    spare = None
     for name, worker in list(pool["workers"].items()):
         if worker["task"] is not None:
+            continue
+        if keep_spare and spare is None and worker["key"] is None:
+            spare = name
             continue
         keep = KEEP_IDLE_SESSION if worker["key"] is not None else KEEP_IDLE_WORKER
         due = worker["idle_since"] + keep
@@ -220,6 +235,22 @@ def close_idle_workers(pool):
         elif next_due is None or due - now < next_due:
             next_due = due - now
     return next_due
+
+
+def ensure_spare_worker(pool, events):
+    """Keep one idle worker with PL/Python loaded, so the next task pays neither a
+    backend start nor PL/Python's start (about 100 ms together) before it runs."""
+    if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
+        return  # one is idle or warming up already
+    if len(pool["workers"]) >= run_limit:
+        return
+    try:
+        name = new_worker(pool)
+        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+            [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0)"])
+        pool["workers"][name]["task"] = WARM_UP
+    except plpy.SPIError as exc:
+        events.append({"event": "spare_failed", "message": str(exc)})
 
 
 def cancel_running_tasks(pool, events):
@@ -253,7 +284,9 @@ def main():
     for task in claimed:
         start(pool, task, claimer, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
-    idle_due = close_idle_workers(pool)
+    if run_limit > 0:
+        ensure_spare_worker(pool, events)
+    idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
     if idle_due is not None:
         waits.append(idle_due)
     next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]

@@ -155,8 +155,12 @@ class Session:
     def _on_notice(self, _arg, handle):
         # libpq frees the notice's PGresult when this returns: copy the text now.
         notice = Result(handle)
-        severity = notice.field(PG_DIAG_SEVERITY) or "NOTICE"
-        self.notices.append(f"{severity}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}")
+        lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}"]
+        for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
+            value = notice.field(code)
+            if value:
+                lines.append(f"{label}:  {value}")
+        self.notices.append("\n".join(lines))
 
     def close(self):
         if self.handle:

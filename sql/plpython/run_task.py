@@ -130,8 +130,22 @@ def is_string_type(oid):
 
 
 def output_limit():
+    """pg_task_py.output_limit: ALTER DATABASE ... SET, else postgresql.conf, else 100 MB.
+
+    Read from the catalog, not from this session: a worker backend lives long
+    and would not see an ALTER DATABASE made after it started; nor from the
+    task's session, where the task itself could raise it.
+    """
     value = plpy.execute(
-        prepared("limit", "SELECT current_setting('pg_task_py.output_limit', true) AS v", [])
+        prepared(
+            "limit",
+            "SELECT COALESCE((SELECT substr(c, length('pg_task_py.output_limit=') + 1)"
+            "  FROM pg_catalog.pg_db_role_setting AS s, unnest(s.setconfig) AS c"
+            "  WHERE s.setrole = 0 AND c LIKE 'pg\\_task\\_py.output\\_limit=%'"
+            "    AND s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())),"
+            " current_setting('pg_task_py.output_limit', true)) AS v",
+            [],
+        )
     )[0]["v"]
     return int(value) if value else 100 * 1024 * 1024
 
@@ -143,14 +157,20 @@ def serve_interrupts():
     terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
     from every backend (a task dropping a database would wait forever).  Any
     SPI call checks for interrupts; a cancel raises here and ends the task.
+    The commit drops the snapshot that SPI calls leave to this procedure's
+    transaction, so that this backend holds back neither VACUUM nor CREATE
+    INDEX CONCURRENTLY (which waits for older snapshots: the task's own) while
+    the task runs.
     """
     plpy.execute(prepared("interrupts", "SELECT", []))
+    plpy.commit()
 
 
 def run_input(session, task):
-    """Send the input as one top-level query; return (output, error)."""
+    """Send the input as one top-level query; return (output, error, notices)."""
     writer = OutputWriter(task, is_string_type, output_limit())
     error = None
+    session.notices.clear()
     session.execute(
         "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
         "       pg_catalog.set_config('statement_timeout', $2, false)",
@@ -194,7 +214,7 @@ def run_input(session, task):
         writer.command("COMMIT")
     elif session.transaction_status == PQTRANS_INERROR:
         session.execute("ROLLBACK")
-    return writer.text(), error
+    return writer.text(), error, "\n".join(session.notices) or None
 
 
 def release_or_reset(kept, task, reused_next):
@@ -224,14 +244,14 @@ def mark_working(session):
     )
 
 
-def finish(state, output, error):
+def finish(state, output, error, notices=None):
     plpy.execute(
         prepared(
             "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4)",
-            ["bigint", "text", "text", "text"],
+            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4, task_notice => $5)",
+            ["bigint", "text", "text", "text", "text"],
         ),
-        [task_id, state, output, error],
+        [task_id, state, output, error, notices],
     )
 
 
@@ -260,11 +280,11 @@ def main():
     plpy.commit()  # WORK, start and pid are visible while the input runs
 
     try:
-        output, error = run_input(session, task)
+        output, error, notices = run_input(session, task)
     except ConnectError as exc:  # the session broke outside the input itself
-        output, error = None, format_message(str(exc), task["input"])
+        output, error, notices = None, format_message(str(exc), task["input"]), None
     reuse = task["count"] > 0 or task["live_s"] > 0
     release_or_reset(kept, task, reuse)
-    finish("FAIL" if error else "DONE", output, error)
+    finish("FAIL" if error else "DONE", output, error, notices)
     plpy.commit()
 

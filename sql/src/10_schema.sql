@@ -83,6 +83,7 @@ CREATE TABLE @extschema@.task (
     save        boolean NOT NULL DEFAULT pgtaskpy.setting_default('save', false),
     owner       name NOT NULL DEFAULT current_user,
     worker      integer,
+    notice      text,
     -- Constraint names are the messages a user sees when an INSERT is rejected.
     CONSTRAINT "task.active must be a positive interval" CHECK (active > interval '0'),
     CONSTRAINT "task.live must not be negative" CHECK (live >= interval '0'),
@@ -98,6 +99,7 @@ CREATE TABLE @extschema@.task (
 COMMENT ON TABLE @extschema@.task IS 'pg_task_py: insert SQL into input, read output/error/state back';
 COMMENT ON COLUMN @extschema@.task.owner IS 'role the task runs as (its session logs in as this role)';
 COMMENT ON COLUMN @extschema@.task.worker IS 'pid of the local backend that claimed (TAKE) or supervises (WORK) the task';
+COMMENT ON COLUMN @extschema@.task.notice IS 'NOTICE and WARNING messages the task raised, one a line';
 COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET) for the next task of a reused worker session';
 
 -- Finding due work stays cheap however many finished rows the table holds:

@@ -72,7 +72,7 @@ $$;
 -- a task that produced nothing when asked to, and wake the launchers.
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
-    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}')
+    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL)
 RETURNS @extschema@.state
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -80,7 +80,8 @@ DECLARE
     t @extschema@.task;
 BEGIN
     UPDATE @extschema@.task AS task
-    SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error
+    SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error,
+        notice = task_notice
     WHERE task.id = task_id AND task.state = ANY (from_states)
     RETURNING * INTO t;
     IF NOT FOUND THEN
@@ -181,6 +182,7 @@ $$;
 
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text)
+    FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;

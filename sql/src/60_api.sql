@@ -65,8 +65,9 @@ $$;
 COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
 
 -- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
--- cancel error).  Returns whether there was something to stop.
-CREATE FUNCTION @extschema@.task_cancel(task_id bigint)
+-- cancel error; with stop_series, a repeating task gets no next run).
+-- Returns whether there was something to stop.
+CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -76,6 +77,10 @@ BEGIN
     UPDATE @extschema@.task SET state = 'STOP' WHERE id = task_id AND state = 'PLAN' RETURNING * INTO t;
     IF FOUND THEN
         RETURN true;
+    END IF;
+    IF stop_series THEN
+        -- The run's end inserts the next run only while repeat > 0.
+        UPDATE @extschema@.task SET repeat = interval '0' WHERE id = task_id AND state IN ('TAKE', 'WORK');
     END IF;
     SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
     IF NOT FOUND THEN

@@ -1,0 +1,122 @@
+"""`make bench`: how soon tasks start and how many get through, on a throw-away cluster.
+
+Every figure comes from the server's own timestamps (`plan`, `start`, `stop`);
+every wait has a deadline, and a scenario that times out reports it instead of
+hanging.  Prints one table, then one JSON line a scenario.
+
+    make bench                      # all scenarios
+    make bench BENCH_ARGS="-s serial -s reuse"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from fix_cluster import Launcher, running_cluster  # noqa: E402
+
+DEADLINE = 120.0  # seconds any one scenario may take
+
+
+class TimedOut(Exception):
+    pass
+
+
+def wait_all_ended(conn, deadline: float = DEADLINE) -> None:
+    end = time.monotonic() + deadline
+    while conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0]:
+        if time.monotonic() > end:
+            raise TimedOut(f"tasks still unfinished after {deadline}s")
+        time.sleep(0.02)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def latency(conn, planned_ahead: float, samples: int) -> dict:
+    """start - plan of single tasks on an idle launcher (immediate or planned ahead)."""
+    delays = []
+    for i in range(samples):
+        time.sleep(0.05 + (i % 7) * 0.013)  # land at different points of any timer
+        task_id = conn.execute(
+            "INSERT INTO task (plan, input, delete) VALUES (clock_timestamp() + %s * interval '1 s',"
+            " 'SELECT 1', false) RETURNING id", [planned_ahead]).fetchone()[0]
+        end = time.monotonic() + planned_ahead + 10
+        while True:
+            row = conn.execute("SELECT extract(epoch FROM start - plan) * 1000 FROM task"
+                               " WHERE id = %s AND state = 'DONE'", [task_id]).fetchone()
+            if row:
+                delays.append(float(row[0]))
+                break
+            if time.monotonic() > end:
+                raise TimedOut(f"task {task_id} did not run")
+            time.sleep(0.002)
+    return {"median_ms": round(statistics.median(delays), 2), "p95_ms": round(percentile(delays, 0.95), 2),
+            "min_ms": round(min(delays), 2), "early": sum(d < 0 for d in delays), "samples": samples}
+
+
+def throughput(conn, insert: str, count: int) -> dict:
+    """Tasks per second from the first start to the last stop."""
+    conn.execute("DELETE FROM task")
+    conn.execute(insert, [count])
+    wait_all_ended(conn)
+    first, last, done = conn.execute(
+        "SELECT min(start), max(stop), count(*) FILTER (WHERE state = 'DONE') FROM task").fetchone()
+    seconds = (last - first).total_seconds()
+    return {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
+
+
+SCENARIOS = {
+    "latency": lambda conn: latency(conn, 0.0, 40),
+    "timed": lambda conn: latency(conn, 0.3, 20),
+    "serial": lambda conn: throughput(
+        conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, %s)", 500),
+    "parallel": lambda conn: throughput(
+        conn, "INSERT INTO task (\"group\", input, delete)"
+        " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i", 500),
+    "reuse": lambda conn: throughput(
+        conn, "INSERT INTO task (max, count, input, delete)"
+        " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-s", "--scenario", action="append", choices=list(SCENARIOS),
+                        help="run only these (repeatable)")
+    args = parser.parse_args()
+    chosen = args.scenario or list(SCENARIOS)
+    results = []
+    with running_cluster() as cluster:
+        cluster.create_database("bench")
+        launcher = Launcher(cluster.dsn("bench")).start()
+        try:
+            launcher.wait_active()
+            with cluster.connect("bench") as conn:
+                time.sleep(1.0)  # the spare worker warms up
+                for name in chosen:
+                    try:
+                        results.append({"scenario": name, **SCENARIOS[name](conn)})
+                    except TimedOut as exc:
+                        results.append({"scenario": name, "timeout": str(exc)})
+                    conn.execute("DELETE FROM task")
+        finally:
+            launcher.stop()
+    print(f"{'scenario':<10} result")
+    for result in results:
+        figures = ", ".join(f"{k} {v}" for k, v in result.items() if k != "scenario")
+        print(f"{result['scenario']:<10} {figures}")
+    for result in results:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

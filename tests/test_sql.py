@@ -1,0 +1,101 @@
+"""What SQL a task can run, what it sees, and how its results are kept (README: What SQL can a task run?)."""
+
+import pytest
+from fix_cluster import wait_until
+
+
+def run(db, input, **columns):
+    columns.setdefault("delete", False)
+    return db.wait_done(db.insert(input, **columns), 30)
+
+
+def test_procedure_that_commits(shared):
+    shared.sql("CREATE TABLE committed_rows (i int)")
+    shared.sql("CREATE PROCEDURE insert_and_commit() LANGUAGE plpgsql AS $$"
+               " BEGIN INSERT INTO committed_rows VALUES (1); COMMIT; INSERT INTO committed_rows VALUES (2); END $$")
+    row = run(shared, "CALL insert_and_commit()")
+    assert (row["state"], row["output"]) == ("DONE", "CALL")
+    assert shared.value("SELECT count(*) FROM committed_rows") == 2
+
+
+@pytest.mark.parametrize(
+    ("setup", "input", "output"),
+    [
+        ("CREATE TABLE concurrently_indexed (i int)", "CREATE INDEX CONCURRENTLY ON concurrently_indexed (i)",
+         "CREATE INDEX"),
+        ("CREATE TABLE vacuumed (i int)", "VACUUM ANALYZE vacuumed", "VACUUM"),
+        (None, "ALTER SYSTEM RESET work_mem", "ALTER SYSTEM"),
+    ],
+)
+def test_statements_that_need_the_top_level(shared, setup, input, output):
+    if setup:
+        shared.sql(setup)
+    row = run(shared, input)
+    assert (row["state"], row["output"], row["error"]) == ("DONE", output, None)
+
+
+def test_notices_and_warnings_are_kept(shared):
+    row = run(shared, "DO $$BEGIN RAISE NOTICE 'hello'; RAISE WARNING 'careful' USING HINT = 'look'; END$$")
+    assert (row["state"], row["output"]) == ("DONE", "DO")
+    assert row["notice"] == "NOTICE:  hello\nWARNING:  careful\nHINT:  look"
+
+
+@pytest.mark.parametrize(
+    ("input", "output"),
+    [
+        ("SELECT '\\x0102'::bytea AS b", "\\x0102"),
+        ("SELECT '2026-01-02 03:04:05+00'::timestamptz AS t", "2026-01-02 03:04:05+00"),
+        ("SELECT 'a\tb' AS s, 'x\ny' AS t", "s\tt\na\tb\tx\ny"),
+        ("SELECT 1 WHERE false; SELECT 2 AS b", "2"),
+        ("SELECT 1.5::numeric AS n, 'NaN'::float8 AS f", "n\tf\n1.5\tNaN"),
+        ("SELECT 'ü€😀' AS u", "ü€😀"),
+    ],
+)
+def test_values_print_as_their_text_form(shared, input, output):
+    assert run(shared, input, null="null")["output"] == output
+
+
+def test_many_rows(shared):
+    row = run(shared, "SELECT i, repeat('x', 20) FROM generate_series(1, 100000) AS i", header=False)
+    lines = row["output"].split("\n")
+    assert len(lines) == 100000 and lines[-1] == "100000\t" + "x" * 20
+
+
+def test_output_limit(shared):
+    shared.sql(f"ALTER DATABASE {shared.name} SET pg_task_py.output_limit = 1000")
+    try:
+        row = run(shared, "SELECT i FROM generate_series(1, 100000) AS i")
+        assert row["state"] == "FAIL"
+        assert row["error"].startswith("ERROR:  task output exceeds 1000 characters\nHINT:  ")
+        assert len(row["output"] or "") <= 1000
+    finally:
+        shared.sql(f"ALTER DATABASE {shared.name} RESET pg_task_py.output_limit")
+
+
+def test_database_and_role_settings_apply(shared):
+    shared.sql("CREATE SCHEMA app")
+    shared.sql("CREATE TABLE app.only_here (v text)")
+    shared.sql("INSERT INTO app.only_here VALUES ('found')")
+    shared.sql(f"ALTER DATABASE {shared.name} SET search_path = app, public")
+    try:
+        assert run(shared, "SELECT v FROM only_here")["output"] == "found"
+    finally:
+        shared.sql(f"ALTER DATABASE {shared.name} RESET search_path")
+
+
+def test_timeout_and_sets_do_not_leak_to_the_next_task_of_a_session(shared):
+    first = shared.insert("SET work_mem = '77MB'; SELECT pg_sleep(0.05)", timeout="5 s", count=5,
+                          group="leak", delete=False)
+    second = shared.insert("SHOW statement_timeout; SHOW work_mem", count=5, group="leak", delete=False)
+    shared.wait_done(first)
+    row = shared.wait_done(second)
+    assert row["pid"] == shared.task(first)["pid"]
+    assert row["output"] == "0\n4MB"
+
+
+def test_cancel_can_stop_a_series(shared):
+    task_id = shared.insert("SELECT pg_sleep(30)", repeat="1 hour", group="series", delete=False)
+    wait_until(lambda: shared.task(task_id)["state"] == "WORK", message="WORK")
+    assert shared.value("SELECT task_cancel(%s, stop_series => true)", [task_id]) is True
+    assert shared.wait_done(task_id, 10)["state"] == "FAIL"
+    assert shared.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
