@@ -166,16 +166,20 @@ def serve_interrupts():
     plpy.commit()
 
 
-def run_input(session, task):
-    """Send the input as one top-level query; return (output, error, notices)."""
-    writer = OutputWriter(task, is_string_type, output_limit())
-    error = None
-    session.notices.clear()
+def prepare_session(session, task):
+    """What the task sees of itself: pg_task.id, and its timeout as statement_timeout."""
     session.execute(
         "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
         "       pg_catalog.set_config('statement_timeout', $2, false)",
         [task["id"], f"{int(task['timeout_s'] * 1000)}ms"],
     )
+
+
+def run_input(session, task):
+    """Send the input as one top-level query; return (output, error, notices)."""
+    writer = OutputWriter(task, is_string_type, output_limit())
+    error = None
+    session.notices.clear()
     session.send(task["input"])
     try:
         for result in session.results(on_wait=serve_interrupts, wait_step=INTERRUPT_EVERY):
@@ -270,7 +274,9 @@ def main():
         return  # stopped, or taken over after this worker's launcher died
     try:
         kept = open_session(task)
+        prepare_session(kept["session"], task)
     except ConnectError as exc:
+        close_session()
         finish("FAIL", None, format_message(
             f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
         plpy.commit()
@@ -287,4 +293,3 @@ def main():
     release_or_reset(kept, task, reuse)
     finish("FAIL" if error else "DONE", output, error, notices)
     plpy.commit()
-
