@@ -456,6 +456,15 @@ PQgetCancel = _fn("PQgetCancel", _P, _P)
 PQcancel = _fn("PQcancel", _I, _P, _S, _I)
 PQfreeCancel = _fn("PQfreeCancel", None, _P)
 NoticeReceiver = ctypes.CFUNCTYPE(None, _P, _P)
+
+
+class PQconninfoOption(ctypes.Structure):
+    _fields_ = [("keyword", _S), ("envvar", _S), ("compiled", _S), ("val", _S),
+                ("label", _S), ("dispchar", _S), ("dispsize", _I)]
+
+
+PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
+PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
 PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
 
 CONNECTION_OK = 0
@@ -484,6 +493,27 @@ def _text(pointer, length=None):
 
 class ConnectError(Exception):
     """The task's session could not be opened: libpq's message."""
+
+
+def conninfo_options(conninfo):
+    """The options a conninfo string or URI sets, {keyword: value}; ConnectError if it is malformed."""
+    error = _P()
+    options = PQconninfoParse(conninfo.encode(), ctypes.byref(error))
+    if not options:
+        message = _text(error.value) if error.value else "out of memory"
+        if error.value:
+            PQfreemem(error)
+        raise ConnectError((message or "invalid connection string").strip())
+    try:
+        found = {}
+        i = 0
+        while options[i].keyword is not None:
+            if options[i].val is not None:
+                found[options[i].keyword.decode()] = options[i].val.decode("utf-8", "replace")
+            i += 1
+        return found
+    finally:
+        PQconninfoFree(options)
 
 
 class Result:
@@ -796,6 +826,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         PQTRANS_INTRANS,
         ConnectError,
         Session,
+        conninfo_options,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
 
@@ -872,13 +903,37 @@ def open_session(task):
             return kept
         close_session()
     if task["remote"] is not None:
+        check_remote_password(task)
         keywords = {"dbname": task["remote"], "fallback_application_name": "pg_task_py task"}
     else:
         keywords = loopback_keywords(task["owner"])
-    kept = {"key": session_key(task), "session": Session(keywords), "runs": 0,
-            "born": time.monotonic()}
+    session = Session(keywords)
+    if task["remote"] is not None and not owner_is_superuser(task) and not session.used_password:
+        session.close()
+        raise ConnectError("password is required: the remote server did not ask for the password given")
+    kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
     GD[SESSION_KEY] = kept
     return kept
+
+
+def owner_is_superuser(task):
+    rows = plpy.execute(
+        prepared("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", ["name"]),
+        [task["owner"]],
+    )
+    return bool(rows and rows[0]["rolsuper"])
+
+
+def check_remote_password(task):
+    """dblink's rule for non-superusers: `remote` must carry a password of its own.
+
+    Otherwise a role could reach servers, this one included, through trust or
+    peer authentication or the server OS user's ~/.pgpass, as someone else.
+    """
+    options = conninfo_options(task["remote"])
+    if not owner_is_superuser(task) and not options.get("password"):
+        raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
+                           "password= in its conninfo")
 
 
 def close_session():
@@ -921,19 +976,23 @@ def output_limit():
     return int(value) if value else 100 * 1024 * 1024
 
 
-def serve_interrupts():
+def serve_interrupts(session):
     """Let this backend act on interrupts while it waits for the task's session.
 
     A backend blocked in a C call acts on no signal: not on a cancel or a
     terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
     from every backend (a task dropping a database would wait forever).  Any
-    SPI call checks for interrupts; a cancel raises here and ends the task.
-    The commit drops the snapshot that SPI calls leave to this procedure's
-    transaction, so that this backend holds back neither VACUUM nor CREATE
-    INDEX CONCURRENTLY (which waits for older snapshots: the task's own) while
-    the task runs.
+    SPI call checks for interrupts.  A cancel of this backend (task_cancel of
+    a remote task) is passed on to the task's query, which then ends with the
+    server's cancel error.  The commit drops the snapshot that SPI calls leave
+    to this procedure's transaction, so that this backend holds back neither
+    VACUUM nor CREATE INDEX CONCURRENTLY (which waits for older snapshots:
+    the task's own) while the task runs.
     """
-    plpy.execute(prepared("interrupts", "SELECT", []))
+    try:
+        plpy.execute(prepared("interrupts", "SELECT", []))
+    except plpy.spiexceptions.QueryCanceled:
+        session.cancel()
     plpy.commit()
 
 
@@ -953,7 +1012,7 @@ def run_input(session, task):
     session.notices.clear()
     session.send(task["input"])
     try:
-        for result in session.results(on_wait=serve_interrupts, wait_step=INTERRUPT_EVERY):
+        for result in session.results(on_wait=lambda: serve_interrupts(session), wait_step=INTERRUPT_EVERY):
             with result:
                 status = result.status
                 if error is not None:
@@ -1336,7 +1395,7 @@ def cancel_running_tasks(pool, events):
     for row in run(
         "cancel",
         "SELECT id, @extschema@.task_cancel(id) AS cancelled FROM @extschema@.task"
-        " WHERE id = ANY($1) AND state = 'WORK' AND remote IS NULL",
+        " WHERE id = ANY($1) AND state = 'WORK'",
         ["bigint[]"],
         [ids],
     ):
@@ -1447,6 +1506,26 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
 
+-- A remote task's query is cancelled by its worker backend (the local backend
+-- that runs it), which belongs to the launcher's role: hence SECURITY DEFINER,
+-- with the caller's right to the task checked here.
+CREATE FUNCTION pgtaskpy.cancel_remote_task(task_id bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t @extschema@.task;
+BEGIN
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state = 'WORK' AND remote IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT (pg_has_role(session_user, t.owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN pg_cancel_backend(t.worker);
+END
+$$;
+
 -- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
 -- cancel error; with stop_series, a repeating task gets no next run).
 -- Returns whether there was something to stop.
@@ -1471,10 +1550,11 @@ BEGIN
     END IF;
     IF t.state = 'WORK' AND t.remote IS NULL THEN
         RETURN pg_cancel_backend(t.pid);
+    ELSIF t.state = 'WORK' THEN
+        RETURN pgtaskpy.cancel_remote_task(task_id);
     END IF;
     RAISE EXCEPTION 'task % cannot be cancelled while %', task_id, t.state
-        USING HINT = CASE WHEN t.remote IS NOT NULL THEN 'Cancel it on the remote server with pg_cancel_backend(pid).'
-                          ELSE 'It is about to start; try again in a moment.' END;
+        USING HINT = 'It is about to start; try again in a moment.';
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';

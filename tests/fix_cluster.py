@@ -52,13 +52,14 @@ def free_port() -> int:
 class Cluster:
     """initdb + pg_ctl for one cluster in a temporary directory."""
 
-    def __init__(self, settings: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: dict[str, str] | None = None, hba: str = "local all all trust\n") -> None:
         self.base = Path(tempfile.mkdtemp(prefix="pg_task_py-"))
         self.data = self.base / "data"
         self.socket_dir = self.base / "socket"
         self.log = self.base / "server.log"
         self.port = free_port()
         self.settings = settings or {}
+        self.hba = hba
         self.as_root = os.geteuid() == 0
         self.owner = pwd.getpwnam("postgres") if self.as_root else pwd.getpwuid(os.getuid())
         self.socket_dir.mkdir()
@@ -92,7 +93,7 @@ class Cluster:
         with open(self.data / "postgresql.conf", "a") as f:
             f.writelines(f"{key} = {value}\n" for key, value in conf.items())
         # Only the socket, whose directory only the server's user and root can reach.
-        (self.data / "pg_hba.conf").write_text("local all all trust\n")
+        (self.data / "pg_hba.conf").write_text(self.hba)
         return self
 
     def start(self) -> None:

@@ -259,7 +259,7 @@ def cancel_running_tasks(pool, events):
     for row in run(
         "cancel",
         "SELECT id, @extschema@.task_cancel(id) AS cancelled FROM @extschema@.task"
-        " WHERE id = ANY($1) AND state = 'WORK' AND remote IS NULL",
+        " WHERE id = ANY($1) AND state = 'WORK'",
         ["bigint[]"],
         [ids],
     ):

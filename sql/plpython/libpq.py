@@ -61,6 +61,15 @@ PQgetCancel = _fn("PQgetCancel", _P, _P)
 PQcancel = _fn("PQcancel", _I, _P, _S, _I)
 PQfreeCancel = _fn("PQfreeCancel", None, _P)
 NoticeReceiver = ctypes.CFUNCTYPE(None, _P, _P)
+
+
+class PQconninfoOption(ctypes.Structure):
+    _fields_ = [("keyword", _S), ("envvar", _S), ("compiled", _S), ("val", _S),
+                ("label", _S), ("dispchar", _S), ("dispsize", _I)]
+
+
+PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
+PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
 PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
 
 CONNECTION_OK = 0
@@ -89,6 +98,27 @@ def _text(pointer, length=None):
 
 class ConnectError(Exception):
     """The task's session could not be opened: libpq's message."""
+
+
+def conninfo_options(conninfo):
+    """The options a conninfo string or URI sets, {keyword: value}; ConnectError if it is malformed."""
+    error = _P()
+    options = PQconninfoParse(conninfo.encode(), ctypes.byref(error))
+    if not options:
+        message = _text(error.value) if error.value else "out of memory"
+        if error.value:
+            PQfreemem(error)
+        raise ConnectError((message or "invalid connection string").strip())
+    try:
+        found = {}
+        i = 0
+        while options[i].keyword is not None:
+            if options[i].val is not None:
+                found[options[i].keyword.decode()] = options[i].val.decode("utf-8", "replace")
+            i += 1
+        return found
+    finally:
+        PQconninfoFree(options)
 
 
 class Result:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         PQTRANS_INTRANS,
         ConnectError,
         Session,
+        conninfo_options,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
 
@@ -101,13 +102,37 @@ def open_session(task):
             return kept
         close_session()
     if task["remote"] is not None:
+        check_remote_password(task)
         keywords = {"dbname": task["remote"], "fallback_application_name": "pg_task_py task"}
     else:
         keywords = loopback_keywords(task["owner"])
-    kept = {"key": session_key(task), "session": Session(keywords), "runs": 0,
-            "born": time.monotonic()}
+    session = Session(keywords)
+    if task["remote"] is not None and not owner_is_superuser(task) and not session.used_password:
+        session.close()
+        raise ConnectError("password is required: the remote server did not ask for the password given")
+    kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
     GD[SESSION_KEY] = kept
     return kept
+
+
+def owner_is_superuser(task):
+    rows = plpy.execute(
+        prepared("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", ["name"]),
+        [task["owner"]],
+    )
+    return bool(rows and rows[0]["rolsuper"])
+
+
+def check_remote_password(task):
+    """dblink's rule for non-superusers: `remote` must carry a password of its own.
+
+    Otherwise a role could reach servers, this one included, through trust or
+    peer authentication or the server OS user's ~/.pgpass, as someone else.
+    """
+    options = conninfo_options(task["remote"])
+    if not owner_is_superuser(task) and not options.get("password"):
+        raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
+                           "password= in its conninfo")
 
 
 def close_session():
@@ -150,19 +175,23 @@ def output_limit():
     return int(value) if value else 100 * 1024 * 1024
 
 
-def serve_interrupts():
+def serve_interrupts(session):
     """Let this backend act on interrupts while it waits for the task's session.
 
     A backend blocked in a C call acts on no signal: not on a cancel or a
     terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
     from every backend (a task dropping a database would wait forever).  Any
-    SPI call checks for interrupts; a cancel raises here and ends the task.
-    The commit drops the snapshot that SPI calls leave to this procedure's
-    transaction, so that this backend holds back neither VACUUM nor CREATE
-    INDEX CONCURRENTLY (which waits for older snapshots: the task's own) while
-    the task runs.
+    SPI call checks for interrupts.  A cancel of this backend (task_cancel of
+    a remote task) is passed on to the task's query, which then ends with the
+    server's cancel error.  The commit drops the snapshot that SPI calls leave
+    to this procedure's transaction, so that this backend holds back neither
+    VACUUM nor CREATE INDEX CONCURRENTLY (which waits for older snapshots:
+    the task's own) while the task runs.
     """
-    plpy.execute(prepared("interrupts", "SELECT", []))
+    try:
+        plpy.execute(prepared("interrupts", "SELECT", []))
+    except plpy.spiexceptions.QueryCanceled:
+        session.cancel()
     plpy.commit()
 
 
@@ -182,7 +211,7 @@ def run_input(session, task):
     session.notices.clear()
     session.send(task["input"])
     try:
-        for result in session.results(on_wait=serve_interrupts, wait_step=INTERRUPT_EVERY):
+        for result in session.results(on_wait=lambda: serve_interrupts(session), wait_step=INTERRUPT_EVERY):
             with result:
                 status = result.status
                 if error is not None:

@@ -64,6 +64,26 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
 
+-- A remote task's query is cancelled by its worker backend (the local backend
+-- that runs it), which belongs to the launcher's role: hence SECURITY DEFINER,
+-- with the caller's right to the task checked here.
+CREATE FUNCTION pgtaskpy.cancel_remote_task(task_id bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t @extschema@.task;
+BEGIN
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state = 'WORK' AND remote IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT (pg_has_role(session_user, t.owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN pg_cancel_backend(t.worker);
+END
+$$;
+
 -- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
 -- cancel error; with stop_series, a repeating task gets no next run).
 -- Returns whether there was something to stop.
@@ -88,10 +108,11 @@ BEGIN
     END IF;
     IF t.state = 'WORK' AND t.remote IS NULL THEN
         RETURN pg_cancel_backend(t.pid);
+    ELSIF t.state = 'WORK' THEN
+        RETURN pgtaskpy.cancel_remote_task(task_id);
     END IF;
     RAISE EXCEPTION 'task % cannot be cancelled while %', task_id, t.state
-        USING HINT = CASE WHEN t.remote IS NOT NULL THEN 'Cancel it on the remote server with pg_cancel_backend(pid).'
-                          ELSE 'It is about to start; try again in a moment.' END;
+        USING HINT = 'It is about to start; try again in a moment.';
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';

@@ -1,0 +1,108 @@
+"""Tasks with `remote`: run on another server with the same output, errors, timeouts and cancel."""
+
+import psycopg
+import pytest
+from fix_cluster import Cluster, wait_until
+
+PASSWORD = "s3cret pw"
+
+
+@pytest.fixture(scope="module")
+def remote():
+    """A second cluster (another port) that asks for passwords, with a database and a role."""
+    cluster = Cluster(hba="local all postgres trust\nlocal all all scram-sha-256\n").init()
+    cluster.start()
+    try:
+        with cluster.connect() as conn:
+            conn.execute("CREATE DATABASE remotedb")
+            conn.execute(f"CREATE ROLE remote_user LOGIN PASSWORD '{PASSWORD}'")
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def conninfo(remote, password=PASSWORD):
+    return f"host={remote.socket_dir} port={remote.port} dbname=remotedb user=remote_user password='{password}'"
+
+
+def run(db, input, **columns):
+    columns.setdefault("delete", False)
+    return db.wait_done(db.insert(input, **columns), 30)
+
+
+def test_remote_task_output_and_error_as_local(running, remote):
+    row = run(running, "SELECT current_database(), current_user; SELECT 1 AS a", remote=conninfo(remote))
+    assert (row["state"], row["output"]) == ("DONE", "current_database\tcurrent_user\nremotedb\tremote_user\n1")
+    row = run(running, "SELECT 1/0 AS a", remote=conninfo(remote))
+    assert (row["state"], row["error"]) == ("FAIL", "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a")
+
+
+def test_remote_pid_is_the_remote_backend(running, remote):
+    row = run(running, "SELECT pg_backend_pid()", remote=conninfo(remote))
+    assert row["output"] == str(row["pid"])
+
+
+def test_remote_timeout(running, remote):
+    row = run(running, "SELECT pg_sleep(10)", remote=conninfo(remote), timeout="0.3 s")
+    assert row["error"].startswith("ERROR:  canceling statement due to statement timeout")
+
+
+def test_remote_cancel(running, remote):
+    task_id = running.insert("SELECT pg_sleep(30)", remote=conninfo(remote), delete=False)
+    wait_until(lambda: running.task(task_id)["state"] == "WORK", message="WORK")
+    assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+    row = running.wait_done(task_id, 10)
+    assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  canceling statement due to user request")
+
+
+def test_failed_login_shows_libpq_message_never_the_password(running, remote):
+    wrong = "wr0ng-Passw0rd"
+    row = run(running, "SELECT 1", remote=conninfo(remote, wrong))
+    assert row["state"] == "FAIL"
+    assert 'password authentication failed for user "remote_user"' in row["error"]
+    assert wrong not in row["error"]
+    assert all(wrong not in launcher.output() for launcher in running.launchers)
+    activity = running.value("SELECT string_agg(query, ' ') FROM pg_stat_activity")
+    assert wrong not in (activity or "")
+
+
+def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
+    running.sql("CREATE ROLE carol LOGIN")
+    running.sql("GRANT SELECT, INSERT ON task TO carol")
+    running.sql("GRANT USAGE ON SEQUENCE task_id_seq TO carol")
+    try:
+        with running.connect("carol") as carol:
+            def insert(remote_conninfo):
+                return carol.execute("INSERT INTO task (input, remote, delete) VALUES ('SELECT current_user', %s, false)"
+                                     " RETURNING id", [remote_conninfo]).fetchone()[0]
+            # no password: would log in through the server OS user's trust/peer/.pgpass
+            local_as_postgres = f"host={running.cluster.socket_dir} port={running.cluster.port} dbname=postgres"
+            row = running.wait_done(insert(local_as_postgres))
+            assert row["state"] == "FAIL" and "password is required" in row["error"]
+            # a password the server never asks for (trust) does not count either
+            row = running.wait_done(insert(local_as_postgres + " user=postgres password=x"))
+            assert row["state"] == "FAIL" and "password is required" in row["error"]
+            # with a password the remote server checks, it runs
+            row = running.wait_done(insert(conninfo(remote)))
+            assert (row["state"], row["output"]) == ("DONE", "remote_user")
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY carol")
+        running.sql("DROP ROLE carol")
+
+
+def test_malformed_remote_conninfo_fails_the_task(running):
+    row = run(running, "SELECT 1", remote="host=x port")
+    assert row["state"] == "FAIL" and "could not open the task's session" in row["error"]
+
+
+def test_remote_tasks_are_their_own_group(running, remote):
+    local = running.insert("SELECT pg_sleep(1)", delete=False)
+    far = running.insert("SELECT 'far'", remote=conninfo(remote), delete=False)
+    row = running.wait_done(far)
+    assert row["stop"] < running.wait_done(local)["stop"]  # did not wait for the local group's task
+
+
+def test_remote_cluster_is_really_another_server(remote):
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(remote.dsn("remotedb", "remote_user"), connect_timeout=5).close()
