@@ -1407,7 +1407,6 @@ def main():
     events = []
     if cancel_running:
         cancel_running_tasks(pool, events)
-    answering = reap(pool, events)
     housekeeping(pool, events)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     claimer = run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]
@@ -1417,6 +1416,10 @@ def main():
         ["integer", "integer"],
         [max(0, run_limit - busy), claimer],
     )
+    # Collect after claiming: a task whose end freed its group's slot for this
+    # claim has its worker collected now, so that the group's next task finds
+    # the worker holding its reusable session idle.
+    answering = reap(pool, events)
     for task in claimed:
         start(pool, task, claimer, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]

@@ -73,7 +73,8 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
     try:
         with running.connect("carol") as carol:
             def insert(remote_conninfo):
-                return carol.execute("INSERT INTO task (input, remote, delete) VALUES ('SELECT current_user', %s, false)"
+                return carol.execute("INSERT INTO task (input, remote, delete)"
+                                     " VALUES ('SELECT current_user', %s, false)"
                                      " RETURNING id", [remote_conninfo]).fetchone()[0]
             # no password: would log in through the server OS user's trust/peer/.pgpass
             local_as_postgres = f"host={running.cluster.socket_dir} port={running.cluster.port} dbname=postgres"
