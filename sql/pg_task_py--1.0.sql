@@ -211,21 +211,26 @@ BEGIN
     PERFORM pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0);
     RETURN QUERY
     WITH running AS (
-        SELECT t.hash, count(*)::integer AS n
-        FROM @extschema@.task AS t
-        WHERE t.state IN ('TAKE', 'WORK')
-        GROUP BY t.hash
+        SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
     ), due AS (
-        SELECT t.id, t.hash, t.max,
-               row_number() OVER (PARTITION BY t.hash ORDER BY t.max DESC, t.id) AS rank
+        SELECT t.id, t.hash, t.max, t.owner,
+               row_number() OVER (PARTITION BY t.hash ORDER BY t.max DESC, t.id) AS rank,
+               row_number() OVER (PARTITION BY t.owner ORDER BY t.max DESC, t.id) AS owner_rank
         FROM @extschema@.task AS t
         WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active > now()
+    ), owners AS (
+        SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
+               (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
+        FROM (SELECT DISTINCT due.owner FROM due) AS o
     ), chosen AS (
         SELECT d.id
-        FROM due AS d LEFT JOIN running AS r ON r.hash = d.hash
-        WHERE CASE WHEN d.max >= 0 THEN d.rank + COALESCE(r.n, 0) <= d.max::bigint + 1
-                   ELSE d.rank = 1 AND r.n IS NULL   -- negative max: one at a time
+        FROM due AS d
+        JOIN owners AS o ON o.owner = d.owner
+        CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
+        WHERE CASE WHEN d.max >= 0 THEN d.rank + g.n <= d.max::bigint + 1
+                   ELSE d.rank = 1 AND g.n = 0   -- negative max: one at a time
               END
+          AND (o.cap IS NULL OR d.owner_rank + o.n <= o.cap)
         ORDER BY d.max DESC, d.id
         LIMIT claim_limit
     )
@@ -235,6 +240,22 @@ BEGIN
     WHERE t.id = c.id AND t.state = 'PLAN'
     RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
 END
+$$;
+
+-- pg_task_py.role_running_limit: most tasks of one owner running at once, from
+-- ALTER ROLE ... SET (this database's first, then any database's); NULL: no
+-- limit.  Read from the catalog: the owner's settings are not this session's.
+CREATE FUNCTION pgtaskpy.role_running_limit(role name) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)::integer
+    FROM pg_db_role_setting AS s
+    JOIN pg_roles AS r ON r.oid = s.setrole AND r.rolname = role
+    CROSS JOIN unnest(s.setconfig) AS c
+    WHERE c LIKE 'pg\_task\_py.role\_running\_limit=%'
+      AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+    ORDER BY s.setdatabase DESC
+    LIMIT 1
 $$;
 
 -- The next planned time of a repeating task: old plan + k * repeat, the first
@@ -836,9 +857,15 @@ INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 
 
 def prepared(name, query, types):
-    """A plan prepared once per worker backend (SD lives as long as it)."""
+    """A plan prepared once per worker backend (SD lives as long as it); {ext} names
+    the extension's schema (looked up: pasted in, a quoted name would break this source)."""
     if name not in SD:
-        SD[name] = plpy.prepare(query, types)
+        if "schema" not in SD:
+            SD["schema"] = plpy.execute(
+                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'"
+            )[0]["s"]
+        SD[name] = plpy.prepare(query.replace("{ext}.", SD["schema"] + "."), types)
     return SD[name]
 
 
@@ -855,7 +882,7 @@ def take_task():
             "       header, string, delimiter, quote, escape, \"null\","
             "       extract(epoch FROM timeout)::float8 AS timeout_s,"
             "       extract(epoch FROM live)::float8 AS live_s"
-            " FROM @extschema@.task WHERE id = $1 FOR UPDATE",
+            " FROM {ext}.task WHERE id = $1 FOR UPDATE",
             ["bigint"],
         ),
         [task_id],
@@ -1070,7 +1097,7 @@ def mark_working(session):
     plpy.execute(
         prepared(
             "work",
-            "UPDATE @extschema@.task SET state = 'WORK', start = clock_timestamp(),"
+            "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(),"
             " pid = $2, worker = pg_backend_pid() WHERE id = $1",
             ["bigint", "integer"],
         ),
@@ -1082,7 +1109,7 @@ def finish(state, output, error, notices=None):
     plpy.execute(
         prepared(
             "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4, task_notice => $5)",
+            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5)",
             ["bigint", "text", "text", "text", "text"],
         ),
         [task_id, state, output, error, notices],
@@ -1161,19 +1188,24 @@ WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare wor
 
 
 def prepared(name, query, types=()):
+    """A plan prepared once per session; {ext} and dblink. name the extensions' schemas."""
     if name not in SD:
-        SD[name] = plpy.prepare(query.replace("dblink.", dblink_schema() + "."), list(types))
+        query = query.replace("{ext}.", schema_of("pg_task_py") + ".").replace("dblink.", schema_of("dblink") + ".")
+        SD[name] = plpy.prepare(query, list(types))
     return SD[name]
 
 
-def dblink_schema():
-    """dblink may live in any schema; this function's search_path is pinned."""
-    if "dblink_schema" not in SD:
-        SD["dblink_schema"] = plpy.execute(
+def schema_of(extension):
+    """The schema an extension lives in, quoted: this function's search_path is pinned,
+    and the name is looked up rather than pasted into this body by CREATE EXTENSION,
+    where a schema that needs quotes would break the Python source."""
+    key = "schema:" + extension
+    if key not in SD:
+        SD[key] = plpy.execute(
             "SELECT quote_ident(n.nspname) AS s FROM pg_extension AS e"
-            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'dblink'"
+            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = " + plpy.quote_literal(extension)
         )[0]["s"]
-    return SD["dblink_schema"]
+    return SD[key]
 
 
 def run(name, query, types=(), args=()):
@@ -1267,7 +1299,7 @@ def reap(pool, events):
         r["id"]
         for r in run(
             "running",
-            "SELECT id FROM @extschema@.task WHERE id = ANY($1) AND state IN ('TAKE', 'WORK')",
+            "SELECT id FROM {ext}.task WHERE id = ANY($1) AND state IN ('TAKE', 'WORK')",
             ["bigint[]"],
             [list(busy)],
         )
@@ -1287,12 +1319,12 @@ def reap(pool, events):
             ended.append(task_id)
     # A worker that found its task not claimed (stopped or deleted meanwhile,
     # or an error before it took the row) leaves it to be claimed again.
-    run("unclaim_ended", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+    run("unclaim_ended", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
         " WHERE id = ANY($1) AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint[]"], [ended])
     for row in run(
         "ended",
         "SELECT i AS id, t.state::text AS state, extract(epoch FROM t.stop - t.start)::float8 AS seconds"
-        " FROM unnest($1::bigint[]) AS i LEFT JOIN @extschema@.task AS t ON t.id = i",
+        " FROM unnest($1::bigint[]) AS i LEFT JOIN {ext}.task AS t ON t.id = i",
         ["bigint[]"],
         [ended],
     ):
@@ -1341,7 +1373,7 @@ def start(pool, task, claimer, events):
             [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)})"])
     except plpy.SPIError as exc:
         # No backend for it now (max_connections?): the task waits for the next turn.
-        run("unclaim", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+        run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
             " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
         return False
@@ -1394,7 +1426,7 @@ def cancel_running_tasks(pool, events):
     ids = [w["task"] for w in pool["workers"].values() if w["task"] is not None]
     for row in run(
         "cancel",
-        "SELECT id, @extschema@.task_cancel(id) AS cancelled FROM @extschema@.task"
+        "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
         " WHERE id = ANY($1) AND state = 'WORK'",
         ["bigint[]"],
         [ids],

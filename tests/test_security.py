@@ -2,6 +2,7 @@
 
 import psycopg
 import pytest
+from fix_cluster import Launcher, wait_until
 
 
 @pytest.fixture
@@ -63,3 +64,62 @@ def test_roles_see_and_change_only_their_own_tasks(running, roles):
 def test_scheduling_functions_are_not_for_users(roles):
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         roles["alice"].execute("SELECT * FROM pgtaskpy.claim_due_tasks(10, 1)")
+
+
+def overlap(rows):
+    points = sorted([(r[0], 1) for r in rows] + [(r[1], -1) for r in rows])
+    most = current = 0
+    for _, step in points:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def test_role_running_limit_caps_one_role(running, roles):
+    running.sql("ALTER ROLE alice SET pg_task_py.role_running_limit = 2")
+    for role in ("alice", "bob"):
+        roles[role].execute("INSERT INTO task (\"group\", input, delete)"
+                            " SELECT %s || i, 'SELECT pg_sleep(0.3)', false FROM generate_series(1, 6) AS i", [role])
+    running.wait_all_done(30)
+    assert overlap(running.sql("SELECT start, stop FROM task WHERE owner = 'alice'")) == 2
+    assert overlap(running.sql("SELECT start, stop FROM task WHERE owner = 'bob'")) > 2  # bob is not capped
+
+
+WEIRD = 'a"; DROP TABLE task; --'
+
+
+def test_names_with_quotes_and_semicolons(running):
+    running.sql(f'CREATE ROLE "{WEIRD.replace(chr(34), chr(34) * 2)}" LOGIN')
+    quoted = '"' + WEIRD.replace('"', '""') + '"'
+    running.sql(f"GRANT SELECT, INSERT ON task TO {quoted}")
+    running.sql(f"GRANT USAGE ON SEQUENCE task_id_seq TO {quoted}")
+    try:
+        task_id = running.insert("SELECT current_user", group=WEIRD, owner=WEIRD, delete=False)
+        row = running.wait_done(task_id)
+        assert (row["state"], row["output"], row["group"]) == ("DONE", WEIRD, WEIRD)
+        assert running.value("SELECT count(*) FROM task") >= 1  # the table is still there
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql(f"DROP OWNED BY {quoted}")
+        running.sql(f"DROP ROLE {quoted}")
+
+
+def test_extension_in_a_schema_that_needs_quotes(cluster, db):
+    # (PostgreSQL itself refuses an extension schema with " $ ' or \ in its name.)
+    schema = "Odd Schema; name"
+    quoted = '"' + schema.replace('"', '""') + '"'
+    cluster.create_database(f"{db.name}_odd", extension=False)
+    try:
+        with cluster.connect(f"{db.name}_odd") as conn:
+            conn.execute(f"CREATE SCHEMA {quoted}")
+            conn.execute(f"CREATE EXTENSION pg_task_py SCHEMA {quoted} CASCADE")
+            launcher = Launcher(cluster.dsn(f"{db.name}_odd")).start()
+            launcher.wait_active()
+            task_id = conn.execute(f"INSERT INTO {quoted}.task (input, delete) VALUES ('SELECT 42', false)"
+                                   " RETURNING id").fetchone()[0]
+            wait_until(lambda: conn.execute(f"SELECT output FROM {quoted}.task WHERE id = %s",
+                                            [task_id]).fetchone()[0] == "42", message="the task")
+            assert launcher.stop() == 0
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {db.name}_odd WITH (FORCE)")

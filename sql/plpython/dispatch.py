@@ -25,19 +25,24 @@ WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare wor
 
 
 def prepared(name, query, types=()):
+    """A plan prepared once per session; {ext} and dblink. name the extensions' schemas."""
     if name not in SD:
-        SD[name] = plpy.prepare(query.replace("dblink.", dblink_schema() + "."), list(types))
+        query = query.replace("{ext}.", schema_of("pg_task_py") + ".").replace("dblink.", schema_of("dblink") + ".")
+        SD[name] = plpy.prepare(query, list(types))
     return SD[name]
 
 
-def dblink_schema():
-    """dblink may live in any schema; this function's search_path is pinned."""
-    if "dblink_schema" not in SD:
-        SD["dblink_schema"] = plpy.execute(
+def schema_of(extension):
+    """The schema an extension lives in, quoted: this function's search_path is pinned,
+    and the name is looked up rather than pasted into this body by CREATE EXTENSION,
+    where a schema that needs quotes would break the Python source."""
+    key = "schema:" + extension
+    if key not in SD:
+        SD[key] = plpy.execute(
             "SELECT quote_ident(n.nspname) AS s FROM pg_extension AS e"
-            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'dblink'"
+            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = " + plpy.quote_literal(extension)
         )[0]["s"]
-    return SD["dblink_schema"]
+    return SD[key]
 
 
 def run(name, query, types=(), args=()):
@@ -131,7 +136,7 @@ def reap(pool, events):
         r["id"]
         for r in run(
             "running",
-            "SELECT id FROM @extschema@.task WHERE id = ANY($1) AND state IN ('TAKE', 'WORK')",
+            "SELECT id FROM {ext}.task WHERE id = ANY($1) AND state IN ('TAKE', 'WORK')",
             ["bigint[]"],
             [list(busy)],
         )
@@ -151,12 +156,12 @@ def reap(pool, events):
             ended.append(task_id)
     # A worker that found its task not claimed (stopped or deleted meanwhile,
     # or an error before it took the row) leaves it to be claimed again.
-    run("unclaim_ended", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+    run("unclaim_ended", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
         " WHERE id = ANY($1) AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint[]"], [ended])
     for row in run(
         "ended",
         "SELECT i AS id, t.state::text AS state, extract(epoch FROM t.stop - t.start)::float8 AS seconds"
-        " FROM unnest($1::bigint[]) AS i LEFT JOIN @extschema@.task AS t ON t.id = i",
+        " FROM unnest($1::bigint[]) AS i LEFT JOIN {ext}.task AS t ON t.id = i",
         ["bigint[]"],
         [ended],
     ):
@@ -205,7 +210,7 @@ def start(pool, task, claimer, events):
             [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)})"])
     except plpy.SPIError as exc:
         # No backend for it now (max_connections?): the task waits for the next turn.
-        run("unclaim", "UPDATE @extschema@.task SET state = 'PLAN', worker = NULL"
+        run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
             " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
         return False
@@ -258,7 +263,7 @@ def cancel_running_tasks(pool, events):
     ids = [w["task"] for w in pool["workers"].values() if w["task"] is not None]
     for row in run(
         "cancel",
-        "SELECT id, @extschema@.task_cancel(id) AS cancelled FROM @extschema@.task"
+        "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
         " WHERE id = ANY($1) AND state = 'WORK'",
         ["bigint[]"],
         [ids],

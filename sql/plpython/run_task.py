@@ -35,9 +35,15 @@ INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 
 
 def prepared(name, query, types):
-    """A plan prepared once per worker backend (SD lives as long as it)."""
+    """A plan prepared once per worker backend (SD lives as long as it); {ext} names
+    the extension's schema (looked up: pasted in, a quoted name would break this source)."""
     if name not in SD:
-        SD[name] = plpy.prepare(query, types)
+        if "schema" not in SD:
+            SD["schema"] = plpy.execute(
+                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'"
+            )[0]["s"]
+        SD[name] = plpy.prepare(query.replace("{ext}.", SD["schema"] + "."), types)
     return SD[name]
 
 
@@ -54,7 +60,7 @@ def take_task():
             "       header, string, delimiter, quote, escape, \"null\","
             "       extract(epoch FROM timeout)::float8 AS timeout_s,"
             "       extract(epoch FROM live)::float8 AS live_s"
-            " FROM @extschema@.task WHERE id = $1 FOR UPDATE",
+            " FROM {ext}.task WHERE id = $1 FOR UPDATE",
             ["bigint"],
         ),
         [task_id],
@@ -269,7 +275,7 @@ def mark_working(session):
     plpy.execute(
         prepared(
             "work",
-            "UPDATE @extschema@.task SET state = 'WORK', start = clock_timestamp(),"
+            "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(),"
             " pid = $2, worker = pg_backend_pid() WHERE id = $1",
             ["bigint", "integer"],
         ),
@@ -281,7 +287,7 @@ def finish(state, output, error, notices=None):
     plpy.execute(
         prepared(
             "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::@extschema@.state, $3, $4, task_notice => $5)",
+            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5)",
             ["bigint", "text", "text", "text", "text"],
         ),
         [task_id, state, output, error, notices],

@@ -17,21 +17,26 @@ BEGIN
     PERFORM pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0);
     RETURN QUERY
     WITH running AS (
-        SELECT t.hash, count(*)::integer AS n
-        FROM @extschema@.task AS t
-        WHERE t.state IN ('TAKE', 'WORK')
-        GROUP BY t.hash
+        SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
     ), due AS (
-        SELECT t.id, t.hash, t.max,
-               row_number() OVER (PARTITION BY t.hash ORDER BY t.max DESC, t.id) AS rank
+        SELECT t.id, t.hash, t.max, t.owner,
+               row_number() OVER (PARTITION BY t.hash ORDER BY t.max DESC, t.id) AS rank,
+               row_number() OVER (PARTITION BY t.owner ORDER BY t.max DESC, t.id) AS owner_rank
         FROM @extschema@.task AS t
         WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active > now()
+    ), owners AS (
+        SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
+               (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
+        FROM (SELECT DISTINCT due.owner FROM due) AS o
     ), chosen AS (
         SELECT d.id
-        FROM due AS d LEFT JOIN running AS r ON r.hash = d.hash
-        WHERE CASE WHEN d.max >= 0 THEN d.rank + COALESCE(r.n, 0) <= d.max::bigint + 1
-                   ELSE d.rank = 1 AND r.n IS NULL   -- negative max: one at a time
+        FROM due AS d
+        JOIN owners AS o ON o.owner = d.owner
+        CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
+        WHERE CASE WHEN d.max >= 0 THEN d.rank + g.n <= d.max::bigint + 1
+                   ELSE d.rank = 1 AND g.n = 0   -- negative max: one at a time
               END
+          AND (o.cap IS NULL OR d.owner_rank + o.n <= o.cap)
         ORDER BY d.max DESC, d.id
         LIMIT claim_limit
     )
@@ -41,6 +46,22 @@ BEGIN
     WHERE t.id = c.id AND t.state = 'PLAN'
     RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
 END
+$$;
+
+-- pg_task_py.role_running_limit: most tasks of one owner running at once, from
+-- ALTER ROLE ... SET (this database's first, then any database's); NULL: no
+-- limit.  Read from the catalog: the owner's settings are not this session's.
+CREATE FUNCTION pgtaskpy.role_running_limit(role name) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)::integer
+    FROM pg_db_role_setting AS s
+    JOIN pg_roles AS r ON r.oid = s.setrole AND r.rolname = role
+    CROSS JOIN unnest(s.setconfig) AS c
+    WHERE c LIKE 'pg\_task\_py.role\_running\_limit=%'
+      AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+    ORDER BY s.setdatabase DESC
+    LIMIT 1
 $$;
 
 -- The next planned time of a repeating task: old plan + k * repeat, the first
