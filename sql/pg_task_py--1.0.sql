@@ -112,6 +112,7 @@ CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN';
 CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN';
 CREATE INDEX task_hash_running ON @extschema@.task (hash) WHERE state IN ('TAKE', 'WORK');
 CREATE INDEX task_parent ON @extschema@.task (parent) WHERE parent IS NOT NULL;
+CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
 
 -- pg_dump keeps users' tasks (the extension's objects are recreated by CREATE EXTENSION).
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.task', '');
@@ -365,6 +366,50 @@ BEGIN
 END
 $$;
 
+-- A scheduler setting (pg_task_py.*) as set for this database (ALTER DATABASE
+-- ... SET), else in postgresql.conf.  Read from the catalog, not from the
+-- calling session: worker backends live long and would miss a later ALTER
+-- DATABASE, and a task's own session could change it.
+CREATE FUNCTION pgtaskpy.scheduler_setting(name text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT COALESCE(
+        (SELECT substr(c, length(name) + 2)
+         FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+         WHERE s.setrole = 0 AND starts_with(c, name || '=')
+           AND s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())),
+        current_setting(name, true))
+$$;
+
+-- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
+-- older than this are deleted, a batch at a time, so the table stays small.
+CREATE FUNCTION pgtaskpy.delete_old_tasks(batch integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    retention interval;
+    deleted integer;
+BEGIN
+    BEGIN
+        retention := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.retention'), '')::interval;
+    EXCEPTION WHEN data_exception THEN
+        RAISE WARNING 'ignoring pg_task_py.retention = "%": not an interval',
+            pgtaskpy.scheduler_setting('pg_task_py.retention');
+        RETURN 0;
+    END;
+    IF retention IS NULL THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM @extschema@.task AS t
+    WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
+                   WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop < now() - retention
+                   ORDER BY f.stop LIMIT batch
+                   FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+
 -- Waiting tasks that were not started within `active` after their plan.
 CREATE FUNCTION pgtaskpy.expire_inactive_tasks() RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -401,6 +446,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
 
 -- ---- sql/src/40_worker.sql
 -- The two PL/Python entry points of the scheduler.  Their source is in
@@ -854,6 +900,9 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
 
 SESSION_KEY = "pgtaskpy.session"
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
+# A server that cannot take the task's session now, but will: the task waits.
+BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
+               "the database system is shutting down", "the database system is not yet accepting connections")
 
 
 def prepared(name, query, types):
@@ -983,22 +1032,9 @@ def is_string_type(oid):
 
 
 def output_limit():
-    """pg_task_py.output_limit: ALTER DATABASE ... SET, else postgresql.conf, else 100 MB.
-
-    Read from the catalog, not from this session: a worker backend lives long
-    and would not see an ALTER DATABASE made after it started; nor from the
-    task's session, where the task itself could raise it.
-    """
+    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB."""
     value = plpy.execute(
-        prepared(
-            "limit",
-            "SELECT COALESCE((SELECT substr(c, length('pg_task_py.output_limit=') + 1)"
-            "  FROM pg_catalog.pg_db_role_setting AS s, unnest(s.setconfig) AS c"
-            "  WHERE s.setrole = 0 AND c LIKE 'pg\\_task\\_py.output\\_limit=%'"
-            "    AND s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())),"
-            " current_setting('pg_task_py.output_limit', true)) AS v",
-            [],
-        )
+        prepared("limit", "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v", [])
     )[0]["v"]
     return int(value) if value else 100 * 1024 * 1024
 
@@ -1116,6 +1152,14 @@ def finish(state, output, error, notices=None):
     )
 
 
+def postpone():
+    plpy.execute(
+        prepared("postpone", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL WHERE id = $1 AND state = 'TAKE'",
+                 ["bigint"]),
+        [task_id],
+    )
+
+
 def connect_failure_hint(task):
     if task["remote"] is not None:
         return "Check the task's remote conninfo and that the server accepts it."
@@ -1134,6 +1178,10 @@ def main():
         prepare_session(kept["session"], task)
     except ConnectError as exc:
         close_session()
+        if any(reason in str(exc) for reason in BUSY_SERVER):
+            postpone()  # it never started: it waits for a connection slot, not FAIL
+            plpy.commit()
+            return
         finish("FAIL", None, format_message(
             f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
         plpy.commit()
@@ -1328,9 +1376,27 @@ def reap(pool, events):
         ["bigint[]"],
         [ended],
     ):
-        events.append({"event": "end", "id": row["id"], "state": row["state"] or "DELETED",
-                       "seconds": row["seconds"]})
+        if row["state"] == "PLAN":  # its session found no free connection: run fewer at once
+            limit_concurrency(pool)
+            events.append({"event": "postponed", "id": row["id"]})
+        else:
+            events.append({"event": "end", "id": row["id"], "state": row["state"] or "DELETED",
+                           "seconds": row["seconds"]})
     return answering
+
+
+def limit_concurrency(pool):
+    """The server has no connection to spare: run no more tasks at once than now.
+
+    Every running task holds two backends (its worker and its session), and
+    max_connections is shared with everyone else, so the limit is learnt
+    rather than configured; housekeeping relaxes it by one a second.
+    """
+    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+    pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
+    for name, worker in list(pool["workers"].items()):
+        if worker["task"] is None:
+            disconnect(pool, name)  # an idle worker holds a backend a task's session could use
 
 
 def housekeeping(pool, events):
@@ -1338,8 +1404,15 @@ def housekeeping(pool, events):
     if now < pool["housekeeping_at"]:
         return
     pool["housekeeping_at"] = now + HOUSEKEEPING_EVERY
+    if pool.get("cap") is not None:
+        pool["cap"] += 1
+        if pool["cap"] >= run_limit:
+            pool["cap"] = None
     recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
     expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    deleted = run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    if deleted:
+        events.append({"event": "deleted_old", "count": deleted})
     if recovered:
         events.append({"event": "recovered", "count": recovered})
     if expired:
@@ -1375,6 +1448,7 @@ def start(pool, task, claimer, events):
         # No backend for it now (max_connections?): the task waits for the next turn.
         run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
             " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
+        limit_concurrency(pool)
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
         return False
     worker = pool["workers"][name]
@@ -1410,8 +1484,8 @@ def ensure_spare_worker(pool, events):
     backend start nor PL/Python's start (about 100 ms together) before it runs."""
     if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
         return  # one is idle or warming up already
-    if len(pool["workers"]) >= run_limit:
-        return
+    if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:
+        return  # no spare while the server is short of connections
     try:
         name = new_worker(pool)
         run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
@@ -1442,11 +1516,12 @@ def main():
     housekeeping(pool, events)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     claimer = run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]
+    limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     claimed = run(
         "claim",
         "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
         ["integer", "integer"],
-        [max(0, run_limit - busy), claimer],
+        [max(0, limit - busy), claimer],
     )
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds

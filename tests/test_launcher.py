@@ -232,3 +232,20 @@ def test_bad_config_file_is_a_clear_error(tmp_path):
     result = run_launcher("run", "--config", str(config))
     assert result.returncode == 2
     assert "expected a JSON list" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tasks_wait_for_free_connections_instead_of_failing(running, cluster):
+    """Each running task needs two backends; when the server has none to spare, tasks wait."""
+    free = running.value("SELECT current_setting('max_connections')::int - count(*) FROM pg_stat_activity"
+                         " WHERE backend_type = 'client backend'")
+    hogs = []
+    try:
+        for _ in range(free - 5):
+            hogs.append(cluster.connect(running.name))
+        running.sql("INSERT INTO task (\"group\", input, delete)"
+                    " SELECT 'g' || i, 'SELECT pg_sleep(0.1)', false FROM generate_series(1, 10) AS i")
+        running.wait_all_done(60)
+        assert running.sql("SELECT state::text, count(*) FROM task GROUP BY 1") == [("DONE", 10)]
+    finally:
+        for hog in hogs:
+            hog.close()

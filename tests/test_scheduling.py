@@ -184,3 +184,30 @@ def test_server_level_setting_is_a_default(running, cluster):
     finally:
         conf.write_text(original)
         running.sql("SELECT pg_reload_conf()")
+
+
+def test_retention_deletes_old_finished_tasks(running):
+    old = running.insert("SELECT 1", delete=False)
+    running.wait_done(old)
+    running.sql("UPDATE task SET stop = now() - interval '2 days' WHERE id = %s", [old])
+    recent = running.wait_done(running.insert("SELECT 2", delete=False))
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention = '1 day'")
+    try:
+        wait_until(lambda: running.task(old) is None, 10, message="the old task to be deleted")
+        assert running.task(recent["id"]) is not None
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
+
+
+def test_several_launchers_share_the_work_and_run_each_task_once(db):
+    db.sql("CREATE TABLE audit (task_id bigint PRIMARY KEY)")
+    for _ in range(3):
+        db.launcher()
+    db.sql("INSERT INTO task (\"group\", max, input, delete)"
+           " SELECT 'g' || (i % 5), 2, 'INSERT INTO audit VALUES (current_setting(''pg_task.id'')::bigint)', false"
+           " FROM generate_series(1, 300) AS i")
+    db.wait_all_done(60)
+    assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 300
+    assert db.value("SELECT count(*) FROM audit") == 300
+    sharing = [launcher for launcher in db.launchers if " started" in launcher.output()]
+    assert len(sharing) >= 2  # they share the work (each claim is exclusive, so no task ran twice)

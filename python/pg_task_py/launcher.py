@@ -178,12 +178,21 @@ def log_event(database: str, event: dict) -> None:
         seconds = event.get("seconds")
         took = f" in {seconds:.3f}s" if seconds is not None else ""
         log.info("%s: task %s %s%s", database, event["id"], event["state"], took, extra={"fields": extra})
-    elif kind in ("worker_error", "start_failed"):
+    elif kind == "start_failed":
+        log.warning("%s: task %s waits: no worker backend (%s)", database, event["id"], event["message"],
+                    extra={"fields": extra})
+    elif kind == "worker_error":
         log.error("%s: task %s: %s", database, event["id"], event["message"], extra={"fields": extra})
+    elif kind == "postponed":
+        log.warning("%s: task %s waits: no free connection for its session", database, event["id"],
+                    extra={"fields": extra})
     elif kind == "spare_failed":
         log.error("%s: cannot open a worker backend: %s", database, event["message"], extra={"fields": extra})
     elif kind == "recovered":
         log.warning("%s: recovered %s task(s) of dead backends", database, event["count"], extra={"fields": extra})
+    elif kind == "deleted_old":
+        log.info("%s: deleted %s finished task(s) past pg_task_py.retention", database, event["count"],
+                 extra={"fields": extra})
     elif kind == "expired":
         log.info("%s: %s task(s) not started within active: GONE", database, event["count"], extra={"fields": extra})
     else:

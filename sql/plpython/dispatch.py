@@ -165,9 +165,27 @@ def reap(pool, events):
         ["bigint[]"],
         [ended],
     ):
-        events.append({"event": "end", "id": row["id"], "state": row["state"] or "DELETED",
-                       "seconds": row["seconds"]})
+        if row["state"] == "PLAN":  # its session found no free connection: run fewer at once
+            limit_concurrency(pool)
+            events.append({"event": "postponed", "id": row["id"]})
+        else:
+            events.append({"event": "end", "id": row["id"], "state": row["state"] or "DELETED",
+                           "seconds": row["seconds"]})
     return answering
+
+
+def limit_concurrency(pool):
+    """The server has no connection to spare: run no more tasks at once than now.
+
+    Every running task holds two backends (its worker and its session), and
+    max_connections is shared with everyone else, so the limit is learnt
+    rather than configured; housekeeping relaxes it by one a second.
+    """
+    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+    pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
+    for name, worker in list(pool["workers"].items()):
+        if worker["task"] is None:
+            disconnect(pool, name)  # an idle worker holds a backend a task's session could use
 
 
 def housekeeping(pool, events):
@@ -175,8 +193,15 @@ def housekeeping(pool, events):
     if now < pool["housekeeping_at"]:
         return
     pool["housekeeping_at"] = now + HOUSEKEEPING_EVERY
+    if pool.get("cap") is not None:
+        pool["cap"] += 1
+        if pool["cap"] >= run_limit:
+            pool["cap"] = None
     recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
     expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    deleted = run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    if deleted:
+        events.append({"event": "deleted_old", "count": deleted})
     if recovered:
         events.append({"event": "recovered", "count": recovered})
     if expired:
@@ -212,6 +237,7 @@ def start(pool, task, claimer, events):
         # No backend for it now (max_connections?): the task waits for the next turn.
         run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
             " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
+        limit_concurrency(pool)
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
         return False
     worker = pool["workers"][name]
@@ -247,8 +273,8 @@ def ensure_spare_worker(pool, events):
     backend start nor PL/Python's start (about 100 ms together) before it runs."""
     if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
         return  # one is idle or warming up already
-    if len(pool["workers"]) >= run_limit:
-        return
+    if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:
+        return  # no spare while the server is short of connections
     try:
         name = new_worker(pool)
         run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
@@ -279,11 +305,12 @@ def main():
     housekeeping(pool, events)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     claimer = run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]
+    limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     claimed = run(
         "claim",
         "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
         ["integer", "integer"],
-        [max(0, run_limit - busy), claimer],
+        [max(0, limit - busy), claimer],
     )
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds

@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
 
 SESSION_KEY = "pgtaskpy.session"
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
+# A server that cannot take the task's session now, but will: the task waits.
+BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
+               "the database system is shutting down", "the database system is not yet accepting connections")
 
 
 def prepared(name, query, types):
@@ -161,22 +164,9 @@ def is_string_type(oid):
 
 
 def output_limit():
-    """pg_task_py.output_limit: ALTER DATABASE ... SET, else postgresql.conf, else 100 MB.
-
-    Read from the catalog, not from this session: a worker backend lives long
-    and would not see an ALTER DATABASE made after it started; nor from the
-    task's session, where the task itself could raise it.
-    """
+    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB."""
     value = plpy.execute(
-        prepared(
-            "limit",
-            "SELECT COALESCE((SELECT substr(c, length('pg_task_py.output_limit=') + 1)"
-            "  FROM pg_catalog.pg_db_role_setting AS s, unnest(s.setconfig) AS c"
-            "  WHERE s.setrole = 0 AND c LIKE 'pg\\_task\\_py.output\\_limit=%'"
-            "    AND s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())),"
-            " current_setting('pg_task_py.output_limit', true)) AS v",
-            [],
-        )
+        prepared("limit", "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v", [])
     )[0]["v"]
     return int(value) if value else 100 * 1024 * 1024
 
@@ -294,6 +284,14 @@ def finish(state, output, error, notices=None):
     )
 
 
+def postpone():
+    plpy.execute(
+        prepared("postpone", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL WHERE id = $1 AND state = 'TAKE'",
+                 ["bigint"]),
+        [task_id],
+    )
+
+
 def connect_failure_hint(task):
     if task["remote"] is not None:
         return "Check the task's remote conninfo and that the server accepts it."
@@ -312,6 +310,10 @@ def main():
         prepare_session(kept["session"], task)
     except ConnectError as exc:
         close_session()
+        if any(reason in str(exc) for reason in BUSY_SERVER):
+            postpone()  # it never started: it waits for a connection slot, not FAIL
+            plpy.commit()
+            return
         finish("FAIL", None, format_message(
             f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
         plpy.commit()

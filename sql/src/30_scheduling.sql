@@ -171,6 +171,50 @@ BEGIN
 END
 $$;
 
+-- A scheduler setting (pg_task_py.*) as set for this database (ALTER DATABASE
+-- ... SET), else in postgresql.conf.  Read from the catalog, not from the
+-- calling session: worker backends live long and would miss a later ALTER
+-- DATABASE, and a task's own session could change it.
+CREATE FUNCTION pgtaskpy.scheduler_setting(name text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT COALESCE(
+        (SELECT substr(c, length(name) + 2)
+         FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+         WHERE s.setrole = 0 AND starts_with(c, name || '=')
+           AND s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())),
+        current_setting(name, true))
+$$;
+
+-- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
+-- older than this are deleted, a batch at a time, so the table stays small.
+CREATE FUNCTION pgtaskpy.delete_old_tasks(batch integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    retention interval;
+    deleted integer;
+BEGIN
+    BEGIN
+        retention := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.retention'), '')::interval;
+    EXCEPTION WHEN data_exception THEN
+        RAISE WARNING 'ignoring pg_task_py.retention = "%": not an interval',
+            pgtaskpy.scheduler_setting('pg_task_py.retention');
+        RETURN 0;
+    END;
+    IF retention IS NULL THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM @extschema@.task AS t
+    WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
+                   WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop < now() - retention
+                   ORDER BY f.stop LIMIT batch
+                   FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+
 -- Waiting tasks that were not started within `active` after their plan.
 CREATE FUNCTION pgtaskpy.expire_inactive_tasks() RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -207,3 +251,4 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;

@@ -1,0 +1,135 @@
+"""Faults under load: killed worker backends and task sessions, SIGKILLed launchers, several
+launchers at once, server restarts.  At the end the table itself must show that no task was
+lost, none ran twice, none is stuck, and every repeat series has exactly one next run.
+
+The default run lasts about 30 s; CHAOS_SECONDS=600 makes it a soak.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from fix_cluster import Cluster, Launcher, wait_until
+
+CHAOS_SECONDS = float(os.environ.get("CHAOS_SECONDS", "30"))
+ONE_OFF_TASKS = 1500
+SERIES = 10
+
+# Each one-off task records its own id: a second run would violate the primary key and FAIL.
+AUDITED = "INSERT INTO audit VALUES (current_setting('pg_task.id')::bigint); {extra}"
+
+
+@pytest.fixture
+def chaos_cluster():
+    cluster = Cluster().init()
+    cluster.start()
+    try:
+        cluster.create_database("chaos")
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def connect(cluster):
+    """A connection that survives the server restarts of the test."""
+    return wait_until(lambda: try_connect(cluster), 60, 0.2, "the server to accept connections")
+
+
+def try_connect(cluster):
+    try:
+        return cluster.connect("chaos")
+    except Exception:  # noqa: BLE001 - the server is restarting
+        return None
+
+
+def enqueue(conn, rng: random.Random) -> None:
+    conn.execute("CREATE TABLE audit (task_id bigint PRIMARY KEY)")
+    extras = ["SELECT 1"] * 6 + ["SELECT 1/0"] + ["SELECT pg_sleep(0.2)"] * 2 + ["SELECT pg_sleep(0.02)"]
+    rows = [(AUDITED.format(extra=rng.choice(extras)), f"g{rng.randrange(12)}", rng.choice([0, 0, 1, 3]))
+            for _ in range(ONE_OFF_TASKS)]
+    with conn.cursor() as cursor:
+        cursor.executemany('INSERT INTO task (input, "group", max, delete) VALUES (%s, %s, %s, false)', rows)
+    for i in range(SERIES):
+        conn.execute("INSERT INTO task (input, \"group\", repeat, delete, data)"
+                     " VALUES ('SELECT pg_sleep(0.05)', %s, '0.3 s', false, 'series')", [f"series{i}"])
+
+
+def test_no_task_lost_or_run_twice_under_faults(chaos_cluster):
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "7")))
+    cluster = chaos_cluster
+    launchers = [Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start() for _ in range(2)]
+    faults: dict[str, int] = {}
+    try:
+        with connect(cluster) as conn:
+            enqueue(conn, rng)
+        deadline = time.monotonic() + CHAOS_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.3, 1.5))
+            fault = rng.choice(["terminate worker", "terminate task session", "kill launcher",
+                                "third launcher", "terminate worker", "terminate task session",
+                                "restart fast", "restart immediate"])
+            faults[fault] = faults.get(fault, 0) + 1
+            if fault.startswith("terminate"):
+                app = "pg_task_py worker" if fault == "terminate worker" else "pg_task_py task"
+                conn = try_connect(cluster)
+                if conn is not None:
+                    with conn:
+                        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                     " WHERE application_name = %s ORDER BY random() LIMIT 1", [app])
+            elif fault == "kill launcher":
+                victim = rng.choice(launchers)
+                victim.signal(signal.SIGKILL)
+                victim.process.wait(10)
+                launchers.remove(victim)
+                launchers.append(Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start())
+            elif fault == "third launcher" and len(launchers) < 3:
+                launchers.append(Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start())
+            elif fault.startswith("restart"):
+                cluster.restart(fault.split()[1])
+        # Faults over: stop the repeat series, let everything else end.
+        with connect(cluster) as conn:
+            def settled():
+                conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN' AND data = 'series'")
+                unfinished = "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                return conn.execute(unfinished).fetchone()[0] == 0
+            wait_until(settled, 120, 0.2, "every task to end")
+            check_invariants(conn, faults)
+    finally:
+        statuses = [launcher.stop(30) for launcher in launchers]
+    assert statuses == [0] * len(statuses), [launcher.output()[-2000:] for launcher in launchers]
+    assert all("Traceback" not in launcher.output() for launcher in launchers)
+
+
+def check_invariants(conn, faults: dict[str, int]) -> None:
+    one_off = "input LIKE 'INSERT INTO audit%%'"
+    counts = dict(conn.execute(f"SELECT state::text, count(*) FROM task WHERE {one_off} GROUP BY 1").fetchall())
+    # Nothing lost: every one-off task ended, DONE or FAIL, once.
+    assert sum(counts.values()) == ONE_OFF_TASKS, counts
+    assert set(counts) <= {"DONE", "FAIL"}, counts
+    # Nothing ran twice: a second run of a task would have hit the audit table's key.
+    twice = conn.execute(f"SELECT count(*) FROM task WHERE {one_off} AND error LIKE '%%duplicate key%%'").fetchone()[0]
+    assert twice == 0
+    # Every DONE task ran, exactly once.
+    missing = conn.execute(f"SELECT count(*) FROM task t WHERE {one_off} AND state = 'DONE'"
+                           " AND NOT EXISTS (SELECT FROM audit a WHERE a.task_id = t.id)").fetchone()[0]
+    assert missing == 0
+    # Every FAIL says why.
+    assert conn.execute(f"SELECT count(*) FROM task WHERE {one_off} AND state = 'FAIL' AND error IS NULL"
+                        ).fetchone()[0] == 0
+    # Repeat series: no run has two next runs, and each series ends in exactly one stopped next run.
+    assert conn.execute("SELECT count(*) FROM (SELECT parent FROM task WHERE data = 'series' AND parent IS NOT NULL"
+                        " GROUP BY parent HAVING count(*) > 1) AS d").fetchone()[0] == 0
+    stopped = conn.execute("SELECT \"group\", count(*) FROM task WHERE data = 'series' AND state = 'STOP'"
+                           " GROUP BY 1").fetchall()
+    assert len(stopped) == SERIES and all(n == 1 for _, n in stopped), stopped
+    ran = conn.execute("SELECT count(*) FROM audit").fetchone()[0]
+    failed_by_faults = conn.execute(f"SELECT count(*) FROM task WHERE {one_off} AND state = 'FAIL'"
+                                    " AND error NOT LIKE 'ERROR:  division by zero%%'").fetchone()[0]
+    reasons = conn.execute(f"SELECT split_part(error, E'\\n', 1), count(*) FROM task WHERE {one_off}"
+                           " AND state = 'FAIL' GROUP BY 1 ORDER BY 2 DESC").fetchall()
+    print(f"\nchaos: {ONE_OFF_TASKS} one-off tasks, {counts}, audit rows {ran}, failed by faults {failed_by_faults},"
+          f" faults {faults}, lost 0, duplicated 0\nwhy they failed: {reasons}")
