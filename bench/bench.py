@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fix_cluster import Launcher, running_cluster  # noqa: E402
+from fix_cluster import PG_BIN, Launcher, running_cluster  # noqa: E402
 
 DEADLINE = 120.0  # seconds any one scenario may take
 
@@ -74,6 +75,35 @@ def throughput(conn, insert: str, count: int) -> dict:
     return {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
 
 
+FLOOR_SCRIPT = """\
+BEGIN;
+SELECT id FROM floor_task WHERE state = 'PLAN' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED \\gset
+UPDATE floor_task SET state = 'TAKE' WHERE id = :id;
+COMMIT;
+SELECT 1;
+UPDATE floor_task SET state = 'DONE' WHERE id = :id;
+"""
+
+
+def floor(cluster, conn) -> dict:
+    """The machine's floor: the least work per task (claim a row with SKIP LOCKED, run SELECT 1,
+    mark it done, each its own commit), by pgbench with one client on the same cluster."""
+    conn.execute("CREATE TABLE floor_task (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN')")
+    conn.execute("INSERT INTO floor_task (state) SELECT 'PLAN' FROM generate_series(1, 200000)")
+    conn.execute("CREATE INDEX ON floor_task (id) WHERE state = 'PLAN'")
+    script = cluster.base / "floor.sql"
+    script.write_text(FLOOR_SCRIPT)
+    result = subprocess.run(
+        [str(PG_BIN / "pgbench"), "-n", "-c", "1", "-T", "5", "-f", str(script),
+         "-h", str(cluster.socket_dir), "-p", str(cluster.port), "-U", "postgres", "bench"],
+        capture_output=True, text=True, timeout=60)
+    conn.execute("DROP TABLE floor_task")
+    tps = [line for line in result.stdout.splitlines() if line.startswith("tps")]
+    if not tps:
+        raise TimedOut(f"pgbench failed: {result.stderr.strip()[:200]}")
+    return {"tasks_per_s": round(float(tps[0].split()[2]), 1)}
+
+
 SCENARIOS = {
     "latency": lambda conn: latency(conn, 0.0, 40),
     "timed": lambda conn: latency(conn, 0.3, 20),
@@ -96,11 +126,17 @@ def main() -> None:
     chosen = args.scenario or list(SCENARIOS)
     results = []
     with running_cluster() as cluster:
+        floor_result = None
         cluster.create_database("bench")
         launcher = Launcher(cluster.dsn("bench")).start()
         try:
             launcher.wait_active()
             with cluster.connect("bench") as conn:
+                try:
+                    floor_result = {"scenario": "floor", **floor(cluster, conn)}
+                except (TimedOut, subprocess.TimeoutExpired) as exc:
+                    floor_result = {"scenario": "floor", "timeout": str(exc)}
+                results.append(floor_result)
                 time.sleep(1.0)  # the spare worker warms up
                 for name in chosen:
                     try:
@@ -110,6 +146,10 @@ def main() -> None:
                     conn.execute("DELETE FROM task")
         finally:
             launcher.stop()
+    floor_tps = (floor_result or {}).get("tasks_per_s")
+    for result in results:
+        if floor_tps and "tasks_per_s" in result and result["scenario"] != "floor":
+            result["of_floor"] = round(result["tasks_per_s"] / floor_tps, 3)
     print(f"{'scenario':<10} result")
     for result in results:
         figures = ", ".join(f"{k} {v}" for k, v in result.items() if k != "scenario")

@@ -211,7 +211,7 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0);
     RETURN QUERY
-    WITH running AS (
+    WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
     ), due AS (
         SELECT t.id, t.hash, t.max, t.owner,
@@ -219,7 +219,7 @@ BEGIN
                row_number() OVER (PARTITION BY t.owner ORDER BY t.max DESC, t.id) AS owner_rank
         FROM @extschema@.task AS t
         WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active > now()
-    ), owners AS (
+    ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
         SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
                (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
         FROM (SELECT DISTINCT due.owner FROM due) AS o
@@ -899,6 +899,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
 
 
 SESSION_KEY = "pgtaskpy.session"
+FRESH_KEY = "pgtaskpy.fresh_session"
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
@@ -980,10 +981,9 @@ def open_session(task):
         close_session()
     if task["remote"] is not None:
         check_remote_password(task)
-        keywords = {"dbname": task["remote"], "fallback_application_name": "pg_task_py task"}
+        session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
     else:
-        keywords = loopback_keywords(task["owner"])
-    session = Session(keywords)
+        session = take_fresh_session(task["owner"]) or Session(loopback_keywords(task["owner"]))
     if task["remote"] is not None and not owner_is_superuser(task) and not session.used_password:
         session.close()
         raise ConnectError("password is required: the remote server did not ask for the password given")
@@ -1010,6 +1010,49 @@ def check_remote_password(task):
     if not owner_is_superuser(task) and not options.get("password"):
         raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                            "password= in its conninfo")
+
+
+def login_fingerprint(owner):
+    """What a new session of `owner` would start with: the role's and database's
+    settings (ALTER ROLE/DATABASE ... SET) and the role's login rights."""
+    return plpy.execute(
+        prepared(
+            "fingerprint",
+            "SELECT md5(concat_ws('|',"
+            " (SELECT string_agg(s.setdatabase || ':' || s.setrole || ':' || s.setconfig::text, ','"
+            "   ORDER BY s.setdatabase, s.setrole)"
+            "  FROM pg_catalog.pg_db_role_setting AS s"
+            "  WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))"
+            "    AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1))),"
+            " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
+            "  FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1))) AS f",
+            ["name"],
+        ),
+        [owner],
+    )[0]["f"]
+
+
+def take_fresh_session(owner):
+    """The unused session opened ahead for this owner, if a new one would be the same."""
+    fresh = GD.pop(FRESH_KEY, None)
+    if fresh is None:
+        return None
+    if fresh["owner"] == owner and fresh["session"].ok and fresh["fingerprint"] == login_fingerprint(owner):
+        return fresh["session"]
+    fresh["session"].close()
+    return None
+
+
+def open_fresh_session(owner):
+    """Open the next task's session now, after this one's end is committed, so that
+    the next task on this worker does not wait for a backend to start (about 5 ms)."""
+    if GD.get(FRESH_KEY) is not None or GD.get(SESSION_KEY) is not None:
+        return
+    try:
+        GD[FRESH_KEY] = {"owner": owner, "fingerprint": login_fingerprint(owner),
+                         "session": Session(loopback_keywords(owner))}
+    except ConnectError:
+        pass  # the next task opens its own, and reports what goes wrong
 
 
 def close_session():
@@ -1172,6 +1215,8 @@ def connect_failure_hint(task):
 def main():
     task = take_task()
     if task is None:
+        if task_id == 0:  # the launcher's warm-up call for a spare worker
+            open_fresh_session(plpy.execute("SELECT current_user AS u")[0]["u"])
         return  # stopped, or taken over after this worker's launcher died
     try:
         kept = open_session(task)
@@ -1198,6 +1243,12 @@ def main():
     release_or_reset(kept, task, reuse)
     finish("FAIL" if error else "DONE", output, error, notices)
     plpy.commit()
+    if task["remote"] is None and not reuse:
+        open_fresh_session(task["owner"])
+        # The launcher saw this task end before the session was open: wake it
+        # again now that this worker is about to be idle.
+        plpy.execute(prepared("idle", "SELECT pg_catalog.pg_notify('pg_task_py', '')", []))
+        plpy.commit()
 
 return main()
 $python$;
@@ -1356,7 +1407,9 @@ def reap(pool, events):
     for task_id, name in busy.items():
         # A worker returns right after committing its task's end: wait that
         # moment, so that the next task of a reusable session finds it idle.
-        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and task_id != WARM_UP else 0)
+        # (Other workers open their next task's session first: no wait for them.)
+        holds_session = pool["workers"][name]["key"] is not None
+        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and holds_session else 0)
         while is_busy(name) and time.monotonic() < patience:
             time.sleep(0.0002)
         if is_busy(name):
@@ -1527,19 +1580,24 @@ def main():
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.
     answering = reap(pool, events)
-    for task in claimed:
-        start(pool, task, claimer, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
-    if run_limit > 0:
-        ensure_spare_worker(pool, events)
+    if not claimed:  # else the next turn, in 10 ms, looks
+        next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
+        if next_plan is not None:
+            waits.append(next_plan)
+    if answering:
+        waits.append(0.05)  # its worker notifies when it is idle; this is the fallback
     idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
     if idle_due is not None:
         waits.append(idle_due)
-    next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
-    if next_plan is not None:
-        waits.append(next_plan)
-    if answering:
-        waits.append(0.002)
+    if claimed:
+        # Started last: each worker waits for this transaction's commit to take
+        # its task, so nothing slow (a new spare's connection) may follow.
+        for task in claimed:
+            start(pool, task, claimer, events)
+        waits.append(0.01)  # the next turn replaces the spare these may have used
+    elif run_limit > 0 and not answering:
+        ensure_spare_worker(pool, events)
     running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     return json.dumps(events), max(0.0, min(waits)), running
 

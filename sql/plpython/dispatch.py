@@ -145,7 +145,9 @@ def reap(pool, events):
     for task_id, name in busy.items():
         # A worker returns right after committing its task's end: wait that
         # moment, so that the next task of a reusable session finds it idle.
-        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and task_id != WARM_UP else 0)
+        # (Other workers open their next task's session first: no wait for them.)
+        holds_session = pool["workers"][name]["key"] is not None
+        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and holds_session else 0)
         while is_busy(name) and time.monotonic() < patience:
             time.sleep(0.0002)
         if is_busy(name):
@@ -316,18 +318,23 @@ def main():
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.
     answering = reap(pool, events)
-    for task in claimed:
-        start(pool, task, claimer, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
-    if run_limit > 0:
-        ensure_spare_worker(pool, events)
+    if not claimed:  # else the next turn, in 10 ms, looks
+        next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
+        if next_plan is not None:
+            waits.append(next_plan)
+    if answering:
+        waits.append(0.05)  # its worker notifies when it is idle; this is the fallback
     idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
     if idle_due is not None:
         waits.append(idle_due)
-    next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
-    if next_plan is not None:
-        waits.append(next_plan)
-    if answering:
-        waits.append(0.002)
+    if claimed:
+        # Started last: each worker waits for this transaction's commit to take
+        # its task, so nothing slow (a new spare's connection) may follow.
+        for task in claimed:
+            start(pool, task, claimer, events)
+        waits.append(0.01)  # the next turn replaces the spare these may have used
+    elif run_limit > 0 and not answering:
+        ensure_spare_worker(pool, events)
     running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     return json.dumps(events), max(0.0, min(waits)), running

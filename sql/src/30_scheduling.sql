@@ -16,7 +16,7 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0);
     RETURN QUERY
-    WITH running AS (
+    WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
     ), due AS (
         SELECT t.id, t.hash, t.max, t.owner,
@@ -24,7 +24,7 @@ BEGIN
                row_number() OVER (PARTITION BY t.owner ORDER BY t.max DESC, t.id) AS owner_rank
         FROM @extschema@.task AS t
         WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active > now()
-    ), owners AS (
+    ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
         SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
                (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
         FROM (SELECT DISTINCT due.owner FROM due) AS o
