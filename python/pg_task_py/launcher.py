@@ -159,7 +159,10 @@ class NotifyWaiter:
         if self.pending or self._drain() or timeout <= 0:
             self.pending = False
             return
-        ready, _, _ = select.select([self.conn.pgconn.socket], [], [], timeout)
+        try:
+            ready, _, _ = select.select([self.conn.pgconn.socket], [], [], timeout)
+        except (OSError, ValueError) as exc:  # the socket is gone (-1 or closed)
+            raise psycopg.OperationalError(f"connection lost: {exc}") from None
         if ready:
             self.conn.pgconn.consume_input()  # raises if the connection broke
             self._drain()

@@ -302,6 +302,7 @@ def cancel_running_tasks(pool, events):
 def main():
     pool = state()
     events = []
+    run("lock", "SELECT pgtaskpy.lock_scheduling()")
     if cancel_running:
         cancel_running_tasks(pool, events)
     housekeeping(pool, events)

@@ -100,6 +100,12 @@ class ConnectError(Exception):
     """The task's session could not be opened: libpq's message."""
 
 
+# PL/Python runs this body anew on every call, defining new classes each time,
+# while sessions kept in GD raise the class of the call that made them: one
+# class for the life of the backend keeps `except ConnectError` catching both.
+ConnectError = GD.setdefault("pgtaskpy.ConnectError", ConnectError)
+
+
 def conninfo_options(conninfo):
     """The options a conninfo string or URI sets, {keyword: value}; ConnectError if it is malformed."""
     error = _P()

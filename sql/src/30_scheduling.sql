@@ -2,6 +2,13 @@
 -- ends (and what follows it), and what happens to tasks whose backend died.
 -- The launcher only calls these through pgtaskpy.dispatch().
 
+-- The lock that serializes the scheduling of a database: every launcher takes
+-- it first thing in its turn, before any row, so that no turn holds rows while
+-- it waits for the lock (which would deadlock with workers taking their rows).
+CREATE FUNCTION pgtaskpy.lock_scheduling() RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0) $$;
+
 -- Claim due tasks: PLAN -> TAKE, at most max + 1 running per group, higher max
 -- first, then lower id (pg_task's priority).  Claims of all launchers of a
 -- database are serialized by a transaction lock, so two launchers never both
@@ -14,7 +21,7 @@ BEGIN
     IF claim_limit <= 0 THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0);
+    PERFORM pgtaskpy.lock_scheduling();
     RETURN QUERY
     WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
@@ -120,6 +127,7 @@ BEGIN
     END IF;
 
     IF t.max < 0 THEN
+        PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
         -- pg_task's pause: the group's waiting tasks wait -max ms after this
         -- one's stop (drift) or after this one's plan (no drift); the first of
         -- them to run pushes the rest on again when it ends.
@@ -247,6 +255,7 @@ $$;
 
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
