@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,67 @@ def floor(cluster, conn) -> dict:
     return {"tasks_per_s": round(float(tps[0].split()[2]), 1)}
 
 
+def claim_ms(conn, repeat: int = 30) -> float:
+    """Median time of one claim (rolled back), by the server's clock."""
+    times = []
+    for _ in range(repeat):
+        conn.execute("BEGIN")
+        times.append(conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - t0) * 1000 FROM (SELECT clock_timestamp() AS t0) AS s,"
+            " LATERAL (SELECT count(*) FROM pgtaskpy.claim_due_tasks(1, pg_backend_pid())) AS c").fetchone()[0])
+        conn.execute("ROLLBACK")
+    return round(float(statistics.median(times)), 3)
+
+
+def backlog(cluster) -> dict:
+    """Claim cost of one due task with 1,000,000 finished rows and 100,000 waiting ones (planned
+    ahead), and with those 100,000 all due, against a table holding the one due task only;
+    in a database of its own, with no launcher."""
+    cluster.create_database("backlog")
+    with cluster.connect("backlog") as conn:
+        conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+        empty = claim_ms(conn)
+        conn.execute("ALTER TABLE task DISABLE TRIGGER USER")
+        conn.execute("INSERT INTO task (input, state, plan, start, stop, output)"
+                     " SELECT 'SELECT 1', 'DONE', now() - interval '1 day', now() - interval '1 day',"
+                     " now() - interval '1 day', '1' FROM generate_series(1, 1000000)")
+        conn.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || (i % 100),"
+                     " now() + interval '1 day' FROM generate_series(1, 100000) AS i")
+        conn.execute("ALTER TABLE task ENABLE TRIGGER USER")
+        conn.execute("VACUUM ANALYZE task")
+        ahead = claim_ms(conn)
+        conn.execute("UPDATE task SET plan = now() - interval '1 minute' WHERE state = 'PLAN' AND \"group\" <> 'due'")
+        conn.execute("VACUUM ANALYZE task")
+        due = claim_ms(conn)
+    return {"empty_ms": empty, "waiting_ahead_ms": ahead, "ratio_ahead": round(ahead / empty, 2),
+            "waiting_due_ms": due, "ratio_due": round(due / empty, 2)}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle(conn, launcher, seconds: float = 10.0) -> dict:
+    """CPU of the launcher and its backends, and their transactions, with no tasks at all."""
+    conn.execute("DELETE FROM task")
+    time.sleep(1.0)
+    backends = [r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py%%'").fetchall()]
+    pids = [launcher.process.pid, *backends]
+    xacts = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+    before_cpu = sum(cpu_seconds(p) for p in pids)
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    before_xacts = conn.execute(xacts).fetchone()[0]
+    time.sleep(seconds)
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    after_xacts = conn.execute(xacts).fetchone()[0]
+    used = sum(cpu_seconds(p) for p in pids) - before_cpu
+    # (this connection's own two queries count among the transactions)
+    return {"cpu_percent_of_a_core": round(100 * used / seconds, 2),
+            "transactions_per_s": round((after_xacts - before_xacts - 2) / seconds, 2)}
+
+
 SCENARIOS = {
     "latency": lambda conn: latency(conn, 0.0, 40),
     "timed": lambda conn: latency(conn, 0.3, 20),
@@ -115,6 +177,8 @@ SCENARIOS = {
     "reuse": lambda conn: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
+    "backlog": None,  # needs the cluster: see backlog()
+    "idle": None,  # needs the launcher: see idle()
 }
 
 
@@ -140,7 +204,12 @@ def main() -> None:
                 time.sleep(1.0)  # the spare worker warms up
                 for name in chosen:
                     try:
-                        results.append({"scenario": name, **SCENARIOS[name](conn)})
+                        if name == "idle":
+                            results.append({"scenario": name, **idle(conn, launcher)})
+                        elif name == "backlog":
+                            results.append({"scenario": name, **backlog(cluster)})
+                        else:
+                            results.append({"scenario": name, **SCENARIOS[name](conn)})
                     except TimedOut as exc:
                         results.append({"scenario": name, "timeout": str(exc)})
                     conn.execute("DELETE FROM task")

@@ -43,6 +43,16 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
         time.sleep(interval)
 
 
+def most_at_once(intervals: list[tuple]) -> int:
+    """The most (start, stop) intervals that overlap at any one moment."""
+    points = sorted([(start, 1) for start, _ in intervals] + [(stop, -1) for _, stop in intervals])
+    most = current = 0
+    for _, step in points:
+        current += step
+        most = max(most, current)
+    return most
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

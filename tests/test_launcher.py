@@ -6,7 +6,7 @@ import signal
 import subprocess
 import time
 
-from fix_cluster import LAUNCHER, Launcher, wait_until
+from fix_cluster import LAUNCHER, Launcher, most_at_once, wait_until
 
 
 def state_of(db, task_id):
@@ -52,14 +52,6 @@ def test_planned_task_never_starts_early(running):
     assert 0 <= late < 0.5, late
 
 
-def overlaps(rows):
-    """The most tasks running at any one moment, from their start/stop times."""
-    points = sorted([(r[0], 1) for r in rows] + [(r[1], -1) for r in rows])
-    most = current = 0
-    for _, step in points:
-        current += step
-        most = max(most, current)
-    return most
 
 
 def test_max_limits_concurrency_per_group(running):
@@ -69,14 +61,14 @@ def test_max_limits_concurrency_per_group(running):
     running.wait_all_done(30)
     for group in ("one", "two"):
         rows = running.sql("SELECT start, stop FROM task WHERE \"group\" = %s", [group])
-        assert overlaps(rows) == 2, group  # max 1: one beside the running one, never more
-    assert overlaps(running.sql("SELECT start, stop FROM task")) == 4  # the groups run side by side
+        assert most_at_once(rows) == 2, group  # max 1: one beside the running one, never more
+    assert most_at_once(running.sql("SELECT start, stop FROM task")) == 4  # the groups run side by side
 
 
 def test_default_max_runs_a_group_one_at_a_time(running):
     running.sql("INSERT INTO task (input, delete) SELECT 'SELECT pg_sleep(0.2)', false FROM generate_series(1, 4)")
     running.wait_all_done(30)
-    assert overlaps(running.sql("SELECT start, stop FROM task")) == 1
+    assert most_at_once(running.sql("SELECT start, stop FROM task")) == 1
     order = [r[0] for r in running.sql("SELECT id FROM task ORDER BY start")]
     assert order == sorted(order)
 
@@ -86,7 +78,7 @@ def test_run_flag_caps_running_tasks(db):
     db.sql("INSERT INTO task (\"group\", input, delete)"
            " SELECT 'g' || i, 'SELECT pg_sleep(0.3)', false FROM generate_series(1, 6) AS i")
     db.wait_all_done(30)
-    assert overlaps(db.sql("SELECT start, stop FROM task")) == 2
+    assert most_at_once(db.sql("SELECT start, stop FROM task")) == 2
 
 
 def test_graceful_stop_waits_for_running_task(db):
@@ -222,7 +214,7 @@ def test_config_file_sets_run_per_database(tmp_path, db):
     db.sql("INSERT INTO task (\"group\", input, delete)"
            " SELECT 'g' || i, 'SELECT pg_sleep(0.2)', false FROM generate_series(1, 3) AS i")
     db.wait_all_done(30)
-    assert overlaps(db.sql("SELECT start, stop FROM task")) == 1
+    assert most_at_once(db.sql("SELECT start, stop FROM task")) == 1
     assert launcher.stop() == 0
 
 
@@ -249,3 +241,15 @@ def test_tasks_wait_for_free_connections_instead_of_failing(running, cluster):
     finally:
         for hog in hogs:
             hog.close()
+
+
+def test_log_json_has_one_object_a_line(db, tmp_path):
+    launcher = Launcher(db.dsn, args=("--log-json",), log_dir=tmp_path).start()
+    wait_until(lambda: "scheduling (active)" in launcher.output(), 15, message="the launcher")
+    task_id = db.insert("SELECT 1", delete=False)
+    db.wait_done(task_id)
+    wait_until(lambda: '"event": "end"' in launcher.output(), 5, message="the end line")
+    assert launcher.stop() == 0
+    lines = [json.loads(line) for line in launcher.output().splitlines()]
+    ended = [line for line in lines if line.get("event") == "end"]
+    assert ended[0]["id"] == task_id and ended[0]["state"] == "DONE" and ended[0]["level"] == "INFO"

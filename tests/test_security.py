@@ -2,7 +2,7 @@
 
 import psycopg
 import pytest
-from fix_cluster import Launcher, wait_until
+from fix_cluster import Launcher, most_at_once, wait_until
 
 
 @pytest.fixture
@@ -66,13 +66,6 @@ def test_scheduling_functions_are_not_for_users(roles):
         roles["alice"].execute("SELECT * FROM pgtaskpy.claim_due_tasks(10, 1)")
 
 
-def overlap(rows):
-    points = sorted([(r[0], 1) for r in rows] + [(r[1], -1) for r in rows])
-    most = current = 0
-    for _, step in points:
-        current += step
-        most = max(most, current)
-    return most
 
 
 def test_role_running_limit_caps_one_role(running, roles):
@@ -81,8 +74,8 @@ def test_role_running_limit_caps_one_role(running, roles):
         roles[role].execute("INSERT INTO task (\"group\", input, delete)"
                             " SELECT %s || i, 'SELECT pg_sleep(0.3)', false FROM generate_series(1, 6) AS i", [role])
     running.wait_all_done(30)
-    assert overlap(running.sql("SELECT start, stop FROM task WHERE owner = 'alice'")) == 2
-    assert overlap(running.sql("SELECT start, stop FROM task WHERE owner = 'bob'")) > 2  # bob is not capped
+    assert most_at_once(running.sql("SELECT start, stop FROM task WHERE owner = 'alice'")) == 2
+    assert most_at_once(running.sql("SELECT start, stop FROM task WHERE owner = 'bob'")) > 2  # bob is not capped
 
 
 WEIRD = 'a"; DROP TABLE task; --'
@@ -123,3 +116,19 @@ def test_extension_in_a_schema_that_needs_quotes(cluster, db):
     finally:
         with cluster.connect() as admin:
             admin.execute(f"DROP DATABASE {db.name}_odd WITH (FORCE)")
+
+
+def test_owner_without_login_or_dropped_fails_clearly(running, roles):
+    running.sql("ALTER ROLE bob NOLOGIN")
+    row = running.wait_done(insert_as(roles["bob"], "SELECT 1", delete=False))
+    assert row["state"] == "FAIL"
+    assert 'role "bob" is not permitted to log in' in row["error"]
+    assert "HINT:  The task runs in a session logged in as its owner" in row["error"]
+    running.sql("ALTER ROLE bob LOGIN")
+    running.sql("CREATE ROLE dave LOGIN")
+    running.sql("GRANT dave TO postgres")
+    task_id = running.insert("SELECT 1", owner="dave", plan="infinity", delete=False)
+    running.sql("DROP ROLE dave")
+    running.sql("UPDATE task SET plan = now() WHERE id = %s", [task_id])
+    row = running.wait_done(task_id)
+    assert row["state"] == "FAIL" and 'role "dave" does not exist' in row["error"]

@@ -66,6 +66,9 @@ def worker_conninfo():
         "dbname": row["dbname"],
         "user": row["usr"],
         "application_name": "pg_task_py worker",
+        # The worker is a superuser session: it resolves nothing through a
+        # schema that others could create objects in.
+        "options": "-c search_path=pg_catalog,pg_temp",
     }
     return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
 

@@ -106,6 +106,7 @@ COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET
 -- every scheduling index covers only the few rows that are waiting or running.
 CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN';
 CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN';
+CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN';
 CREATE INDEX task_hash_running ON @extschema@.task (hash) WHERE state IN ('TAKE', 'WORK');
 CREATE INDEX task_parent ON @extschema@.task (parent) WHERE parent IS NOT NULL;
 CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');

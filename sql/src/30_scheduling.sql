@@ -18,19 +18,41 @@ RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF claim_limit <= 0 THEN
-        RETURN;
+    IF claim_limit <= 0
+       OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()) THEN
+        RETURN;  -- nothing due: one probe of the plan index
     END IF;
     PERFORM pgtaskpy.lock_scheduling();
     RETURN QUERY
-    WITH running AS MATERIALIZED (
+    WITH RECURSIVE waiting_groups AS (
+        -- The groups that have waiting tasks, one index probe each (a skip
+        -- scan), so that a backlog of due tasks costs per group, not per task.
+        (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' ORDER BY t.hash LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.hash FROM @extschema@.task AS t
+                WHERE t.state = 'PLAN' AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
+        FROM waiting_groups AS w WHERE w.hash IS NOT NULL
+    ), running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
-    ), due AS (
-        SELECT t.id, t.hash, t.max, t.owner,
-               row_number() OVER (PARTITION BY t.hash ORDER BY t.max DESC, t.id) AS rank,
-               row_number() OVER (PARTITION BY t.owner ORDER BY t.max DESC, t.id) AS owner_rank
-        FROM @extschema@.task AS t
-        WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active > now()
+    ), due AS MATERIALIZED (
+        -- Per group, the first due tasks in priority order: no more than can
+        -- start (the group's highest max + 1) nor than may be claimed.
+        SELECT c.id, c.hash, c.max, c.owner,
+               row_number() OVER (PARTITION BY c.hash ORDER BY c.max DESC, c.id) AS rank,
+               row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank
+        FROM waiting_groups AS w
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.hash, t.max, t.owner
+            FROM @extschema@.task AS t
+            WHERE t.state = 'PLAN' AND t.hash = w.hash AND t.plan <= now() AND t.plan + t.active > now()
+            ORDER BY t.max DESC, t.id
+            LIMIT least(claim_limit,
+                        greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
+                                     ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
+        ) AS c
+        WHERE w.hash IS NOT NULL
+          AND EXISTS (SELECT FROM @extschema@.task AS e  -- skip groups with nothing due yet
+                      WHERE e.state = 'PLAN' AND e.hash = w.hash AND e.plan <= now())
     ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
         SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
                (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
