@@ -99,3 +99,18 @@ def test_cancel_can_stop_a_series(shared):
     assert shared.value("SELECT task_cancel(%s, stop_series => true)", [task_id]) is True
     assert shared.wait_done(task_id, 10)["state"] == "FAIL"
     assert shared.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
+def test_wide_result(shared):
+    columns = ", ".join(f"{i} AS c{i}" for i in range(1, 401))
+    lines = run(shared, f"SELECT {columns}")["output"].split("\n")
+    assert lines[0].split("\t") == [f"c{i}" for i in range(1, 401)]
+    assert lines[1].split("\t") == [str(i) for i in range(1, 401)]
+
+
+def test_role_settings_of_the_owner_apply(shared):
+    shared.sql(f"ALTER ROLE postgres IN DATABASE {shared.name} SET work_mem = '7MB'")
+    try:
+        assert run(shared, "SHOW work_mem", group="role_setting")["output"] == "7MB"
+    finally:
+        shared.sql(f"ALTER ROLE postgres IN DATABASE {shared.name} RESET work_mem")

@@ -11,7 +11,6 @@ libpq is on every PostgreSQL server (dblink links it), so no package is needed.
 import ctypes
 import ctypes.util
 import select
-import time
 
 _lib = ctypes.CDLL(ctypes.util.find_library("pq") or "libpq.so.5")
 
@@ -244,23 +243,16 @@ class Session:
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
 
-    def results(self, deadline=None, on_wait=None, wait_step=1.0):
+    def results(self, on_wait=None, wait_step=1.0):
         """Yield each PGresult of the query sent last, until libpq has none left.
 
-        Waits on the socket so that `deadline` (time.monotonic) can cancel a
-        query that runs too long and `on_wait` runs every `wait_step` seconds
-        while the query runs.
+        Waits on the socket rather than in libpq, so that `on_wait` runs every
+        `wait_step` seconds while the query runs.
         """
         while True:
             while PQisBusy(self.handle):
-                timeout = wait_step
-                if deadline is not None:
-                    timeout = max(0.0, min(timeout, deadline - time.monotonic()))
-                readable, _, _ = select.select([PQsocket(self.handle)], [], [], timeout)
+                readable, _, _ = select.select([PQsocket(self.handle)], [], [], wait_step)
                 if not readable:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        self.cancel()
-                        deadline = None
                     if on_wait is not None:
                         on_wait()
                     continue
