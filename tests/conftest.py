@@ -109,8 +109,19 @@ def new_database(cluster: Cluster) -> Iterator[Database]:
         for launcher in database.launchers:
             launcher.kill()
         conn.close()
-        with cluster.connect() as admin:
+        # A worker of a killed launcher may be opening a session into this very
+        # database, and a backend blocked in a connection attempt cannot be
+        # forced out at once: try the DROP again for a few seconds.
+        wait_until(lambda: drop_database(cluster, name), 30, 0.5, f"DROP DATABASE {name}")
+
+
+def drop_database(cluster: Cluster, name: str) -> bool:
+    with cluster.connect() as admin:
+        try:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        except psycopg.errors.ObjectInUse:
+            return False
+    return True
 
 
 @pytest.fixture
