@@ -491,6 +491,40 @@ REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
 CREATE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer)
 LANGUAGE plpython3u
 AS $python$
+# ---- sql/plpython/plans.py
+"""Prepared plans shared by the PL/Python entry points (pasted first into each body).
+
+Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
+the schemas are looked up at run time rather than pasted in by CREATE
+EXTENSION, where a schema name that needs quotes would break the Python source.
+"""
+
+
+def schema_of(extension):
+    """The schema an extension lives in, quoted, looked up once per backend."""
+    key = "schema:" + extension
+    if key not in SD:
+        SD[key] = plpy.execute(
+            "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+            " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
+            " WHERE e.extname = " + plpy.quote_literal(extension)
+        )[0]["s"]
+    return SD[key]
+
+
+def prepared(name, query, types=()):
+    """A plan prepared once per backend (SD lives as long as it)."""
+    if name not in SD:
+        query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
+        if "dblink." in query:
+            query = query.replace("dblink.", schema_of("dblink") + ".")
+        SD[name] = plpy.prepare(query, list(types))
+    return SD[name]
+
+
+def run(name, query, types=(), args=()):
+    return plpy.execute(prepared(name, query, types), list(args))
+
 # ---- sql/plpython/libpq.py
 """A small libpq client for the worker, loaded with ctypes.
 
@@ -926,6 +960,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         conninfo_options,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
+    from plans import prepared
 
 
 SESSION_KEY = "pgtaskpy.session"
@@ -934,19 +969,6 @@ INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
-
-
-def prepared(name, query, types):
-    """A plan prepared once per worker backend (SD lives as long as it); {ext} names
-    the extension's schema (looked up: pasted in, a quoted name would break this source)."""
-    if name not in SD:
-        if "schema" not in SD:
-            SD["schema"] = plpy.execute(
-                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
-                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'"
-            )[0]["s"]
-        SD[name] = plpy.prepare(query.replace("{ext}.", SD["schema"] + "."), types)
-    return SD[name]
 
 
 def take_task():
@@ -1010,13 +1032,9 @@ def open_session(task):
             return kept
         close_session()
     if task["remote"] is not None:
-        check_remote_password(task)
-        session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
+        session = open_remote_session(task)
     else:
         session = take_fresh_session(task["owner"]) or Session(loopback_keywords(task["owner"]))
-    if task["remote"] is not None and not owner_is_superuser(task) and not session.used_password:
-        session.close()
-        raise ConnectError("password is required: the remote server did not ask for the password given")
     kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
     GD[SESSION_KEY] = kept
     return kept
@@ -1030,16 +1048,22 @@ def owner_is_superuser(task):
     return bool(rows and rows[0]["rolsuper"])
 
 
-def check_remote_password(task):
-    """dblink's rule for non-superusers: `remote` must carry a password of its own.
+def open_remote_session(task):
+    """The session on `remote`, under dblink's rule for roles that are not superusers:
+    `remote` must carry a password of its own, and the server must ask for it.
 
     Otherwise a role could reach servers, this one included, through trust or
     peer authentication or the server OS user's ~/.pgpass, as someone else.
     """
-    options = conninfo_options(task["remote"])
-    if not owner_is_superuser(task) and not options.get("password"):
+    checked = not owner_is_superuser(task)
+    if checked and not conninfo_options(task["remote"]).get("password"):
         raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                            "password= in its conninfo")
+    session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
+    if checked and not session.used_password:
+        session.close()
+        raise ConnectError("password is required: the remote server did not ask for the password given")
+    return session
 
 
 def login_fingerprint(owner):
@@ -1289,6 +1313,40 @@ CREATE FUNCTION pgtaskpy.dispatch(
     OUT events jsonb, OUT wake_in double precision, OUT running integer)
 LANGUAGE plpython3u SET search_path = pg_catalog, pg_temp
 AS $python$
+# ---- sql/plpython/plans.py
+"""Prepared plans shared by the PL/Python entry points (pasted first into each body).
+
+Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
+the schemas are looked up at run time rather than pasted in by CREATE
+EXTENSION, where a schema name that needs quotes would break the Python source.
+"""
+
+
+def schema_of(extension):
+    """The schema an extension lives in, quoted, looked up once per backend."""
+    key = "schema:" + extension
+    if key not in SD:
+        SD[key] = plpy.execute(
+            "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+            " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
+            " WHERE e.extname = " + plpy.quote_literal(extension)
+        )[0]["s"]
+    return SD[key]
+
+
+def prepared(name, query, types=()):
+    """A plan prepared once per backend (SD lives as long as it)."""
+    if name not in SD:
+        query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
+        if "dblink." in query:
+            query = query.replace("dblink.", schema_of("dblink") + ".")
+        SD[name] = plpy.prepare(query, list(types))
+    return SD[name]
+
+
+def run(name, query, types=(), args=()):
+    return plpy.execute(prepared(name, query, types), list(args))
+
 # ---- sql/plpython/dispatch.py
 """Body of FUNCTION pgtaskpy.dispatch(run_limit, cancel_running) RETURNS (events, wake_in, running).
 
@@ -1308,37 +1366,16 @@ GD, which lasts as long as the session.
 
 import json
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
+    from plans import run
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
-
-
-def prepared(name, query, types=()):
-    """A plan prepared once per session; {ext} and dblink. name the extensions' schemas."""
-    if name not in SD:
-        query = query.replace("{ext}.", schema_of("pg_task_py") + ".").replace("dblink.", schema_of("dblink") + ".")
-        SD[name] = plpy.prepare(query, list(types))
-    return SD[name]
-
-
-def schema_of(extension):
-    """The schema an extension lives in, quoted: this function's search_path is pinned,
-    and the name is looked up rather than pasted into this body by CREATE EXTENSION,
-    where a schema that needs quotes would break the Python source."""
-    key = "schema:" + extension
-    if key not in SD:
-        SD[key] = plpy.execute(
-            "SELECT quote_ident(n.nspname) AS s FROM pg_extension AS e"
-            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = " + plpy.quote_literal(extension)
-        )[0]["s"]
-    return SD[key]
-
-
-def run(name, query, types=(), args=()):
-    return plpy.execute(prepared(name, query, types), list(args))
 
 
 def quote_conninfo(value):
@@ -1368,7 +1405,8 @@ def worker_conninfo():
 def state():
     pool = GD.get("pgtaskpy.pool")
     if pool is None:
-        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0}
+        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0,
+                                      "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
     return pool
 
 
@@ -1536,12 +1574,11 @@ def start(pool, task, claimer, events):
             " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
         limit_concurrency(pool)
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
-        return False
+        return
     worker = pool["workers"][name]
     worker["task"] = task["id"]
     worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] else None
     events.append({"event": "start", "id": task["id"], "worker": name})
-    return True
 
 
 def close_idle_workers(pool, keep_spare):
@@ -1602,7 +1639,7 @@ def main():
         cancel_running_tasks(pool, events)
     housekeeping(pool, events)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    claimer = run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]
+    claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     claimed = run(
         "claim",

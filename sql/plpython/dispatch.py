@@ -16,37 +16,16 @@ GD, which lasts as long as the session.
 
 import json
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
+    from plans import run
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
-
-
-def prepared(name, query, types=()):
-    """A plan prepared once per session; {ext} and dblink. name the extensions' schemas."""
-    if name not in SD:
-        query = query.replace("{ext}.", schema_of("pg_task_py") + ".").replace("dblink.", schema_of("dblink") + ".")
-        SD[name] = plpy.prepare(query, list(types))
-    return SD[name]
-
-
-def schema_of(extension):
-    """The schema an extension lives in, quoted: this function's search_path is pinned,
-    and the name is looked up rather than pasted into this body by CREATE EXTENSION,
-    where a schema that needs quotes would break the Python source."""
-    key = "schema:" + extension
-    if key not in SD:
-        SD[key] = plpy.execute(
-            "SELECT quote_ident(n.nspname) AS s FROM pg_extension AS e"
-            " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = " + plpy.quote_literal(extension)
-        )[0]["s"]
-    return SD[key]
-
-
-def run(name, query, types=(), args=()):
-    return plpy.execute(prepared(name, query, types), list(args))
 
 
 def quote_conninfo(value):
@@ -76,7 +55,8 @@ def worker_conninfo():
 def state():
     pool = GD.get("pgtaskpy.pool")
     if pool is None:
-        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0}
+        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0,
+                                      "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
     return pool
 
 
@@ -244,12 +224,11 @@ def start(pool, task, claimer, events):
             " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
         limit_concurrency(pool)
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
-        return False
+        return
     worker = pool["workers"][name]
     worker["task"] = task["id"]
     worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] else None
     events.append({"event": "start", "id": task["id"], "worker": name})
-    return True
 
 
 def close_idle_workers(pool, keep_spare):
@@ -310,7 +289,7 @@ def main():
         cancel_running_tasks(pool, events)
     housekeeping(pool, events)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    claimer = run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]
+    claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     claimed = run(
         "claim",

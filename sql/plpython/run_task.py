@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         conninfo_options,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
+    from plans import prepared
 
 
 SESSION_KEY = "pgtaskpy.session"
@@ -36,19 +37,6 @@ INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
-
-
-def prepared(name, query, types):
-    """A plan prepared once per worker backend (SD lives as long as it); {ext} names
-    the extension's schema (looked up: pasted in, a quoted name would break this source)."""
-    if name not in SD:
-        if "schema" not in SD:
-            SD["schema"] = plpy.execute(
-                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
-                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'"
-            )[0]["s"]
-        SD[name] = plpy.prepare(query.replace("{ext}.", SD["schema"] + "."), types)
-    return SD[name]
 
 
 def take_task():
@@ -112,13 +100,9 @@ def open_session(task):
             return kept
         close_session()
     if task["remote"] is not None:
-        check_remote_password(task)
-        session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
+        session = open_remote_session(task)
     else:
         session = take_fresh_session(task["owner"]) or Session(loopback_keywords(task["owner"]))
-    if task["remote"] is not None and not owner_is_superuser(task) and not session.used_password:
-        session.close()
-        raise ConnectError("password is required: the remote server did not ask for the password given")
     kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
     GD[SESSION_KEY] = kept
     return kept
@@ -132,16 +116,22 @@ def owner_is_superuser(task):
     return bool(rows and rows[0]["rolsuper"])
 
 
-def check_remote_password(task):
-    """dblink's rule for non-superusers: `remote` must carry a password of its own.
+def open_remote_session(task):
+    """The session on `remote`, under dblink's rule for roles that are not superusers:
+    `remote` must carry a password of its own, and the server must ask for it.
 
     Otherwise a role could reach servers, this one included, through trust or
     peer authentication or the server OS user's ~/.pgpass, as someone else.
     """
-    options = conninfo_options(task["remote"])
-    if not owner_is_superuser(task) and not options.get("password"):
+    checked = not owner_is_superuser(task)
+    if checked and not conninfo_options(task["remote"]).get("password"):
         raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                            "password= in its conninfo")
+    session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
+    if checked and not session.used_password:
+        session.close()
+        raise ConnectError("password is required: the remote server did not ask for the password given")
+    return session
 
 
 def login_fingerprint(owner):

@@ -8,7 +8,7 @@
 CREATE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer)
 LANGUAGE plpython3u
 AS $python$
-{{ libpq.py output.py run_task.py }}
+{{ plans.py libpq.py output.py run_task.py }}
 $python$;
 
 -- One turn of the scheduler, in the launcher's session.
@@ -17,7 +17,7 @@ CREATE FUNCTION pgtaskpy.dispatch(
     OUT events jsonb, OUT wake_in double precision, OUT running integer)
 LANGUAGE plpython3u SET search_path = pg_catalog, pg_temp
 AS $python$
-{{ dispatch.py }}
+{{ plans.py dispatch.py }}
 $python$;
 
 REVOKE ALL ON PROCEDURE pgtaskpy.run_task(bigint, integer) FROM PUBLIC;
