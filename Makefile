@@ -6,18 +6,23 @@
 #   make lint             ruff on the launcher, the PL/Python sources and the tests
 
 EXTENSION = pg_task_py
-EXTVERSION = 1.0
-DATA = $(sort $(wildcard sql/pg_task_py--*.sql) sql/pg_task_py--$(EXTVERSION).sql)
+EXTVERSION = 1.1
+PREVIOUS = 1.0
+DATA = $(sort $(wildcard sql/pg_task_py--*.sql) sql/pg_task_py--$(EXTVERSION).sql \
+              sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql)
 
 PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# The install script of the version in development is assembled from
-# sql/src/*.sql and sql/plpython/*.py; released scripts are never rebuilt.
-all: sql/pg_task_py--$(EXTVERSION).sql
-sql/pg_task_py--$(EXTVERSION).sql: sql/build.py $(wildcard sql/src/*.sql sql/plpython/*.py)
-	python3 sql/build.py > $@
+# The install and upgrade scripts of the version in development are assembled
+# from sql/src and sql/plpython; scripts of released versions are never rebuilt.
+SOURCES = sql/build.py $(wildcard sql/src/*.sql sql/src/upgrade/*.sql sql/plpython/*.py)
+all: sql/pg_task_py--$(EXTVERSION).sql sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql
+sql/pg_task_py--$(EXTVERSION).sql: $(SOURCES)
+	python3 sql/build.py install > $@
+sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
+	python3 sql/build.py upgrade $(PREVIOUS) $(EXTVERSION) > $@
 
 VENV ?= .venv
 

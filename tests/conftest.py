@@ -76,9 +76,11 @@ class Database:
 
     def unfinished(self) -> str:
         """What a timed-out wait reports: the unfinished tasks and the database's backends."""
-        tasks = self.sql("SELECT id, state, input, pid, worker FROM task WHERE state::text = ANY(%s)",
+        tasks = self.sql("SELECT id, state, left(input, 20), pid, worker, plan - now(), max, hash, count, live"
+                         " FROM task WHERE state::text = ANY(%s)",
                          [list(ACTIVE_STATES)])
-        backends = self.sql("SELECT pid, application_name, state, wait_event_type, wait_event, left(query, 80)"
+        backends = self.sql("SELECT pid, application_name, state, wait_event_type, wait_event, left(query, 80),"
+                            " pg_blocking_pids(pid), backend_xmin"
                             " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
         return f"{tasks}\nbackends: {backends}"
 

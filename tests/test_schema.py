@@ -1,8 +1,6 @@
 """The extension's objects: columns, defaults from settings, rejected values, dump."""
 
 import subprocess
-import sys
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -132,11 +130,3 @@ def test_insert_notifies_the_launchers(db, cluster):
         db.insert("SELECT 1")
         notes = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in notes] == ["pg_task_py"]
-
-
-def test_install_script_is_assembled_from_its_sources():
-    """sql/pg_task_py--1.0.sql is generated (make); a stale copy would install old code."""
-    repo = Path(__file__).resolve().parent.parent
-    built = subprocess.run([sys.executable, str(repo / "sql" / "build.py")], check=True, capture_output=True,
-                           text=True).stdout
-    assert built == (repo / "sql" / "pg_task_py--1.0.sql").read_text(), "run make and commit the script"

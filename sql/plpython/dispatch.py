@@ -3,11 +3,12 @@
 One turn of the scheduler, run in the launcher's own session each time the
 launcher wakes (NOTIFY, a planned time, or a second passing):
 
-1. collect workers whose task ended;
-2. once a second: recover tasks of dead backends, expire tasks past `active`;
-3. claim due tasks (pgtaskpy.claim_due_tasks) up to the free worker slots;
-4. start each on an idle worker backend (kept open, so a task pays no
-   connection start-up) or on a new one, with dblink_send_query;
+1. once a second: recover tasks of dead backends, expire tasks past `active`;
+2. claim due tasks (pgtaskpy.claim_due_tasks) up to the free worker slots;
+3. collect workers whose CALL has returned, and log what they report (a
+   worker may have gone on with its group's next tasks);
+4. start each claimed task on an idle worker backend (kept open, so a task
+   pays no connection start-up) or on a new one, with dblink_send_query;
 5. close workers idle too long; say when to wake up next.
 
 Worker backends are this session's dblink connections; their state lives in
@@ -24,8 +25,11 @@ if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
-ANSWER_WAIT = 0.05  # seconds to wait for a worker whose task has ended to return
+ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
+# Workers go on with their group's tasks only while their launcher's session
+# has this name (pgtaskpy.claim_next_in_group): a stopping launcher drops it.
+ACCEPTING, STOPPING = "pg_task_py launcher", "pg_task_py launcher (stopping)"
 
 
 def quote_conninfo(value):
@@ -55,9 +59,15 @@ def worker_conninfo():
 def state():
     pool = GD.get("pgtaskpy.pool")
     if pool is None:
-        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0,
+        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0, "name": None,
                                       "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
     return pool
+
+
+def set_session_name(pool, name):
+    if pool["name"] != name:
+        run("name", "SELECT set_config('application_name', $1, false)", ["text"], [name])
+        pool["name"] = name
 
 
 def disconnect(pool, name):
@@ -69,34 +79,57 @@ def disconnect(pool, name):
 
 
 def collect(pool, name, worker, events):
-    """Read the finished CALL's result; fail the task if the worker did not record it."""
-    error = None
+    """Read the returned CALL's report; if the worker failed, end what it was running."""
+    report, error = None, None
     try:
-        for _ in range(2):  # the CALL's result, then the end marker dblink requires
-            run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(status text)",
-                ["text"], [name])
+        rows = run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)",
+                   ["text"], [name])
+        report = json.loads(rows[0]["report"]) if rows and rows[0]["report"] else None
+        run("get_end", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)", ["text"], [name])
         message = run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
         if message and message != "OK":
             error = message.strip()
     except plpy.SPIError as exc:
         error = str(exc)
-    task_id = worker["task"]
+    first_task = worker["task"]
     worker["task"] = None
     worker["idle_since"] = time.monotonic()
-    if error and task_id == WARM_UP:
+    worker["key"] = report.get("key") if report else None
+    if first_task != WARM_UP:
+        # A task it was given but found not claimed (stopped or deleted meanwhile,
+        # or an error before it took the row) is left to be claimed again.
+        run("unclaim_first", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
+            " WHERE id = $1 AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint"], [first_task])
+    if report:
+        for task_id in report["started"]:
+            events.append({"event": "start", "id": task_id, "worker": name})
+        for ended in report["ended"]:
+            events.append({"event": "end", **ended})
+        for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
+            limit_concurrency(pool)
+            events.append({"event": "postponed", "id": task_id})
+    if error and first_task == WARM_UP:
         disconnect(pool, name)
         events.append({"event": "spare_failed", "message": error})
     elif error:
         disconnect(pool, name)
-        ended = run(
-            "worker_failed",
-            "SELECT pgtaskpy.finish_task($1, 'FAIL', NULL, $2)",
-            ["bigint", "text"],
-            [task_id, f"ERROR:  pg_task_py worker failed: {error}"],
-        )
-        events.append({"event": "worker_error", "id": task_id, "message": error,
-                       "failed": ended[0]["finish_task"] is not None})
-    return task_id
+        worker_failed(worker, first_task, error, events)
+
+
+def worker_failed(worker, first_task, error, events):
+    """The worker's CALL failed (its backend was terminated, say): the task it was
+    running ends FAIL (it may have run in part), tasks it had only claimed wait again."""
+    run("unclaim_failed", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
+        " WHERE state = 'TAKE' AND worker = $1", ["integer"], [worker["pid"]])
+    failed = run(
+        "worker_failed",
+        "SELECT t.id FROM {ext}.task AS t, pgtaskpy.finish_task(t.id, 'FAIL', NULL, $2) AS f"
+        " WHERE t.state = 'WORK' AND t.worker = $1",
+        ["integer", "text"],
+        [worker["pid"], f"ERROR:  pg_task_py worker failed: {error}"],
+    )
+    for task_id in [row["id"] for row in failed] or [first_task]:
+        events.append({"event": "worker_error", "id": task_id, "message": error, "failed": bool(failed)})
 
 
 def is_busy(name):
@@ -109,53 +142,32 @@ def is_busy(name):
 def reap(pool, events):
     """Collect every worker whose CALL has returned.
 
-    Returns True when a task's row has ended but its worker has not answered
-    yet (the CALL returns just after the final commit): look again very soon.
+    Returns True when a worker has no task left but has not answered yet (it
+    returns just after its last commit): look again very soon.
     """
-    busy = {w["task"]: name for name, w in pool["workers"].items() if w["task"] is not None}
+    busy = {name: w for name, w in pool["workers"].items() if w["task"] is not None}
     if not busy:
         return False
-    running = {
-        r["id"]
-        for r in run(
-            "running",
-            "SELECT id FROM {ext}.task WHERE id = ANY($1) AND state IN ('TAKE', 'WORK')",
-            ["bigint[]"],
-            [list(busy)],
-        )
-    }
-    ended, answering = [], False
-    for task_id, name in busy.items():
-        # A worker returns right after committing its task's end: wait that
+    working = run(
+        "working",
+        "SELECT array_agg(worker) AS pids, array_agg(id) AS ids FROM {ext}.task"
+        " WHERE state IN ('TAKE', 'WORK') AND (worker = ANY($1) OR id = ANY($2))",
+        ["integer[]", "bigint[]"],
+        [[w["pid"] for w in busy.values()], [w["task"] for w in busy.values()]],
+    )[0]
+    pids, ids = set(working["pids"] or ()), set(working["ids"] or ())
+    answering = False
+    for name, worker in busy.items():
+        # A worker returns right after committing its last task's end: wait that
         # moment, so that the next task of a reusable session finds it idle.
-        # (Other workers open their next task's session first: no wait for them.)
-        holds_session = pool["workers"][name]["key"] is not None
-        patience = time.monotonic() + (ANSWER_WAIT if task_id not in running and holds_session else 0)
+        finishing = worker["task"] != WARM_UP and worker["pid"] not in pids and worker["task"] not in ids
+        patience = time.monotonic() + (ANSWER_WAIT if finishing else 0)
         while is_busy(name) and time.monotonic() < patience:
             time.sleep(0.0002)
         if is_busy(name):
-            answering = answering or task_id not in running
+            answering = answering or finishing
             continue
-        task_id = collect(pool, name, pool["workers"][name], events)
-        if task_id != WARM_UP:
-            ended.append(task_id)
-    # A worker that found its task not claimed (stopped or deleted meanwhile,
-    # or an error before it took the row) leaves it to be claimed again.
-    run("unclaim_ended", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-        " WHERE id = ANY($1) AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint[]"], [ended])
-    for row in run(
-        "ended",
-        "SELECT i AS id, t.state::text AS state, extract(epoch FROM t.stop - t.start)::float8 AS seconds"
-        " FROM unnest($1::bigint[]) AS i LEFT JOIN {ext}.task AS t ON t.id = i",
-        ["bigint[]"],
-        [ended],
-    ):
-        if row["state"] == "PLAN":  # its session found no free connection: run fewer at once
-            limit_concurrency(pool)
-            events.append({"event": "postponed", "id": row["id"]})
-        else:
-            events.append({"event": "end", "id": row["id"], "state": row["state"] or "DELETED",
-                           "seconds": row["seconds"]})
+        collect(pool, name, worker, events)
     return answering
 
 
@@ -209,7 +221,9 @@ def new_worker(pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
     run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
-    pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic()}
+    pid = run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
+              ["text"], [name])[0]["p"]
+    pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
     return name
 
 
@@ -217,7 +231,7 @@ def start(pool, task, claimer, events):
     try:
         name = pick_worker(pool, task)
         run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-            [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)})"])
+            [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)"])
     except plpy.SPIError as exc:
         # No backend for it now (max_connections?): the task waits for the next turn.
         run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
@@ -262,7 +276,7 @@ def ensure_spare_worker(pool, events):
     try:
         name = new_worker(pool)
         run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-            [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0)"])
+            [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
         pool["workers"][name]["task"] = WARM_UP
     except plpy.SPIError as exc:
         events.append({"event": "spare_failed", "message": str(exc)})
@@ -270,13 +284,13 @@ def ensure_spare_worker(pool, events):
 
 def cancel_running_tasks(pool, events):
     """Cancel the tasks this launcher's workers run (graceful stop past its grace period)."""
-    ids = [w["task"] for w in pool["workers"].values() if w["task"] is not None]
+    pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
     for row in run(
         "cancel",
         "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
-        " WHERE id = ANY($1) AND state = 'WORK'",
-        ["bigint[]"],
-        [ids],
+        " WHERE worker = ANY($1) AND state = 'WORK'",
+        ["integer[]"],
+        [pids],
     ):
         events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
 
@@ -284,6 +298,7 @@ def cancel_running_tasks(pool, events):
 def main():
     pool = state()
     events = []
+    set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
     run("lock", "SELECT pgtaskpy.lock_scheduling()")
     if cancel_running:
         cancel_running_tasks(pool, events)

@@ -27,6 +27,8 @@ def _fn(name, restype, *argtypes):
 
 
 PQconnectdbParams = _fn("PQconnectdbParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
+PQconnectStartParams = _fn("PQconnectStartParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
+PQconnectPoll = _fn("PQconnectPoll", _I, _P)
 PQstatus = _fn("PQstatus", _I, _P)
 PQerrorMessage = _fn("PQerrorMessage", _S, _P)
 PQfinish = _fn("PQfinish", None, _P)
@@ -71,7 +73,8 @@ PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, c
 PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
 PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
 
-CONNECTION_OK = 0
+CONNECTION_OK, CONNECTION_BAD = 0, 1
+PGRES_POLLING_FAILED, PGRES_POLLING_READING, PGRES_POLLING_WRITING, PGRES_POLLING_OK = 0, 1, 2, 3
 PGRES_EMPTY_QUERY, PGRES_COMMAND_OK, PGRES_TUPLES_OK = 0, 1, 2
 PGRES_COPY_OUT, PGRES_COPY_IN = 3, 4
 PGRES_FATAL_ERROR = 7
@@ -170,22 +173,52 @@ class Result:
 class Session:
     """A libpq connection that runs one query at a time and yields its results."""
 
-    def __init__(self, keywords):
+    def __init__(self, keywords, wait=True):
+        """Connect; with wait=False only start to, and let advance()/wait_connected() go on.
+
+        A new backend takes milliseconds to start, most of them in the server:
+        a session started early is ready by the time a task needs it.
+        """
         keys = [k.encode() for k in keywords] + [None]
         values = [str(v).encode() for v in keywords.values()] + [None]
-        self.handle = PQconnectdbParams(
-            (_S * len(keys))(*keys), (_S * len(values))(*values), 1
-        )
+        start = PQconnectdbParams if wait else PQconnectStartParams
+        self.handle = start((_S * len(keys))(*keys), (_S * len(values))(*values), 1)
         if not self.handle:
             raise ConnectError("out of memory")
+        self.notices = []
+        # Kept on self: ctypes must not collect the callback while libpq holds it.
+        self._receiver = NoticeReceiver(self._on_notice)
+        self._polling = None if wait else PGRES_POLLING_WRITING
+        if wait or PQstatus(self.handle) == CONNECTION_BAD:
+            self._connected()
+
+    def _connected(self):
+        """Raise libpq's message if the connection failed; else make the session usable."""
+        self._polling = None
         if PQstatus(self.handle) != CONNECTION_OK:
             message = _text(PQerrorMessage(self.handle)).strip()
             self.close()
             raise ConnectError(message)
-        self.notices = []
-        # Kept on self: ctypes must not collect the callback while libpq holds it.
-        self._receiver = NoticeReceiver(self._on_notice)
         PQsetNoticeReceiver(self.handle, self._receiver, None)
+
+    def advance(self, timeout=0.0):
+        """Take the connection attempt a step on if its socket is ready; True once it is done."""
+        while self._polling is not None:
+            socket = PQsocket(self.handle)
+            reading = self._polling == PGRES_POLLING_READING
+            ready = select.select([socket] if reading else [], [] if reading else [socket], [], timeout)
+            if not ready[0] and not ready[1]:
+                return False
+            self._polling = PQconnectPoll(self.handle)
+            if self._polling in (PGRES_POLLING_OK, PGRES_POLLING_FAILED):
+                self._connected()
+        return True
+
+    def wait_connected(self, timeout=60.0):
+        """Block until the connection attempt ends; ConnectError if it failed."""
+        if not self.advance(timeout) and self._polling is not None:
+            self.close()
+            raise ConnectError("timeout expired while connecting")
 
     def _on_notice(self, _arg, handle):
         # libpq frees the notice's PGresult when this returns: copy the text now.
@@ -204,7 +237,8 @@ class Session:
 
     @property
     def ok(self):
-        return bool(self.handle) and PQstatus(self.handle) == CONNECTION_OK
+        """Connected (or still connecting) and not broken."""
+        return bool(self.handle) and (self._polling is not None or PQstatus(self.handle) == CONNECTION_OK)
 
     @property
     def pid(self):
@@ -275,6 +309,10 @@ class Session:
     def execute(self, query, params=None):
         """Run a query of the worker's own and raise on error; return the last rows."""
         self.send(query, params)
+        return self.collect()
+
+    def collect(self):
+        """The rows of the query sent last (by send); ConnectError if it failed."""
         rows, error = [], None
         for result in self.results():
             with result:

@@ -1,14 +1,22 @@
-"""Body of PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer).
+"""Body of PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer, INOUT report jsonb).
 
 Runs in a worker backend that the launcher's session opened with dblink and
 sent `CALL pgtaskpy.run_task(...)` to (pg_background-style), so the
 launcher never waits for a task.  The worker opens the task's own session
 with libpq, logged in as the task's owner (or to `remote`), marks the task
 WORK, commits, sends the input as one top-level query, writes output and
-error, and commits the end state.  The session is kept in GD for the next
-task of the same owner, remote and group when `count`/`live` allow reuse.
+error, and commits the end state.
+
+In the same transaction as that end, the worker claims its group's next due
+task if the group has room (pgtaskpy.claim_next_in_group) and goes on with
+it, for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  The
+session is kept in GD for the next task of the same owner, remote and group
+when `count`/`live` allow reuse; otherwise each task gets a new session,
+started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
+the task before it does.
 """
 
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -32,15 +40,17 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
 
 
 SESSION_KEY = "pgtaskpy.session"
-FRESH_KEY = "pgtaskpy.fresh_session"
+FRESH_KEY = "pgtaskpy.fresh_sessions"
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
+CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
+FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
 
 
-def take_task():
-    """The task's row, locked, if it is still claimed by this worker's launcher session.
+def take_task(task_id, claimer):
+    """The task's row, locked, if it is still claimed by `claimer` (the launcher's session or this worker).
 
     Locked by id alone: the launcher's claim may not have committed yet, and a
     row lock waits for it, where a snapshot would show the row still in PLAN.
@@ -155,26 +165,45 @@ def login_fingerprint(owner):
 
 
 def take_fresh_session(owner):
-    """The unused session opened ahead for this owner, if a new one would be the same."""
-    fresh = GD.pop(FRESH_KEY, None)
-    if fresh is None:
-        return None
-    if fresh["owner"] == owner and fresh["session"].ok and fresh["fingerprint"] == login_fingerprint(owner):
-        return fresh["session"]
-    fresh["session"].close()
+    """A session opened ahead for this owner, if a new one would be the same; else None."""
+    fresh = GD.get(FRESH_KEY) or []
+    fingerprint = login_fingerprint(owner) if fresh else None
+    while fresh:
+        entry = fresh.pop(0)
+        if entry["owner"] == owner and entry["fingerprint"] == fingerprint and entry["session"].ok:
+            try:
+                entry["session"].wait_connected()
+                return entry["session"]
+            except ConnectError:
+                continue  # a failed attempt ahead of need is no task's failure: open one now
+        entry["session"].close()
     return None
 
 
-def open_fresh_session(owner):
-    """Open the next task's session now, after this one's end is committed, so that
-    the next task on this worker does not wait for a backend to start (about 5 ms)."""
-    if GD.get(FRESH_KEY) is not None or GD.get(SESSION_KEY) is not None:
-        return
-    try:
-        GD[FRESH_KEY] = {"owner": owner, "fingerprint": login_fingerprint(owner),
-                         "session": Session(loopback_keywords(owner))}
-    except ConnectError:
-        pass  # the next task opens its own, and reports what goes wrong
+def start_fresh_sessions(owner, ahead):
+    """Start new sessions for `owner` until `ahead` are starting or ready: the next
+    tasks on this worker then find a backend that has started while this one ran."""
+    fresh = GD.setdefault(FRESH_KEY, [])
+    if any(entry["owner"] != owner for entry in fresh):
+        return  # those of another owner are taken or dropped first
+    fingerprint = None
+    while len(fresh) < ahead:
+        fingerprint = fingerprint or login_fingerprint(owner)
+        try:
+            session = Session(loopback_keywords(owner), wait=False)
+            session.advance()  # sends the startup packet: the server starts the backend now
+        except ConnectError:
+            return  # the next task opens its own, and reports what goes wrong
+        fresh.append({"owner": owner, "fingerprint": fingerprint, "session": session})
+
+
+def advance_fresh_sessions():
+    """Take the sessions being opened ahead a step on, without waiting."""
+    for entry in GD.get(FRESH_KEY) or []:
+        try:
+            entry["session"].advance()
+        except ConnectError:
+            entry["session"].close()  # not ok any more: take_fresh_session drops it
 
 
 def close_session():
@@ -224,9 +253,10 @@ def serve_interrupts(session):
     plpy.commit()
 
 
-def prepare_session(session, task):
-    """What the task sees of itself: pg_task.id, and its timeout as statement_timeout."""
-    session.execute(
+def send_prepare(session, task):
+    """What the task sees of itself: pg_task.id, and its timeout as statement_timeout.
+    Only sent: the answer is read (session.collect) after the WORK commit it overlaps."""
+    session.send(
         "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
         "       pg_catalog.set_config('statement_timeout', $2, false)",
         [task["id"], f"{int(task['timeout_s'] * 1000)}ms"],
@@ -294,7 +324,7 @@ def release_or_reset(kept, task, reused_next):
         close_session()
 
 
-def mark_working(session):
+def mark_working(task_id, session):
     plpy.execute(
         prepared(
             "work",
@@ -306,18 +336,32 @@ def mark_working(session):
     )
 
 
-def finish(state, output, error, notices=None):
-    plpy.execute(
+def finish(task_id, state, output, error, notices=None, wake=True):
+    """Record the task's end; False if it had ended already (recovered by a launcher)."""
+    return plpy.execute(
         prepared(
             "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5)",
-            ["bigint", "text", "text", "text", "text"],
+            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6) AS s",
+            ["bigint", "text", "text", "text", "text", "boolean"],
         ),
-        [task_id, state, output, error, notices],
-    )
+        [task_id, state, output, error, notices, wake],
+    )[0]["s"] is not None
 
 
-def postpone():
+def claim_next(task):
+    """The id of the group's next task, now claimed by this worker, or None."""
+    return plpy.execute(
+        prepared("next", "SELECT pgtaskpy.claim_next_in_group($1, pg_backend_pid(), $2) AS id",
+                 ["integer", "integer"]),
+        [task["hash"], claimer],
+    )[0]["id"]
+
+
+def wake_launchers():
+    plpy.execute(prepared("wake", "SELECT pg_catalog.pg_notify('pg_task_py', '')", []))
+
+
+def postpone(task_id):
     plpy.execute(
         prepared("postpone", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL WHERE id = $1 AND state = 'TAKE'",
                  ["bigint"]),
@@ -334,40 +378,72 @@ def connect_failure_hint(task):
     )
 
 
-def main():
-    task = take_task()
-    if task is None:
-        if task_id == 0:  # the launcher's warm-up call for a spare worker
-            open_fresh_session(plpy.execute("SELECT current_user AS u")[0]["u"])
-        return  # stopped, or taken over after this worker's launcher died
+def run_one(task, go_on, report):
+    """Run a taken task to its end; return the group's next task id when going on with it."""
+    reuse = task["count"] > 0 or task["live_s"] > 0
     try:
         kept = open_session(task)
-        prepare_session(kept["session"], task)
+        send_prepare(kept["session"], task)
     except ConnectError as exc:
         close_session()
         if any(reason in str(exc) for reason in BUSY_SERVER):
-            postpone()  # it never started: it waits for a connection slot, not FAIL
+            postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
+            wake_launchers()
             plpy.commit()
-            return
-        finish("FAIL", None, format_message(
+            report["postponed"].append(task["id"])
+            return None
+        finish(task["id"], "FAIL", None, format_message(
             f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
         plpy.commit()
-        return
+        report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+        return None
     session = kept["session"]
-    mark_working(session)
+    mark_working(task["id"], session)
     plpy.commit()  # WORK, start and pid are visible while the input runs
+    started = time.monotonic()
+    if task["remote"] is None and not reuse:
+        start_fresh_sessions(task["owner"], FRESH_AHEAD if go_on else 1)
 
     try:
+        session.collect()
         output, error, notices = run_input(session, task)
     except ConnectError as exc:  # the session broke outside the input itself
         output, error, notices = None, format_message(str(exc), task["input"]), None
-    reuse = task["count"] > 0 or task["live_s"] > 0
     release_or_reset(kept, task, reuse)
-    finish("FAIL" if error else "DONE", output, error, notices)
+    advance_fresh_sessions()
+    state = "FAIL" if error else "DONE"
+    held_slot = finish(task["id"], state, output, error, notices, wake=False)
+    # The next task takes this one's slot in its group, if this one still held it.
+    next_id = claim_next(task) if go_on and held_slot else None
+    if next_id is None:
+        wake_launchers()  # a slot and this worker are free
     plpy.commit()
-    if task["remote"] is None and not reuse:
-        open_fresh_session(task["owner"])
-        # The launcher saw this task end before the session was open: wake it
-        # again now that this worker is about to be idle.
-        plpy.execute(prepared("idle", "SELECT pg_catalog.pg_notify('pg_task_py', '')", []))
-        plpy.commit()
+    report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
+    return next_id
+
+
+def worker_pid():
+    if "pgtaskpy.pid" not in GD:
+        GD["pgtaskpy.pid"] = plpy.execute("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]
+    return GD["pgtaskpy.pid"]
+
+
+def main():
+    report = {"started": [], "ended": [], "postponed": [], "key": None}
+    task = take_task(task_id, claimer)
+    if task is None and task_id == 0:  # the launcher's warm-up call for a spare worker
+        start_fresh_sessions(plpy.execute("SELECT current_user AS u")[0]["u"], 1)
+    chain_ends = time.monotonic() + CHAIN_SECONDS
+    while task is not None:  # else stopped, or taken over after this worker's launcher died
+        next_id = run_one(task, time.monotonic() < chain_ends, report)
+        if next_id is None:
+            break
+        task = take_task(next_id, worker_pid())
+        if task is None:  # stopped meanwhile: this worker is free
+            wake_launchers()
+            plpy.commit()
+        else:
+            report["started"].append(task["id"])
+    kept = GD.get(SESSION_KEY)
+    report["key"] = list(kept["key"]) if kept is not None else None
+    return (json.dumps(report),)

@@ -9,30 +9,70 @@ CREATE FUNCTION pgtaskpy.lock_scheduling() RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, 0) $$;
 
--- Claim due tasks: PLAN -> TAKE, at most max + 1 running per group, higher max
--- first, then lower id (pg_task's priority).  Claims of all launchers of a
--- database are serialized by a transaction lock, so two launchers never both
--- fill the last slot of a group.
+-- The same lock, shared: workers handing their group's slot on to its next
+-- task (claim_next_in_group) do not wait for each other, only for launchers.
+CREATE FUNCTION pgtaskpy.lock_scheduling_shared() RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_advisory_xact_lock_shared('@extschema@.task'::regclass::oid::integer, 0) $$;
+
+-- Serializes the claims of one owner's tasks (only taken when the owner has a
+-- pg_task_py.role_running_limit, whose count spans groups).
+CREATE FUNCTION pgtaskpy.lock_owner(owner name) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_advisory_xact_lock('@extschema@.task'::regclass::oid::integer, hashtext(owner) | 1) $$;
+
+-- pg_task's max, the one rule of who may start: a group with `running` tasks
+-- running has room for its rank-th waiting task (rank 1: the next) while at
+-- most max + 1 run at once; negative max: one at a time (finish_task makes
+-- the pause).  Plain SQL without SET, so the planner inlines it.
+CREATE FUNCTION pgtaskpy.group_has_room(max integer, running bigint, rank bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT CASE WHEN max >= 0 THEN rank + running <= max::bigint + 1 ELSE rank = 1 AND running = 0 END $$;
+
+-- pg_task_py.role_running_limit: an owner with `running` tasks running has
+-- room for its rank-th waiting task (cap NULL: no limit).
+CREATE FUNCTION pgtaskpy.owner_has_room(cap integer, running bigint, rank bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
+
+-- Claim due tasks: PLAN -> TAKE, as many as their groups have room for,
+-- higher max first, then lower id (pg_task's priority).  Claims of all
+-- launchers of a database are serialized by a transaction lock, so two
+-- launchers never both fill the last slot of a group.
 CREATE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer)
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    due_groups integer[];
+    probed bigint;
 BEGIN
     IF claim_limit <= 0
        OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()) THEN
         RETURN;  -- nothing due: one probe of the plan index
     END IF;
     PERFORM pgtaskpy.lock_scheduling();
+    -- The groups with due tasks.  Few due tasks: read them from the plan index,
+    -- so that tasks planned ahead cost nothing.  Many: one index probe a group
+    -- with waiting tasks (a skip scan), so that a backlog costs per group, not
+    -- per task.
+    SELECT array_agg(DISTINCT d.hash), count(*) INTO due_groups, probed
+    FROM (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()
+          ORDER BY t.plan LIMIT 1000) AS d;
+    IF probed >= 1000 THEN
+        WITH RECURSIVE waiting_groups AS (
+            (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' ORDER BY t.hash LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.hash FROM @extschema@.task AS t
+                    WHERE t.state = 'PLAN' AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
+            FROM waiting_groups AS w WHERE w.hash IS NOT NULL
+        )
+        SELECT array_agg(w.hash) INTO due_groups FROM waiting_groups AS w
+        WHERE w.hash IS NOT NULL
+          AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.hash = w.hash AND e.plan <= now());
+    END IF;
     RETURN QUERY
-    WITH RECURSIVE waiting_groups AS (
-        -- The groups that have waiting tasks, one index probe each (a skip
-        -- scan), so that a backlog of due tasks costs per group, not per task.
-        (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' ORDER BY t.hash LIMIT 1)
-        UNION ALL
-        SELECT (SELECT t.hash FROM @extschema@.task AS t
-                WHERE t.state = 'PLAN' AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
-        FROM waiting_groups AS w WHERE w.hash IS NOT NULL
-    ), running AS MATERIALIZED (
+    WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
     ), due AS MATERIALIZED (
         -- Per group, the first due tasks in priority order: no more than can
@@ -40,7 +80,7 @@ BEGIN
         SELECT c.id, c.hash, c.max, c.owner,
                row_number() OVER (PARTITION BY c.hash ORDER BY c.max DESC, c.id) AS rank,
                row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank
-        FROM waiting_groups AS w
+        FROM unnest(due_groups) AS w(hash)
         CROSS JOIN LATERAL (
             SELECT t.id, t.hash, t.max, t.owner
             FROM @extschema@.task AS t
@@ -50,9 +90,6 @@ BEGIN
                         greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
                                      ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
         ) AS c
-        WHERE w.hash IS NOT NULL
-          AND EXISTS (SELECT FROM @extschema@.task AS e  -- skip groups with nothing due yet
-                      WHERE e.state = 'PLAN' AND e.hash = w.hash AND e.plan <= now())
     ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
         SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
                (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
@@ -62,10 +99,8 @@ BEGIN
         FROM due AS d
         JOIN owners AS o ON o.owner = d.owner
         CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
-        WHERE CASE WHEN d.max >= 0 THEN d.rank + g.n <= d.max::bigint + 1
-                   ELSE d.rank = 1 AND g.n = 0   -- negative max: one at a time
-              END
-          AND (o.cap IS NULL OR d.owner_rank + o.n <= o.cap)
+        WHERE pgtaskpy.group_has_room(d.max, g.n, d.rank)
+          AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
         ORDER BY d.max DESC, d.id
         LIMIT claim_limit
     )
@@ -77,20 +112,73 @@ BEGIN
 END
 $$;
 
+-- The next task of a group, claimed (PLAN -> TAKE) by the worker that has just
+-- ended one of the group's tasks, in the same transaction: the worker goes on
+-- with the group, and its reusable session, without a round trip through the
+-- launcher, as pg_task's workers do.  The rules are claim_due_tasks'; NULL when
+-- the group has nothing due or no room, or when the launcher that started the
+-- worker is stopping or gone (then the launcher decides).
+--
+-- Workers of one group claim side by side: each hands on the slot of the task
+-- it ends, and sees the tasks the others are ending still running (not yet
+-- committed) or already replaced (committed), so the group never runs more
+-- than its max allows; SKIP LOCKED keeps them off each other's candidate.
+CREATE FUNCTION pgtaskpy.claim_next_in_group(group_hash integer, claimer integer, launcher integer)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    candidate record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
+                   WHERE a.application_name = 'pg_task_py launcher') THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pgtaskpy.lock_scheduling_shared();
+    SELECT t.id, t.max, t.owner, pgtaskpy.role_running_limit(t.owner) AS cap INTO candidate
+    FROM @extschema@.task AS t
+    WHERE t.state = 'PLAN' AND t.hash = group_hash AND t.plan <= now() AND t.plan + t.active > now()
+    ORDER BY t.max DESC, t.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND
+       OR NOT pgtaskpy.group_has_room(candidate.max, (
+              SELECT count(*) FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK') AND r.hash = group_hash), 1)
+    THEN
+        RETURN NULL;
+    END IF;
+    IF candidate.cap IS NOT NULL THEN  -- an owner's count spans groups: no slot to hand on
+        PERFORM pgtaskpy.lock_owner(candidate.owner);
+        IF NOT pgtaskpy.owner_has_room(candidate.cap, (
+               SELECT count(*) FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK') AND r.owner = candidate.owner), 1)
+        THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = claimer WHERE t.id = candidate.id;
+    RETURN candidate.id;
+END
+$$;
+
 -- pg_task_py.role_running_limit: most tasks of one owner running at once, from
 -- ALTER ROLE ... SET (this database's first, then any database's); NULL: no
 -- limit.  Read from the catalog: the owner's settings are not this session's.
 CREATE FUNCTION pgtaskpy.role_running_limit(role name) RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)::integer
-    FROM pg_db_role_setting AS s
-    JOIN pg_roles AS r ON r.oid = s.setrole AND r.rolname = role
-    CROSS JOIN unnest(s.setconfig) AS c
-    WHERE c LIKE 'pg\_task\_py.role\_running\_limit=%'
-      AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
-    ORDER BY s.setdatabase DESC
-    LIMIT 1
+BEGIN
+    -- PL/pgSQL keeps the plan (an SQL function plans again on every call) and
+    -- the (setdatabase, setrole) index is used: this runs on every claim.
+    RETURN (
+        SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)::integer
+        FROM pg_db_role_setting AS s
+        CROSS JOIN unnest(s.setconfig) AS c
+        WHERE s.setrole = to_regrole(quote_ident(role))
+          AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+          AND c LIKE 'pg\_task\_py.role\_running\_limit=%'
+        ORDER BY s.setdatabase DESC
+        LIMIT 1);
+END
 $$;
 
 -- The next planned time of a repeating task: old plan + k * repeat, the first
@@ -119,10 +207,12 @@ $$;
 -- End a task: record its result, insert the next run of a repeating task
 -- (exactly once: only the transaction that moves the row out of from_states
 -- does it), hold back the waiting tasks of a pausing group (negative max), delete
--- a task that produced nothing when asked to, and wake the launchers.
+-- a task that produced nothing when asked to, and wake the launchers (not
+-- when the caller goes on with the group's next task: no slot is freed).
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
-    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL)
+    from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL,
+    wake boolean DEFAULT true)
 RETURNS @extschema@.state
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -163,7 +253,9 @@ BEGIN
         DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
     END IF;
 
-    PERFORM pg_notify('pg_task_py', '');
+    IF wake THEN
+        PERFORM pg_notify('pg_task_py', '');
+    END IF;
     RETURN end_state;
 END
 $$;
@@ -206,14 +298,16 @@ $$;
 -- calling session: worker backends live long and would miss a later ALTER
 -- DATABASE, and a task's own session could change it.
 CREATE FUNCTION pgtaskpy.scheduler_setting(name text) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT COALESCE(
+BEGIN
+    RETURN COALESCE(
         (SELECT substr(c, length(name) + 2)
          FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
          WHERE s.setrole = 0 AND starts_with(c, name || '=')
-           AND s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())),
-        current_setting(name, true))
+           AND s.setdatabase = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())),
+        current_setting(name, true));
+END
 $$;
 
 -- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
@@ -278,7 +372,10 @@ $$;
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text)
+REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;

@@ -4,8 +4,10 @@
 -- Runs in a worker backend (a dblink connection of the launcher's session).
 -- A procedure, so that it can commit WORK before the input runs and the end
 -- state after.  No SET clause: a procedure with one cannot commit, so every
--- name inside is schema-qualified instead.
-CREATE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer)
+-- name inside is schema-qualified instead.  `report` comes back to the
+-- launcher: the tasks the worker started and ended (it may go on with its
+-- group's next tasks) and the session it keeps.
+CREATE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer, INOUT report jsonb DEFAULT NULL)
 LANGUAGE plpython3u
 AS $python$
 {{ plans.py libpq.py output.py run_task.py }}
@@ -20,5 +22,5 @@ AS $python$
 {{ plans.py dispatch.py }}
 $python$;
 
-REVOKE ALL ON PROCEDURE pgtaskpy.run_task(bigint, integer) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE pgtaskpy.run_task(bigint, integer, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.dispatch(integer, boolean) FROM PUBLIC;

@@ -1,0 +1,105 @@
+"""Versioned scripts: the generated ones match their sources, and ALTER EXTENSION
+pg_task_py UPDATE from every released version gives what a fresh install gives."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import new_database
+from fix_cluster import Cluster
+from psycopg import sql
+
+REPO = Path(__file__).resolve().parent.parent
+CURRENT = "1.1"
+RELEASED = ["1.0"]
+
+# Everything an extension consists of, as text: routines with their code and
+# grants, the table's columns, constraints, indexes, triggers and policies, the
+# enum's labels, the dump configuration.  Two databases with equal snapshots
+# behave the same.
+SNAPSHOT = """
+WITH members AS (
+    SELECT d.classid, d.objid FROM pg_depend AS d
+    JOIN pg_extension AS e ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+    WHERE e.extname = 'pg_task_py' AND d.deptype = 'e'
+)
+SELECT 'routine ' || p.oid::regprocedure || E'\n' || pg_get_functiondef(p.oid)
+       || E'\nacl ' || coalesce(p.proacl::text, 'default')
+FROM members AS m JOIN pg_proc AS p ON m.classid = 'pg_proc'::regclass AND p.oid = m.objid
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+       || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+       || coalesce(' default ' || pg_get_expr(ad.adbin, ad.adrelid), '')
+       || coalesce(' generated ' || nullif(a.attgenerated::text, ''), '')
+FROM members AS m JOIN pg_class AS c ON m.classid = 'pg_class'::regclass AND c.oid = m.objid
+JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_attrdef AS ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
+UNION ALL
+SELECT 'constraint ' || co.conname || ' ' || pg_get_constraintdef(co.oid)
+FROM members AS m JOIN pg_constraint AS co ON m.classid = 'pg_class'::regclass AND co.conrelid = m.objid
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+FROM members AS m JOIN pg_index AS i ON m.classid = 'pg_class'::regclass AND i.indrelid = m.objid
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+FROM members AS m JOIN pg_trigger AS t ON m.classid = 'pg_class'::regclass AND t.tgrelid = m.objid
+WHERE NOT t.tgisinternal
+UNION ALL
+SELECT 'policy ' || po.policyname || ' ' || po.cmd || ' ' || po.roles::text || ' '
+       || coalesce(po.qual, '') || ' ' || coalesce(po.with_check, '')
+FROM pg_policies AS po WHERE po.tablename = 'task'
+UNION ALL
+SELECT 'table ' || c.relname || ' rls ' || c.relrowsecurity || ' acl ' || coalesce(c.relacl::text, 'default')
+FROM members AS m JOIN pg_class AS c ON m.classid = 'pg_class'::regclass AND c.oid = m.objid
+UNION ALL
+SELECT 'enum ' || t.typname || ' ' || string_agg(en.enumlabel, ',' ORDER BY en.enumsortorder)
+FROM members AS m JOIN pg_type AS t ON m.classid = 'pg_type'::regclass AND t.oid = m.objid
+JOIN pg_enum AS en ON en.enumtypid = t.oid GROUP BY t.typname
+UNION ALL
+SELECT 'schema ' || n.nspname || ' acl ' || coalesce(n.nspacl::text, 'default')
+FROM members AS m JOIN pg_namespace AS n ON m.classid = 'pg_namespace'::regclass AND n.oid = m.objid
+UNION ALL
+SELECT 'dump ' || extconfig::regclass[]::text || ' ' || coalesce(array_to_string(extcondition, ';'), '')
+FROM pg_extension WHERE extname = 'pg_task_py'
+ORDER BY 1
+"""
+
+
+def snapshot(database) -> list[str]:
+    return [row[0] for row in database.sql(SNAPSHOT)]
+
+
+def build(*args: str) -> str:
+    return subprocess.run([sys.executable, str(REPO / "sql" / "build.py"), *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_generated_scripts_match_their_sources():
+    """The scripts of the version in development are generated (make); a stale copy would install old code."""
+    assert build("install") == (REPO / "sql" / f"pg_task_py--{CURRENT}.sql").read_text(), \
+        "run make and commit the script"
+    upgrade = REPO / "sql" / f"pg_task_py--{RELEASED[-1]}--{CURRENT}.sql"
+    assert build("upgrade", RELEASED[-1], CURRENT) == upgrade.read_text(), "run make and commit the script"
+
+
+def test_default_version_is_the_one_in_development(db):
+    assert db.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == CURRENT
+
+
+@pytest.mark.parametrize("old", RELEASED)
+def test_update_gives_what_a_fresh_install_gives(cluster: Cluster, db, old):
+    with new_database(cluster) as upgraded:
+        upgraded.sql("DROP EXTENSION pg_task_py")
+        upgraded.conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {}").format(sql.Literal(old)))
+        assert upgraded.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == old
+        before = upgraded.insert("SELECT 40 + 2")  # a task waiting across the update
+        upgraded.sql("ALTER EXTENSION pg_task_py UPDATE")
+        assert upgraded.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == CURRENT
+        assert snapshot(upgraded) == snapshot(db)
+        # The updated extension schedules: the task from before the update and a new one run.
+        upgraded.launcher()
+        after = upgraded.insert("SELECT 'after'")
+        assert upgraded.wait_done(before)["output"] == "42"
+        assert upgraded.wait_done(after)["output"] == "after"
+
