@@ -88,21 +88,32 @@ UPDATE floor_task SET state = 'DONE' WHERE id = :id;
 
 def floor(cluster, conn) -> dict:
     """The machine's floor: the least work per task (claim a row with SKIP LOCKED, run SELECT 1,
-    mark it done, each its own commit), by pgbench with one client on the same cluster."""
+    mark it done, each its own commit), by pgbench with one client on the same cluster; and
+    how many new sessions a second the server can start (pgbench -C)."""
     conn.execute("CREATE TABLE floor_task (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN')")
     conn.execute("INSERT INTO floor_task (state) SELECT 'PLAN' FROM generate_series(1, 200000)")
     conn.execute("CREATE INDEX ON floor_task (id) WHERE state = 'PLAN'")
     script = cluster.base / "floor.sql"
     script.write_text(FLOOR_SCRIPT)
+    tasks = pgbench(cluster, script, 5)
+    conn.execute("DROP TABLE floor_task")
+    # A task without count/live runs in a backend of its own, as in pg_task: the
+    # rate at which this server starts backends bounds serial and parallel.
+    script.write_text("SELECT 1;\n")
+    sessions = pgbench(cluster, script, 3, "-C")
+    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions}
+
+
+def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
+    """Transactions a second of one pgbench client running `script`."""
     result = subprocess.run(
-        [str(PG_BIN / "pgbench"), "-n", "-c", "1", "-T", "5", "-f", str(script),
+        [str(PG_BIN / "pgbench"), "-n", "-c", "1", "-T", str(seconds), *flags, "-f", str(script),
          "-h", str(cluster.socket_dir), "-p", str(cluster.port), "-U", "postgres", "bench"],
         capture_output=True, text=True, timeout=60)
-    conn.execute("DROP TABLE floor_task")
     tps = [line for line in result.stdout.splitlines() if line.startswith("tps")]
     if not tps:
         raise TimedOut(f"pgbench failed: {result.stderr.strip()[:200]}")
-    return {"tasks_per_s": round(float(tps[0].split()[2]), 1)}
+    return round(float(tps[0].split()[2]), 1)
 
 
 def claim_ms(conn, repeat: int = 30) -> float:

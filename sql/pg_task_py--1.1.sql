@@ -278,9 +278,11 @@ BEGIN
                row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank
         FROM unnest(due_groups) AS w(hash)
         CROSS JOIN LATERAL (
+            -- "(...) IS TRUE": no index on plan may serve this scan, only the
+            -- one in priority order, whatever the table's statistics say.
             SELECT t.id, t.hash, t.max, t.owner
             FROM @extschema@.task AS t
-            WHERE t.state = 'PLAN' AND t.hash = w.hash AND t.plan <= now() AND t.plan + t.active > now()
+            WHERE t.state = 'PLAN' AND t.hash = w.hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
             ORDER BY t.max DESC, t.id
             LIMIT least(claim_limit,
                         greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
@@ -321,7 +323,9 @@ $$;
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
 CREATE FUNCTION pgtaskpy.claim_next_in_group(group_hash integer, claimer integer, launcher integer)
 RETURNS bigint
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+-- enable_sort off: read the group's waiting tasks in priority order from their
+-- index, even when the statistics of a table just filled say "one row".
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off
 AS $$
 DECLARE
     candidate record;
@@ -332,8 +336,8 @@ BEGIN
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
     SELECT t.id, t.max, t.owner, pgtaskpy.role_running_limit(t.owner) AS cap INTO candidate
-    FROM @extschema@.task AS t
-    WHERE t.state = 'PLAN' AND t.hash = group_hash AND t.plan <= now() AND t.plan + t.active > now()
+    FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
+    WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
     ORDER BY t.max DESC, t.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED;
@@ -1332,9 +1336,9 @@ def send_prepare(session, task):
     )
 
 
-def run_input(session, task):
+def run_input(session, task, limit):
     """Send the input as one top-level query; return (output, error, notices)."""
-    writer = OutputWriter(task, is_string_type, output_limit())
+    writer = OutputWriter(task, is_string_type, limit)
     error = None
     session.notices.clear()
     session.send(task["input"])
@@ -1467,6 +1471,9 @@ def run_one(task, go_on, report):
         report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
         return None
     session = kept["session"]
+    # Read before WORK is committed: from then on a cancel of this worker (task_cancel
+    # of a remote task) is meant for the task's query, which serve_interrupts passes on.
+    limit = output_limit()
     mark_working(task["id"], session)
     plpy.commit()  # WORK, start and pid are visible while the input runs
     started = time.monotonic()
@@ -1475,7 +1482,7 @@ def run_one(task, go_on, report):
 
     try:
         session.collect()
-        output, error, notices = run_input(session, task)
+        output, error, notices = run_input(session, task, limit)
     except ConnectError as exc:  # the session broke outside the input itself
         output, error, notices = None, format_message(str(exc), task["input"]), None
     release_or_reset(kept, task, reuse)

@@ -18,8 +18,8 @@ def test_task_goes_plan_work_done_with_start_stop_pid(running):
     wait_until(lambda: state_of(running, task_id) == "WORK", message="WORK")
     working = running.task(task_id)
     assert working["start"] is not None and working["stop"] is None and working["pid"]
-    backend = running.value("SELECT query FROM pg_stat_activity WHERE pid = %s", [working["pid"]])
-    assert backend == "SELECT pg_sleep(0.5), pg_backend_pid()"
+    wait_until(lambda: running.value("SELECT query FROM pg_stat_activity WHERE pid = %s", [working["pid"]])
+               == "SELECT pg_sleep(0.5), pg_backend_pid()", 5, 0.01, "the input in the task's session")
     done = running.wait_done(task_id)
     assert done["state"] == "DONE" and done["stop"] >= done["start"] >= done["plan"]
     assert done["output"].endswith(f"\t{working['pid']}")
@@ -122,6 +122,8 @@ def test_killed_worker_backend_fails_the_task(running):
     task_id = running.insert("SELECT pg_sleep(30)", delete=False)
     wait_until(lambda: state_of(running, task_id) == "WORK", message="WORK")
     pid = running.task(task_id)["pid"]
+    wait_until(lambda: running.value("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
+               == "SELECT pg_sleep(30)", 5, 0.01, "the input in the task's session")
     running.sql("SELECT pg_terminate_backend(%s)", [pid])
     row = running.wait_done(task_id, 10)
     assert row["state"] == "FAIL"

@@ -263,9 +263,9 @@ def send_prepare(session, task):
     )
 
 
-def run_input(session, task):
+def run_input(session, task, limit):
     """Send the input as one top-level query; return (output, error, notices)."""
-    writer = OutputWriter(task, is_string_type, output_limit())
+    writer = OutputWriter(task, is_string_type, limit)
     error = None
     session.notices.clear()
     session.send(task["input"])
@@ -398,6 +398,9 @@ def run_one(task, go_on, report):
         report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
         return None
     session = kept["session"]
+    # Read before WORK is committed: from then on a cancel of this worker (task_cancel
+    # of a remote task) is meant for the task's query, which serve_interrupts passes on.
+    limit = output_limit()
     mark_working(task["id"], session)
     plpy.commit()  # WORK, start and pid are visible while the input runs
     started = time.monotonic()
@@ -406,7 +409,7 @@ def run_one(task, go_on, report):
 
     try:
         session.collect()
-        output, error, notices = run_input(session, task)
+        output, error, notices = run_input(session, task, limit)
     except ConnectError as exc:  # the session broke outside the input itself
         output, error, notices = None, format_message(str(exc), task["input"]), None
     release_or_reset(kept, task, reuse)

@@ -82,9 +82,11 @@ BEGIN
                row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank
         FROM unnest(due_groups) AS w(hash)
         CROSS JOIN LATERAL (
+            -- "(...) IS TRUE": no index on plan may serve this scan, only the
+            -- one in priority order, whatever the table's statistics say.
             SELECT t.id, t.hash, t.max, t.owner
             FROM @extschema@.task AS t
-            WHERE t.state = 'PLAN' AND t.hash = w.hash AND t.plan <= now() AND t.plan + t.active > now()
+            WHERE t.state = 'PLAN' AND t.hash = w.hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
             ORDER BY t.max DESC, t.id
             LIMIT least(claim_limit,
                         greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
@@ -125,7 +127,9 @@ $$;
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
 CREATE FUNCTION pgtaskpy.claim_next_in_group(group_hash integer, claimer integer, launcher integer)
 RETURNS bigint
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+-- enable_sort off: read the group's waiting tasks in priority order from their
+-- index, even when the statistics of a table just filled say "one row".
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off
 AS $$
 DECLARE
     candidate record;
@@ -136,8 +140,8 @@ BEGIN
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
     SELECT t.id, t.max, t.owner, pgtaskpy.role_running_limit(t.owner) AS cap INTO candidate
-    FROM @extschema@.task AS t
-    WHERE t.state = 'PLAN' AND t.hash = group_hash AND t.plan <= now() AND t.plan + t.active > now()
+    FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
+    WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
     ORDER BY t.max DESC, t.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED;

@@ -1,0 +1,48 @@
+"""Workers going on with their group: a worker that ends a task claims the group's next
+due task itself (pgtaskpy.claim_next_in_group) under the same rules as the launcher."""
+
+from fix_cluster import most_at_once, wait_until
+
+
+def test_a_busy_group_runs_in_order_through_few_workers(running):
+    running.sql("INSERT INTO task (input, delete) SELECT 'SELECT ' || i, false FROM generate_series(1, 40) AS i")
+    running.wait_all_done()
+    rows = running.sql("SELECT id, start, stop, worker, pid, output FROM task ORDER BY id")
+    assert [r[5] for r in rows] == [str(i) for i in range(1, 41)]
+    for earlier, later in zip(rows, rows[1:]):
+        assert later[1] >= earlier[2]  # default max: one at a time, in id order
+    assert len({r[4] for r in rows}) == 40  # without count/live, each task has a session of its own
+    # The worker that ran a task went on with the next one: no launcher turn between them.
+    handed_on = sum(earlier[3] == later[3] for earlier, later in zip(rows, rows[1:]))
+    assert handed_on >= 30, [r[3] for r in rows]
+
+
+def test_max_holds_while_workers_hand_on_their_slots(running):
+    running.sql("INSERT INTO task (max, input, delete) SELECT 2, 'SELECT pg_sleep(0.01)', false"
+                " FROM generate_series(1, 90)")
+    running.sql("INSERT INTO task (\"group\", input, delete) SELECT 'other', 'SELECT pg_sleep(0.01)', false"
+                " FROM generate_series(1, 20)")
+    running.wait_all_done(60)
+    assert running.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 110
+    assert most_at_once(running.sql("SELECT start, stop FROM task WHERE max = 2")) == 3
+    assert most_at_once(running.sql("SELECT start, stop FROM task WHERE \"group\" = 'other'")) == 1
+
+
+def test_a_higher_max_task_is_taken_next_by_the_worker(running):
+    running.sql("INSERT INTO task (input, delete) SELECT 'SELECT pg_sleep(0.05)', false FROM generate_series(1, 10)")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE state = 'DONE'") >= 2, 20, 0.01, "2 done")
+    urgent = running.insert("SELECT 'urgent'", max=5, delete=False)  # max 5: may run beside the group's others
+    row = running.wait_done(urgent, 20)
+    running.wait_all_done()
+    waiting_then = running.value("SELECT count(*) FROM task WHERE start > %s AND max = 0", [row["start"]])
+    assert waiting_then >= 5
+
+
+def test_a_stopping_launcher_hands_the_group_back(db):
+    launcher = db.launcher()
+    db.sql("INSERT INTO task (input, delete) SELECT 'SELECT pg_sleep(0.02)', false FROM generate_series(1, 300)")
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") >= 5, 20, 0.01, "5 done")
+    assert launcher.stop() == 0, launcher.output()
+    counts = dict(db.sql("SELECT state::text, count(*) FROM task GROUP BY 1"))
+    assert set(counts) == {"DONE", "PLAN"}, counts  # nothing left claimed or running
+    assert counts["PLAN"] > 150  # the worker stopped going on with the group within about a second
