@@ -1,8 +1,11 @@
 """Assemble the scripts of the version in development from sql/src and sql/plpython.
 
 A `{{ a.py b.py }}` line inside a function body is replaced by those files of
-sql/plpython/, in order, followed by `return main()`: each file stays a real,
-lintable Python module while the server gets one self-contained body.
+sql/plpython/, in order, followed by a call of their `main()`: each file stays a
+real, lintable Python module while the server gets one self-contained body.
+PL/Python runs a body anew on every call; the files' definitions (ctypes
+prototypes, classes, functions: about 2 ms) run only on a backend's first call,
+and later calls reuse the `main` kept in SD, with everything it refers to.
 
     python3 sql/build.py install > sql/pg_task_py--1.1.sql
     python3 sql/build.py upgrade 1.0 1.1 > sql/pg_task_py--1.0--1.1.sql
@@ -27,13 +30,15 @@ ROUTINE_FILES = ("30_scheduling.sql", "40_worker.sql", "60_api.sql")
 
 
 def python_body(match: re.Match) -> str:
-    parts = []
+    parts = ['if "pgtaskpy.main" not in SD:  # the first call in this backend defines everything']
     for name in match.group(1).split():
         source = (HERE / "plpython" / name).read_text()
         if "$python$" in source:
             sys.exit(f"{name}: contains the $python$ quote")
-        parts.append(f"# ---- sql/plpython/{name}\n{source}")
-    parts.append("return main()")
+        indented = "\n".join(f"    {line}" if line else "" for line in source.splitlines())
+        parts.append(f"    # ---- sql/plpython/{name}\n{indented}")
+    parts.append('    SD["pgtaskpy.main"] = main')
+    parts.append('return SD["pgtaskpy.main"]()')
     return "\n".join(parts)
 
 

@@ -53,7 +53,9 @@ AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 -- launchers never both fill the last slot of a group.
 CREATE OR REPLACE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer)
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+-- A generic plan, made once per backend: planning this query again on every
+-- claim costs more than running it.
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     due_groups integer[];
@@ -410,937 +412,935 @@ REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
 CREATE OR REPLACE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer, INOUT report jsonb DEFAULT NULL)
 LANGUAGE plpython3u
 AS $python$
-# ---- sql/plpython/plans.py
-"""Prepared plans shared by the PL/Python entry points (pasted first into each body).
+if "pgtaskpy.main" not in SD:  # the first call in this backend defines everything
+    # ---- sql/plpython/plans.py
+    """Prepared plans shared by the PL/Python entry points (pasted first into each body).
 
-Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
-the schemas are looked up at run time rather than pasted in by CREATE
-EXTENSION, where a schema name that needs quotes would break the Python source.
-"""
-
-
-def schema_of(extension):
-    """The schema an extension lives in, quoted, looked up once per backend."""
-    key = "schema:" + extension
-    if key not in SD:
-        SD[key] = plpy.execute(
-            "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
-            " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
-            " WHERE e.extname = " + plpy.quote_literal(extension)
-        )[0]["s"]
-    return SD[key]
+    Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
+    the schemas are looked up at run time rather than pasted in by CREATE
+    EXTENSION, where a schema name that needs quotes would break the Python source.
+    """
 
 
-def prepared(name, query, types=()):
-    """A plan prepared once per backend (SD lives as long as it)."""
-    if name not in SD:
-        query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
-        if "dblink." in query:
-            query = query.replace("dblink.", schema_of("dblink") + ".")
-        SD[name] = plpy.prepare(query, list(types))
-    return SD[name]
+    def schema_of(extension):
+        """The schema an extension lives in, quoted, looked up once per backend."""
+        key = "schema:" + extension
+        if key not in SD:
+            SD[key] = plpy.execute(
+                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
+                " WHERE e.extname = " + plpy.quote_literal(extension)
+            )[0]["s"]
+        return SD[key]
 
 
-def run(name, query, types=(), args=()):
-    return plpy.execute(prepared(name, query, types), list(args))
-
-# ---- sql/plpython/libpq.py
-"""A small libpq client for the worker, loaded with ctypes.
-
-Why libpq and not SPI or dblink: a task's input must arrive at a backend as
-one top-level simple query (so VACUUM, CREATE DATABASE and procedures that
-COMMIT work, as in pg_task), and every result of a multi-statement input must
-be read with its column names and types.  SPI sees only the last result and
-never runs at top level; dblink_get_result needs the column list in advance.
-libpq is on every PostgreSQL server (dblink links it), so no package is needed.
-"""
-
-import ctypes
-import ctypes.util
-import select
-
-_lib = ctypes.CDLL(ctypes.util.find_library("pq") or "libpq.so.5")
-
-_P = ctypes.c_void_p
-_S = ctypes.c_char_p
-_I = ctypes.c_int
+    def prepared(name, query, types=()):
+        """A plan prepared once per backend (SD lives as long as it)."""
+        if name not in SD:
+            query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
+            if "dblink." in query:
+                query = query.replace("dblink.", schema_of("dblink") + ".")
+            SD[name] = plpy.prepare(query, list(types))
+        return SD[name]
 
 
-def _fn(name, restype, *argtypes):
-    function = getattr(_lib, name)
-    function.restype = restype
-    function.argtypes = list(argtypes)
-    return function
+    def run(name, query, types=(), args=()):
+        return plpy.execute(prepared(name, query, types), list(args))
+    # ---- sql/plpython/libpq.py
+    """A small libpq client for the worker, loaded with ctypes.
+
+    Why libpq and not SPI or dblink: a task's input must arrive at a backend as
+    one top-level simple query (so VACUUM, CREATE DATABASE and procedures that
+    COMMIT work, as in pg_task), and every result of a multi-statement input must
+    be read with its column names and types.  SPI sees only the last result and
+    never runs at top level; dblink_get_result needs the column list in advance.
+    libpq is on every PostgreSQL server (dblink links it), so no package is needed.
+    """
+
+    import ctypes
+    import ctypes.util
+    import select
+
+    _lib = ctypes.CDLL(ctypes.util.find_library("pq") or "libpq.so.5")
+
+    _P = ctypes.c_void_p
+    _S = ctypes.c_char_p
+    _I = ctypes.c_int
 
 
-PQconnectdbParams = _fn("PQconnectdbParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
-PQconnectStartParams = _fn("PQconnectStartParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
-PQconnectPoll = _fn("PQconnectPoll", _I, _P)
-PQstatus = _fn("PQstatus", _I, _P)
-PQerrorMessage = _fn("PQerrorMessage", _S, _P)
-PQfinish = _fn("PQfinish", None, _P)
-PQbackendPID = _fn("PQbackendPID", _I, _P)
-PQsocket = _fn("PQsocket", _I, _P)
-PQsendQuery = _fn("PQsendQuery", _I, _P, _S)
-PQsendQueryParams = _fn(
-    "PQsendQueryParams", _I, _P, _S, _I, _P, ctypes.POINTER(_S), _P, _P, _I
-)
-PQconsumeInput = _fn("PQconsumeInput", _I, _P)
-PQisBusy = _fn("PQisBusy", _I, _P)
-PQgetResult = _fn("PQgetResult", _P, _P)
-PQsetSingleRowMode = _fn("PQsetSingleRowMode", _I, _P)
-PQresultStatus = _fn("PQresultStatus", _I, _P)
-PQntuples = _fn("PQntuples", _I, _P)
-PQnfields = _fn("PQnfields", _I, _P)
-PQfname = _fn("PQfname", _P, _P, _I)
-PQftype = _fn("PQftype", ctypes.c_uint, _P, _I)
-PQgetvalue = _fn("PQgetvalue", _P, _P, _I, _I)
-PQgetlength = _fn("PQgetlength", _I, _P, _I, _I)
-PQgetisnull = _fn("PQgetisnull", _I, _P, _I, _I)
-PQcmdStatus = _fn("PQcmdStatus", _P, _P)
-PQresultErrorField = _fn("PQresultErrorField", _P, _P, _I)
-PQclear = _fn("PQclear", None, _P)
-PQtransactionStatus = _fn("PQtransactionStatus", _I, _P)
-PQputCopyEnd = _fn("PQputCopyEnd", _I, _P, _S)
-PQgetCopyData = _fn("PQgetCopyData", _I, _P, ctypes.POINTER(_P), _I)
-PQfreemem = _fn("PQfreemem", None, _P)
-PQconnectionUsedPassword = _fn("PQconnectionUsedPassword", _I, _P)
-PQgetCancel = _fn("PQgetCancel", _P, _P)
-PQcancel = _fn("PQcancel", _I, _P, _S, _I)
-PQfreeCancel = _fn("PQfreeCancel", None, _P)
-NoticeReceiver = ctypes.CFUNCTYPE(None, _P, _P)
+    def _fn(name, restype, *argtypes):
+        function = getattr(_lib, name)
+        function.restype = restype
+        function.argtypes = list(argtypes)
+        return function
 
 
-class PQconninfoOption(ctypes.Structure):
-    _fields_ = [("keyword", _S), ("envvar", _S), ("compiled", _S), ("val", _S),
-                ("label", _S), ("dispchar", _S), ("dispsize", _I)]
+    PQconnectdbParams = _fn("PQconnectdbParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
+    PQconnectStartParams = _fn("PQconnectStartParams", _P, ctypes.POINTER(_S), ctypes.POINTER(_S), _I)
+    PQconnectPoll = _fn("PQconnectPoll", _I, _P)
+    PQstatus = _fn("PQstatus", _I, _P)
+    PQerrorMessage = _fn("PQerrorMessage", _S, _P)
+    PQfinish = _fn("PQfinish", None, _P)
+    PQbackendPID = _fn("PQbackendPID", _I, _P)
+    PQsocket = _fn("PQsocket", _I, _P)
+    PQsendQuery = _fn("PQsendQuery", _I, _P, _S)
+    PQsendQueryParams = _fn(
+        "PQsendQueryParams", _I, _P, _S, _I, _P, ctypes.POINTER(_S), _P, _P, _I
+    )
+    PQconsumeInput = _fn("PQconsumeInput", _I, _P)
+    PQisBusy = _fn("PQisBusy", _I, _P)
+    PQgetResult = _fn("PQgetResult", _P, _P)
+    PQsetSingleRowMode = _fn("PQsetSingleRowMode", _I, _P)
+    PQresultStatus = _fn("PQresultStatus", _I, _P)
+    PQntuples = _fn("PQntuples", _I, _P)
+    PQnfields = _fn("PQnfields", _I, _P)
+    PQfname = _fn("PQfname", _P, _P, _I)
+    PQftype = _fn("PQftype", ctypes.c_uint, _P, _I)
+    PQgetvalue = _fn("PQgetvalue", _P, _P, _I, _I)
+    PQgetlength = _fn("PQgetlength", _I, _P, _I, _I)
+    PQgetisnull = _fn("PQgetisnull", _I, _P, _I, _I)
+    PQcmdStatus = _fn("PQcmdStatus", _P, _P)
+    PQresultErrorField = _fn("PQresultErrorField", _P, _P, _I)
+    PQclear = _fn("PQclear", None, _P)
+    PQtransactionStatus = _fn("PQtransactionStatus", _I, _P)
+    PQputCopyEnd = _fn("PQputCopyEnd", _I, _P, _S)
+    PQgetCopyData = _fn("PQgetCopyData", _I, _P, ctypes.POINTER(_P), _I)
+    PQfreemem = _fn("PQfreemem", None, _P)
+    PQconnectionUsedPassword = _fn("PQconnectionUsedPassword", _I, _P)
+    PQgetCancel = _fn("PQgetCancel", _P, _P)
+    PQcancel = _fn("PQcancel", _I, _P, _S, _I)
+    PQfreeCancel = _fn("PQfreeCancel", None, _P)
+    NoticeReceiver = ctypes.CFUNCTYPE(None, _P, _P)
 
 
-PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
-PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
-PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
-
-CONNECTION_OK, CONNECTION_BAD = 0, 1
-PGRES_POLLING_FAILED, PGRES_POLLING_READING, PGRES_POLLING_WRITING, PGRES_POLLING_OK = 0, 1, 2, 3
-PGRES_EMPTY_QUERY, PGRES_COMMAND_OK, PGRES_TUPLES_OK = 0, 1, 2
-PGRES_COPY_OUT, PGRES_COPY_IN = 3, 4
-PGRES_FATAL_ERROR = 7
-PGRES_COPY_BOTH, PGRES_SINGLE_TUPLE = 8, 9
-PQTRANS_INTRANS, PQTRANS_INERROR = 2, 3
-
-# Error fields, from postgres_ext.h.
-PG_DIAG_SEVERITY = ord("S")
-PG_DIAG_SEVERITY_NONLOCALIZED = ord("V")
-PG_DIAG_MESSAGE_PRIMARY = ord("M")
-PG_DIAG_MESSAGE_DETAIL = ord("D")
-PG_DIAG_MESSAGE_HINT = ord("H")
-PG_DIAG_CONTEXT = ord("W")
+    class PQconninfoOption(ctypes.Structure):
+        _fields_ = [("keyword", _S), ("envvar", _S), ("compiled", _S), ("val", _S),
+                    ("label", _S), ("dispchar", _S), ("dispsize", _I)]
 
 
-def _text(pointer, length=None):
-    """Decode a C string from libpq; invalid UTF-8 is kept visible, never fatal."""
-    if not pointer:
-        return None
-    raw = ctypes.string_at(pointer, length) if length is not None else ctypes.string_at(pointer)
-    return raw.decode("utf-8", "replace")
+    PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
+    PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
+    PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
+
+    CONNECTION_OK, CONNECTION_BAD = 0, 1
+    PGRES_POLLING_FAILED, PGRES_POLLING_READING, PGRES_POLLING_WRITING, PGRES_POLLING_OK = 0, 1, 2, 3
+    PGRES_EMPTY_QUERY, PGRES_COMMAND_OK, PGRES_TUPLES_OK = 0, 1, 2
+    PGRES_COPY_OUT, PGRES_COPY_IN = 3, 4
+    PGRES_FATAL_ERROR = 7
+    PGRES_COPY_BOTH, PGRES_SINGLE_TUPLE = 8, 9
+    PQTRANS_INTRANS, PQTRANS_INERROR = 2, 3
+
+    # Error fields, from postgres_ext.h.
+    PG_DIAG_SEVERITY = ord("S")
+    PG_DIAG_SEVERITY_NONLOCALIZED = ord("V")
+    PG_DIAG_MESSAGE_PRIMARY = ord("M")
+    PG_DIAG_MESSAGE_DETAIL = ord("D")
+    PG_DIAG_MESSAGE_HINT = ord("H")
+    PG_DIAG_CONTEXT = ord("W")
 
 
-class ConnectError(Exception):
-    """The task's session could not be opened: libpq's message."""
+    def _text(pointer, length=None):
+        """Decode a C string from libpq; invalid UTF-8 is kept visible, never fatal."""
+        if not pointer:
+            return None
+        raw = ctypes.string_at(pointer, length) if length is not None else ctypes.string_at(pointer)
+        return raw.decode("utf-8", "replace")
 
 
-# PL/Python runs this body anew on every call, defining new classes each time,
-# while sessions kept in GD raise the class of the call that made them: one
-# class for the life of the backend keeps `except ConnectError` catching both.
-ConnectError = GD.setdefault("pgtaskpy.ConnectError", ConnectError)
+    class ConnectError(Exception):
+        """The task's session could not be opened: libpq's message."""
 
 
-def conninfo_options(conninfo):
-    """The options a conninfo string or URI sets, {keyword: value}; ConnectError if it is malformed."""
-    error = _P()
-    options = PQconninfoParse(conninfo.encode(), ctypes.byref(error))
-    if not options:
-        message = _text(error.value) if error.value else "out of memory"
-        if error.value:
-            PQfreemem(error)
-        raise ConnectError((message or "invalid connection string").strip())
-    try:
-        found = {}
-        i = 0
-        while options[i].keyword is not None:
-            if options[i].val is not None:
-                found[options[i].keyword.decode()] = options[i].val.decode("utf-8", "replace")
-            i += 1
-        return found
-    finally:
-        PQconninfoFree(options)
+    # PL/Python runs this body anew on every call, defining new classes each time,
+    # while sessions kept in GD raise the class of the call that made them: one
+    # class for the life of the backend keeps `except ConnectError` catching both.
+    ConnectError = GD.setdefault("pgtaskpy.ConnectError", ConnectError)
 
 
-class Result:
-    """One PGresult, freed when the with-block ends."""
+    def conninfo_options(conninfo):
+        """The options a conninfo string or URI sets, {keyword: value}; ConnectError if it is malformed."""
+        error = _P()
+        options = PQconninfoParse(conninfo.encode(), ctypes.byref(error))
+        if not options:
+            message = _text(error.value) if error.value else "out of memory"
+            if error.value:
+                PQfreemem(error)
+            raise ConnectError((message or "invalid connection string").strip())
+        try:
+            found = {}
+            i = 0
+            while options[i].keyword is not None:
+                if options[i].val is not None:
+                    found[options[i].keyword.decode()] = options[i].val.decode("utf-8", "replace")
+                i += 1
+            return found
+        finally:
+            PQconninfoFree(options)
 
-    def __init__(self, handle):
-        self.handle = handle
 
-    def __enter__(self):
-        return self
+    class Result:
+        """One PGresult, freed when the with-block ends."""
 
-    def __exit__(self, *exc):
-        PQclear(self.handle)
+        def __init__(self, handle):
+            self.handle = handle
 
-    @property
-    def status(self):
-        return PQresultStatus(self.handle)
+        def __enter__(self):
+            return self
 
-    def field(self, code):
-        return _text(PQresultErrorField(self.handle, code))
+        def __exit__(self, *exc):
+            PQclear(self.handle)
 
-    def columns(self):
-        return [
-            (_text(PQfname(self.handle, c)), PQftype(self.handle, c))
-            for c in range(PQnfields(self.handle))
-        ]
+        @property
+        def status(self):
+            return PQresultStatus(self.handle)
 
-    def rows(self):
-        """Each row as a list of str, None for NULL."""
-        handle = self.handle
-        ncolumns = PQnfields(handle)
-        for r in range(PQntuples(handle)):
-            yield [
-                None
-                if PQgetisnull(handle, r, c)
-                else _text(PQgetvalue(handle, r, c), PQgetlength(handle, r, c))
-                for c in range(ncolumns)
+        def field(self, code):
+            return _text(PQresultErrorField(self.handle, code))
+
+        def columns(self):
+            return [
+                (_text(PQfname(self.handle, c)), PQftype(self.handle, c))
+                for c in range(PQnfields(self.handle))
             ]
 
-    def command_tag(self):
-        return _text(PQcmdStatus(self.handle)) or ""
+        def rows(self):
+            """Each row as a list of str, None for NULL."""
+            handle = self.handle
+            ncolumns = PQnfields(handle)
+            for r in range(PQntuples(handle)):
+                yield [
+                    None
+                    if PQgetisnull(handle, r, c)
+                    else _text(PQgetvalue(handle, r, c), PQgetlength(handle, r, c))
+                    for c in range(ncolumns)
+                ]
+
+        def command_tag(self):
+            return _text(PQcmdStatus(self.handle)) or ""
 
 
-class Session:
-    """A libpq connection that runs one query at a time and yields its results."""
+    class Session:
+        """A libpq connection that runs one query at a time and yields its results."""
 
-    def __init__(self, keywords, wait=True):
-        """Connect; with wait=False only start to, and let advance()/wait_connected() go on.
+        def __init__(self, keywords, wait=True):
+            """Connect; with wait=False only start to, and let advance()/wait_connected() go on.
 
-        A new backend takes milliseconds to start, most of them in the server:
-        a session started early is ready by the time a task needs it.
-        """
-        keys = [k.encode() for k in keywords] + [None]
-        values = [str(v).encode() for v in keywords.values()] + [None]
-        start = PQconnectdbParams if wait else PQconnectStartParams
-        self.handle = start((_S * len(keys))(*keys), (_S * len(values))(*values), 1)
-        if not self.handle:
-            raise ConnectError("out of memory")
-        self.notices = []
-        # Kept on self: ctypes must not collect the callback while libpq holds it.
-        self._receiver = NoticeReceiver(self._on_notice)
-        self._polling = None if wait else PGRES_POLLING_WRITING
-        if wait or PQstatus(self.handle) == CONNECTION_BAD:
-            self._connected()
-
-    def _connected(self):
-        """Raise libpq's message if the connection failed; else make the session usable."""
-        self._polling = None
-        if PQstatus(self.handle) != CONNECTION_OK:
-            message = _text(PQerrorMessage(self.handle)).strip()
-            self.close()
-            raise ConnectError(message)
-        PQsetNoticeReceiver(self.handle, self._receiver, None)
-
-    def advance(self, timeout=0.0):
-        """Take the connection attempt a step on if its socket is ready; True once it is done."""
-        while self._polling is not None:
-            socket = PQsocket(self.handle)
-            reading = self._polling == PGRES_POLLING_READING
-            ready = select.select([socket] if reading else [], [] if reading else [socket], [], timeout)
-            if not ready[0] and not ready[1]:
-                return False
-            self._polling = PQconnectPoll(self.handle)
-            if self._polling in (PGRES_POLLING_OK, PGRES_POLLING_FAILED):
+            A new backend takes milliseconds to start, most of them in the server:
+            a session started early is ready by the time a task needs it.
+            """
+            keys = [k.encode() for k in keywords] + [None]
+            values = [str(v).encode() for v in keywords.values()] + [None]
+            start = PQconnectdbParams if wait else PQconnectStartParams
+            self.handle = start((_S * len(keys))(*keys), (_S * len(values))(*values), 1)
+            if not self.handle:
+                raise ConnectError("out of memory")
+            self.notices = []
+            # Kept on self: ctypes must not collect the callback while libpq holds it.
+            self._receiver = NoticeReceiver(self._on_notice)
+            self._polling = None if wait else PGRES_POLLING_WRITING
+            if wait or PQstatus(self.handle) == CONNECTION_BAD:
                 self._connected()
-        return True
 
-    def wait_connected(self, timeout=60.0):
-        """Block until the connection attempt ends; ConnectError if it failed."""
-        if not self.advance(timeout) and self._polling is not None:
-            self.close()
-            raise ConnectError("timeout expired while connecting")
+        def _connected(self):
+            """Raise libpq's message if the connection failed; else make the session usable."""
+            self._polling = None
+            if PQstatus(self.handle) != CONNECTION_OK:
+                message = _text(PQerrorMessage(self.handle)).strip()
+                self.close()
+                raise ConnectError(message)
+            PQsetNoticeReceiver(self.handle, self._receiver, None)
 
-    def _on_notice(self, _arg, handle):
-        # libpq frees the notice's PGresult when this returns: copy the text now.
-        notice = Result(handle)
-        lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}"]
-        for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
-            value = notice.field(code)
+        def advance(self, timeout=0.0):
+            """Take the connection attempt a step on if its socket is ready; True once it is done."""
+            while self._polling is not None:
+                socket = PQsocket(self.handle)
+                reading = self._polling == PGRES_POLLING_READING
+                ready = select.select([socket] if reading else [], [] if reading else [socket], [], timeout)
+                if not ready[0] and not ready[1]:
+                    return False
+                self._polling = PQconnectPoll(self.handle)
+                if self._polling in (PGRES_POLLING_OK, PGRES_POLLING_FAILED):
+                    self._connected()
+            return True
+
+        def wait_connected(self, timeout=60.0):
+            """Block until the connection attempt ends; ConnectError if it failed."""
+            if not self.advance(timeout) and self._polling is not None:
+                self.close()
+                raise ConnectError("timeout expired while connecting")
+
+        def _on_notice(self, _arg, handle):
+            # libpq frees the notice's PGresult when this returns: copy the text now.
+            notice = Result(handle)
+            lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}"]
+            for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
+                value = notice.field(code)
+                if value:
+                    lines.append(f"{label}:  {value}")
+            self.notices.append("\n".join(lines))
+
+        def close(self):
+            if self.handle:
+                PQfinish(self.handle)
+                self.handle = None
+
+        @property
+        def ok(self):
+            """Connected (or still connecting) and not broken."""
+            return bool(self.handle) and (self._polling is not None or PQstatus(self.handle) == CONNECTION_OK)
+
+        @property
+        def pid(self):
+            return PQbackendPID(self.handle)
+
+        @property
+        def used_password(self):
+            return bool(PQconnectionUsedPassword(self.handle))
+
+        @property
+        def transaction_status(self):
+            return PQtransactionStatus(self.handle)
+
+        def error_message(self):
+            return (_text(PQerrorMessage(self.handle)) or "").strip()
+
+        def cancel(self):
+            """Ask the server to cancel the running query (safe from any thread)."""
+            cancel = PQgetCancel(self.handle)
+            if cancel:
+                buffer = ctypes.create_string_buffer(256)
+                PQcancel(cancel, buffer, 256)
+                PQfreeCancel(cancel)
+
+        def send(self, query, params=None):
+            if params is None:
+                sent = PQsendQuery(self.handle, query.encode())
+            else:
+                values = [None if p is None else str(p).encode() for p in params]
+                sent = PQsendQueryParams(
+                    self.handle, query.encode(), len(values), None,
+                    (_S * len(values))(*values), None, None, 0,
+                )
+            if not sent:
+                raise ConnectError(self.error_message())
+            # One row at a time keeps a worker's memory flat on huge results.
+            PQsetSingleRowMode(self.handle)
+
+        def results(self, on_wait=None, wait_step=1.0):
+            """Yield each PGresult of the query sent last, until libpq has none left.
+
+            Waits on the socket rather than in libpq, so that `on_wait` runs every
+            `wait_step` seconds while the query runs.
+            """
+            while True:
+                while PQisBusy(self.handle):
+                    readable, _, _ = select.select([PQsocket(self.handle)], [], [], wait_step)
+                    if not readable:
+                        if on_wait is not None:
+                            on_wait()
+                        continue
+                    if not PQconsumeInput(self.handle):
+                        break
+                handle = PQgetResult(self.handle)
+                if not handle:
+                    return
+                yield Result(handle)
+
+        def finish_copy(self, status):
+            """End a COPY the task started: refuse COPY FROM STDIN, drain COPY TO STDOUT."""
+            if status == PGRES_COPY_IN:
+                PQputCopyEnd(self.handle, b"COPY FROM STDIN is not supported")
+                return
+            buffer = _P()
+            while PQgetCopyData(self.handle, ctypes.byref(buffer), 0) > 0:
+                PQfreemem(buffer)
+
+        def execute(self, query, params=None):
+            """Run a query of the worker's own and raise on error; return the last rows."""
+            self.send(query, params)
+            return self.collect()
+
+        def collect(self):
+            """The rows of the query sent last (by send); ConnectError if it failed."""
+            rows, error = [], None
+            for result in self.results():
+                with result:
+                    if result.status == PGRES_FATAL_ERROR:
+                        error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
+                    rows.extend(result.rows())
+            if error:
+                raise ConnectError(error)
+            return rows
+    # ---- sql/plpython/output.py
+    """How a task's results and errors are written into `output` and `error`, as pg_task does.
+
+    Output: every statement that returns rows adds its rows (columns joined by
+    `delimiter`, rows by newline, a header line of column names when `header` is
+    set and the result has more than one column); a statement without rows adds its
+    command tag (`DELETE 0`); NULL prints as `null`.  With a `quote`, values are
+    quoted and `quote`/`escape` characters inside them are escaped; with `string`
+    only string-typed values (type category S) are quoted, header names always.
+
+    Error: as the server log prints it, `ERROR:  message`, then DETAIL, HINT and
+    CONTEXT lines where present, then `STATEMENT:  <input>`.
+    """
+
+    from typing import TYPE_CHECKING
+
+    if TYPE_CHECKING:  # assembled into one function body with libpq.py by sql/build.py
+        from libpq import (
+            PG_DIAG_CONTEXT,
+            PG_DIAG_MESSAGE_DETAIL,
+            PG_DIAG_MESSAGE_HINT,
+            PG_DIAG_MESSAGE_PRIMARY,
+            PG_DIAG_SEVERITY,
+        )
+
+
+    class OutputTooLarge(Exception):
+        """The output passed the task's byte limit."""
+
+
+    class OutputWriter:
+        """Collects the formatted lines of one task, bounded by `limit` characters."""
+
+        def __init__(self, task, is_string_type, limit):
+            self.delimiter = task["delimiter"]
+            self.quote = task["quote"] or ""
+            self.escape = task["escape"] or ""
+            self.null = task["null"]
+            self.header = task["header"]
+            self.string = task["string"]
+            self.is_string_type = is_string_type
+            self.limit = limit
+            self.lines = []
+            self.size = 0
+            self.columns = None  # the result set being read, None between sets
+
+        def _add(self, line):
+            self.size += len(line) + 1
+            if self.limit and self.size > self.limit:
+                raise OutputTooLarge(f"task output exceeds {self.limit} characters")
+            self.lines.append(line)
+
+        def _quoted(self, value):
+            if self.escape:
+                value = "".join(
+                    self.escape + ch if ch in (self.quote, self.escape) else ch for ch in value
+                )
+            return f"{self.quote}{value}{self.quote}"
+
+        def _cell(self, value, quoted):
+            if value is None:
+                return self.null
+            return self._quoted(value) if quoted else value
+
+        def rows(self, columns, rows):
+            """Add rows of a result set; the header goes before its first row."""
+            if self.columns is None:
+                self.columns = columns
+                self.quoted = [
+                    bool(self.quote) and (not self.string or self.is_string_type(oid))
+                    for _, oid in columns
+                ]
+                self.pending_header = self.header and len(columns) > 1
+            for row in rows:
+                if self.pending_header:
+                    self.pending_header = False
+                    names = [self._quoted(name) if self.quote else name for name, _ in columns]
+                    self._add(self.delimiter.join(names))
+                self._add(self.delimiter.join(map(self._cell, row, self.quoted)))
+
+        def end_rows(self):
+            self.columns = None
+
+        def command(self, tag):
+            self._add(tag)
+
+        def text(self):
+            """The output column: None when the task produced nothing at all."""
+            return "\n".join(self.lines) if self.lines else None
+
+
+    def format_error(result, statement, fallback=""):
+        """An error result as the server log prints it, ending with the statement."""
+        severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
+        lines = [f"{severity}:  {result.field(PG_DIAG_MESSAGE_PRIMARY) or fallback}"]
+        for label, code in (
+            ("DETAIL", PG_DIAG_MESSAGE_DETAIL),
+            ("HINT", PG_DIAG_MESSAGE_HINT),
+            ("CONTEXT", PG_DIAG_CONTEXT),
+        ):
+            value = result.field(code)
             if value:
                 lines.append(f"{label}:  {value}")
-        self.notices.append("\n".join(lines))
-
-    def close(self):
-        if self.handle:
-            PQfinish(self.handle)
-            self.handle = None
-
-    @property
-    def ok(self):
-        """Connected (or still connecting) and not broken."""
-        return bool(self.handle) and (self._polling is not None or PQstatus(self.handle) == CONNECTION_OK)
-
-    @property
-    def pid(self):
-        return PQbackendPID(self.handle)
-
-    @property
-    def used_password(self):
-        return bool(PQconnectionUsedPassword(self.handle))
-
-    @property
-    def transaction_status(self):
-        return PQtransactionStatus(self.handle)
-
-    def error_message(self):
-        return (_text(PQerrorMessage(self.handle)) or "").strip()
-
-    def cancel(self):
-        """Ask the server to cancel the running query (safe from any thread)."""
-        cancel = PQgetCancel(self.handle)
-        if cancel:
-            buffer = ctypes.create_string_buffer(256)
-            PQcancel(cancel, buffer, 256)
-            PQfreeCancel(cancel)
-
-    def send(self, query, params=None):
-        if params is None:
-            sent = PQsendQuery(self.handle, query.encode())
-        else:
-            values = [None if p is None else str(p).encode() for p in params]
-            sent = PQsendQueryParams(
-                self.handle, query.encode(), len(values), None,
-                (_S * len(values))(*values), None, None, 0,
-            )
-        if not sent:
-            raise ConnectError(self.error_message())
-        # One row at a time keeps a worker's memory flat on huge results.
-        PQsetSingleRowMode(self.handle)
-
-    def results(self, on_wait=None, wait_step=1.0):
-        """Yield each PGresult of the query sent last, until libpq has none left.
-
-        Waits on the socket rather than in libpq, so that `on_wait` runs every
-        `wait_step` seconds while the query runs.
-        """
-        while True:
-            while PQisBusy(self.handle):
-                readable, _, _ = select.select([PQsocket(self.handle)], [], [], wait_step)
-                if not readable:
-                    if on_wait is not None:
-                        on_wait()
-                    continue
-                if not PQconsumeInput(self.handle):
-                    break
-            handle = PQgetResult(self.handle)
-            if not handle:
-                return
-            yield Result(handle)
-
-    def finish_copy(self, status):
-        """End a COPY the task started: refuse COPY FROM STDIN, drain COPY TO STDOUT."""
-        if status == PGRES_COPY_IN:
-            PQputCopyEnd(self.handle, b"COPY FROM STDIN is not supported")
-            return
-        buffer = _P()
-        while PQgetCopyData(self.handle, ctypes.byref(buffer), 0) > 0:
-            PQfreemem(buffer)
-
-    def execute(self, query, params=None):
-        """Run a query of the worker's own and raise on error; return the last rows."""
-        self.send(query, params)
-        return self.collect()
-
-    def collect(self):
-        """The rows of the query sent last (by send); ConnectError if it failed."""
-        rows, error = [], None
-        for result in self.results():
-            with result:
-                if result.status == PGRES_FATAL_ERROR:
-                    error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
-                rows.extend(result.rows())
-        if error:
-            raise ConnectError(error)
-        return rows
-
-# ---- sql/plpython/output.py
-"""How a task's results and errors are written into `output` and `error`, as pg_task does.
-
-Output: every statement that returns rows adds its rows (columns joined by
-`delimiter`, rows by newline, a header line of column names when `header` is
-set and the result has more than one column); a statement without rows adds its
-command tag (`DELETE 0`); NULL prints as `null`.  With a `quote`, values are
-quoted and `quote`/`escape` characters inside them are escaped; with `string`
-only string-typed values (type category S) are quoted, header names always.
-
-Error: as the server log prints it, `ERROR:  message`, then DETAIL, HINT and
-CONTEXT lines where present, then `STATEMENT:  <input>`.
-"""
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # assembled into one function body with libpq.py by sql/build.py
-    from libpq import (
-        PG_DIAG_CONTEXT,
-        PG_DIAG_MESSAGE_DETAIL,
-        PG_DIAG_MESSAGE_HINT,
-        PG_DIAG_MESSAGE_PRIMARY,
-        PG_DIAG_SEVERITY,
-    )
-
-
-class OutputTooLarge(Exception):
-    """The output passed the task's byte limit."""
-
-
-class OutputWriter:
-    """Collects the formatted lines of one task, bounded by `limit` characters."""
-
-    def __init__(self, task, is_string_type, limit):
-        self.delimiter = task["delimiter"]
-        self.quote = task["quote"] or ""
-        self.escape = task["escape"] or ""
-        self.null = task["null"]
-        self.header = task["header"]
-        self.string = task["string"]
-        self.is_string_type = is_string_type
-        self.limit = limit
-        self.lines = []
-        self.size = 0
-        self.columns = None  # the result set being read, None between sets
-
-    def _add(self, line):
-        self.size += len(line) + 1
-        if self.limit and self.size > self.limit:
-            raise OutputTooLarge(f"task output exceeds {self.limit} characters")
-        self.lines.append(line)
-
-    def _quoted(self, value):
-        if self.escape:
-            value = "".join(
-                self.escape + ch if ch in (self.quote, self.escape) else ch for ch in value
-            )
-        return f"{self.quote}{value}{self.quote}"
-
-    def _cell(self, value, quoted):
-        if value is None:
-            return self.null
-        return self._quoted(value) if quoted else value
-
-    def rows(self, columns, rows):
-        """Add rows of a result set; the header goes before its first row."""
-        if self.columns is None:
-            self.columns = columns
-            self.quoted = [
-                bool(self.quote) and (not self.string or self.is_string_type(oid))
-                for _, oid in columns
-            ]
-            self.pending_header = self.header and len(columns) > 1
-        for row in rows:
-            if self.pending_header:
-                self.pending_header = False
-                names = [self._quoted(name) if self.quote else name for name, _ in columns]
-                self._add(self.delimiter.join(names))
-            self._add(self.delimiter.join(map(self._cell, row, self.quoted)))
-
-    def end_rows(self):
-        self.columns = None
-
-    def command(self, tag):
-        self._add(tag)
-
-    def text(self):
-        """The output column: None when the task produced nothing at all."""
-        return "\n".join(self.lines) if self.lines else None
-
-
-def format_error(result, statement, fallback=""):
-    """An error result as the server log prints it, ending with the statement."""
-    severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
-    lines = [f"{severity}:  {result.field(PG_DIAG_MESSAGE_PRIMARY) or fallback}"]
-    for label, code in (
-        ("DETAIL", PG_DIAG_MESSAGE_DETAIL),
-        ("HINT", PG_DIAG_MESSAGE_HINT),
-        ("CONTEXT", PG_DIAG_CONTEXT),
-    ):
-        value = result.field(code)
-        if value:
-            lines.append(f"{label}:  {value}")
-    lines.append(f"STATEMENT:  {statement}")
-    return "\n".join(lines)
-
-
-def format_message(message, statement, hint=None):
-    """An error of the scheduler's own (no PGresult), in the same layout."""
-    lines = [f"ERROR:  {message}"]
-    if hint:
-        lines.append(f"HINT:  {hint}")
-    if statement is not None:
         lines.append(f"STATEMENT:  {statement}")
-    return "\n".join(lines)
-
-# ---- sql/plpython/run_task.py
-"""Body of PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer, INOUT report jsonb).
-
-Runs in a worker backend that the launcher's session opened with dblink and
-sent `CALL pgtaskpy.run_task(...)` to (pg_background-style), so the
-launcher never waits for a task.  The worker opens the task's own session
-with libpq, logged in as the task's owner (or to `remote`), marks the task
-WORK, commits, sends the input as one top-level query, writes output and
-error, and commits the end state.
-
-In the same transaction as that end, the worker claims its group's next due
-task if the group has room (pgtaskpy.claim_next_in_group) and goes on with
-it, for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  The
-session is kept in GD for the next task of the same owner, remote and group
-when `count`/`live` allow reuse; otherwise each task gets a new session,
-started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
-the task before it does.
-"""
-
-import json
-import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
-    from libpq import (
-        PGRES_COMMAND_OK,
-        PGRES_COPY_BOTH,
-        PGRES_COPY_IN,
-        PGRES_COPY_OUT,
-        PGRES_FATAL_ERROR,
-        PGRES_SINGLE_TUPLE,
-        PGRES_TUPLES_OK,
-        PQTRANS_INERROR,
-        PQTRANS_INTRANS,
-        ConnectError,
-        Session,
-        conninfo_options,
-    )
-    from output import OutputTooLarge, OutputWriter, format_error, format_message
-    from plans import prepared
+        return "\n".join(lines)
 
 
-SESSION_KEY = "pgtaskpy.session"
-FRESH_KEY = "pgtaskpy.fresh_sessions"
-INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
-CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
-FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
-# A server that cannot take the task's session now, but will: the task waits.
-BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
-               "the database system is shutting down", "the database system is not yet accepting connections")
+    def format_message(message, statement, hint=None):
+        """An error of the scheduler's own (no PGresult), in the same layout."""
+        lines = [f"ERROR:  {message}"]
+        if hint:
+            lines.append(f"HINT:  {hint}")
+        if statement is not None:
+            lines.append(f"STATEMENT:  {statement}")
+        return "\n".join(lines)
+    # ---- sql/plpython/run_task.py
+    """Body of PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer, INOUT report jsonb).
 
+    Runs in a worker backend that the launcher's session opened with dblink and
+    sent `CALL pgtaskpy.run_task(...)` to (pg_background-style), so the
+    launcher never waits for a task.  The worker opens the task's own session
+    with libpq, logged in as the task's owner (or to `remote`), marks the task
+    WORK, commits, sends the input as one top-level query, writes output and
+    error, and commits the end state.
 
-def take_task(task_id, claimer):
-    """The task's row, locked, if it is still claimed by `claimer` (the launcher's session or this worker).
-
-    Locked by id alone: the launcher's claim may not have committed yet, and a
-    row lock waits for it, where a snapshot would show the row still in PLAN.
+    In the same transaction as that end, the worker claims its group's next due
+    task if the group has room (pgtaskpy.claim_next_in_group) and goes on with
+    it, for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  The
+    session is kept in GD for the next task of the same owner, remote and group
+    when `count`/`live` allow reuse; otherwise each task gets a new session,
+    started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
+    the task before it does.
     """
-    rows = plpy.execute(
-        prepared(
-            "take",
-            "SELECT id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
-            "       header, string, delimiter, quote, escape, \"null\","
-            "       extract(epoch FROM timeout)::float8 AS timeout_s,"
-            "       extract(epoch FROM live)::float8 AS live_s"
-            " FROM {ext}.task WHERE id = $1 FOR UPDATE",
-            ["bigint"],
-        ),
-        [task_id],
-    )
-    if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
-        return None
-    return rows[0]
 
+    import json
+    import time
+    from typing import TYPE_CHECKING
 
-def loopback_keywords(owner):
-    """Connection keywords of a session in this database, logged in as `owner`."""
-    settings = plpy.execute(
-        prepared(
-            "loopback",
-            "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
-            "       current_setting('port') AS port, current_database() AS dbname",
-            [],
+    if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
+        from libpq import (
+            PGRES_COMMAND_OK,
+            PGRES_COPY_BOTH,
+            PGRES_COPY_IN,
+            PGRES_COPY_OUT,
+            PGRES_FATAL_ERROR,
+            PGRES_SINGLE_TUPLE,
+            PGRES_TUPLES_OK,
+            PQTRANS_INERROR,
+            PQTRANS_INTRANS,
+            ConnectError,
+            Session,
+            conninfo_options,
         )
-    )[0]
-    return {
-        "host": settings["host"].strip() or "localhost",
-        "port": settings["port"],
-        "dbname": settings["dbname"],
-        "user": owner,
-        "application_name": "pg_task_py task",
-    }
+        from output import OutputTooLarge, OutputWriter, format_error, format_message
+        from plans import prepared
 
 
-def session_key(task):
-    return (task["owner"], task["remote"], task["hash"])
+    SESSION_KEY = "pgtaskpy.session"
+    FRESH_KEY = "pgtaskpy.fresh_sessions"
+    INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
+    CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
+    FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
+    # A server that cannot take the task's session now, but will: the task waits.
+    BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
+                   "the database system is shutting down", "the database system is not yet accepting connections")
 
 
-def open_session(task):
-    """The task's session: the kept one when it may be reused, else a new one."""
-    kept = GD.get(SESSION_KEY)
-    if kept is not None:
-        reusable = (
-            kept["key"] == session_key(task)
-            and kept["session"].ok
-            and (task["count"] <= 0 or kept["runs"] < task["count"])
-            and (task["live_s"] <= 0 or time.monotonic() < kept["born"] + task["live_s"])
-            and (task["count"] > 0 or task["live_s"] > 0)
-        )
-        if reusable:
-            return kept
-        close_session()
-    if task["remote"] is not None:
-        session = open_remote_session(task)
-    else:
-        session = take_fresh_session(task["owner"]) or Session(loopback_keywords(task["owner"]))
-    kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
-    GD[SESSION_KEY] = kept
-    return kept
+    def take_task(task_id, claimer):
+        """The task's row, locked, if it is still claimed by `claimer` (the launcher's session or this worker).
 
-
-def owner_is_superuser(task):
-    rows = plpy.execute(
-        prepared("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", ["name"]),
-        [task["owner"]],
-    )
-    return bool(rows and rows[0]["rolsuper"])
-
-
-def open_remote_session(task):
-    """The session on `remote`, under dblink's rule for roles that are not superusers:
-    `remote` must carry a password of its own, and the server must ask for it.
-
-    Otherwise a role could reach servers, this one included, through trust or
-    peer authentication or the server OS user's ~/.pgpass, as someone else.
-    """
-    checked = not owner_is_superuser(task)
-    if checked and not conninfo_options(task["remote"]).get("password"):
-        raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
-                           "password= in its conninfo")
-    session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
-    if checked and not session.used_password:
-        session.close()
-        raise ConnectError("password is required: the remote server did not ask for the password given")
-    return session
-
-
-def login_fingerprint(owner):
-    """What a new session of `owner` would start with: the role's and database's
-    settings (ALTER ROLE/DATABASE ... SET) and the role's login rights."""
-    return plpy.execute(
-        prepared(
-            "fingerprint",
-            "SELECT md5(concat_ws('|',"
-            " (SELECT string_agg(s.setdatabase || ':' || s.setrole || ':' || s.setconfig::text, ','"
-            "   ORDER BY s.setdatabase, s.setrole)"
-            "  FROM pg_catalog.pg_db_role_setting AS s"
-            "  WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))"
-            "    AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1))),"
-            " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
-            "  FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1))) AS f",
-            ["name"],
-        ),
-        [owner],
-    )[0]["f"]
-
-
-def take_fresh_session(owner):
-    """A session opened ahead for this owner, if a new one would be the same; else None."""
-    fresh = GD.get(FRESH_KEY) or []
-    fingerprint = login_fingerprint(owner) if fresh else None
-    while fresh:
-        entry = fresh.pop(0)
-        if entry["owner"] == owner and entry["fingerprint"] == fingerprint and entry["session"].ok:
-            try:
-                entry["session"].wait_connected()
-                return entry["session"]
-            except ConnectError:
-                continue  # a failed attempt ahead of need is no task's failure: open one now
-        entry["session"].close()
-    return None
-
-
-def start_fresh_sessions(owner, ahead):
-    """Start new sessions for `owner` until `ahead` are starting or ready: the next
-    tasks on this worker then find a backend that has started while this one ran."""
-    fresh = GD.setdefault(FRESH_KEY, [])
-    if any(entry["owner"] != owner for entry in fresh):
-        return  # those of another owner are taken or dropped first
-    fingerprint = None
-    while len(fresh) < ahead:
-        fingerprint = fingerprint or login_fingerprint(owner)
-        try:
-            session = Session(loopback_keywords(owner), wait=False)
-            session.advance()  # sends the startup packet: the server starts the backend now
-        except ConnectError:
-            return  # the next task opens its own, and reports what goes wrong
-        fresh.append({"owner": owner, "fingerprint": fingerprint, "session": session})
-
-
-def advance_fresh_sessions():
-    """Take the sessions being opened ahead a step on, without waiting."""
-    for entry in GD.get(FRESH_KEY) or []:
-        try:
-            entry["session"].advance()
-        except ConnectError:
-            entry["session"].close()  # not ok any more: take_fresh_session drops it
-
-
-def close_session():
-    kept = GD.pop(SESSION_KEY, None)
-    if kept is not None:
-        kept["session"].close()
-
-
-def is_string_type(oid):
-    """Whether values of this type are strings (category S), for the `string` flag."""
-    known = GD.setdefault("pgtaskpy.string_types", {})
-    if oid not in known:
+        Locked by id alone: the launcher's claim may not have committed yet, and a
+        row lock waits for it, where a snapshot would show the row still in PLAN.
+        """
         rows = plpy.execute(
-            prepared("typcategory",
-                     "SELECT typcategory = 'S' AS s FROM pg_catalog.pg_type WHERE oid = $1", ["oid"]),
-            [oid],
+            prepared(
+                "take",
+                "SELECT id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
+                "       header, string, delimiter, quote, escape, \"null\","
+                "       extract(epoch FROM timeout)::float8 AS timeout_s,"
+                "       extract(epoch FROM live)::float8 AS live_s"
+                " FROM {ext}.task WHERE id = $1 FOR UPDATE",
+                ["bigint"],
+            ),
+            [task_id],
         )
-        known[oid] = bool(rows and rows[0]["s"])
-    return known[oid]
-
-
-def output_limit():
-    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB."""
-    value = plpy.execute(
-        prepared("limit", "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v", [])
-    )[0]["v"]
-    return int(value) if value else 100 * 1024 * 1024
-
-
-def serve_interrupts(session):
-    """Let this backend act on interrupts while it waits for the task's session.
-
-    A backend blocked in a C call acts on no signal: not on a cancel or a
-    terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
-    from every backend (a task dropping a database would wait forever).  Any
-    SPI call checks for interrupts.  A cancel of this backend (task_cancel of
-    a remote task) is passed on to the task's query, which then ends with the
-    server's cancel error.  The commit drops the snapshot that SPI calls leave
-    to this procedure's transaction, so that this backend holds back neither
-    VACUUM nor CREATE INDEX CONCURRENTLY (which waits for older snapshots:
-    the task's own) while the task runs.
-    """
-    try:
-        plpy.execute(prepared("interrupts", "SELECT", []))
-    except plpy.spiexceptions.QueryCanceled:
-        session.cancel()
-    plpy.commit()
-
-
-def send_prepare(session, task):
-    """What the task sees of itself: pg_task.id, and its timeout as statement_timeout.
-    Only sent: the answer is read (session.collect) after the WORK commit it overlaps."""
-    session.send(
-        "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
-        "       pg_catalog.set_config('statement_timeout', $2, false)",
-        [task["id"], f"{int(task['timeout_s'] * 1000)}ms"],
-    )
-
-
-def run_input(session, task, limit):
-    """Send the input as one top-level query; return (output, error, notices)."""
-    writer = OutputWriter(task, is_string_type, limit)
-    error = None
-    session.notices.clear()
-    session.send(task["input"])
-    try:
-        for result in session.results(on_wait=lambda: serve_interrupts(session), wait_step=INTERRUPT_EVERY):
-            with result:
-                status = result.status
-                if error is not None:
-                    continue  # drain what is left after an error of ours
-                if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
-                    writer.rows(result.columns(), result.rows())
-                    if status == PGRES_TUPLES_OK:
-                        writer.end_rows()
-                elif status == PGRES_COMMAND_OK:
-                    writer.command(result.command_tag())
-                elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
-                    direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
-                    error = format_message(
-                        f"COPY {direction} is not supported", task["input"],
-                        hint="COPY to or from a server file works; a task has no client to stream to.")
-                    session.finish_copy(status)
-                elif status == PGRES_FATAL_ERROR:
-                    error = format_error(result, task["input"], session.error_message())
-    except OutputTooLarge as exc:
-        session.cancel()
-        for result in session.results():
-            result.__exit__()
-        error = format_message(str(exc), task["input"],
-                               hint="Raise pg_task_py.output_limit or make the task return less.")
-    except plpy.SPIError:
-        # This worker was cancelled or terminated: stop the task's query too.
-        session.cancel()
-        close_session()
-        raise
-    if session.transaction_status == PQTRANS_INTRANS:
-        # pg_task ends a transaction the input left open, and says so.
-        session.execute("COMMIT")
-        writer.command("COMMIT")
-    elif session.transaction_status == PQTRANS_INERROR:
-        session.execute("ROLLBACK")
-    return writer.text(), error, "\n".join(session.notices) or None
-
-
-def release_or_reset(kept, task, reused_next):
-    """Keep the session for the next task (reset unless `save`) or close it."""
-    kept["runs"] += 1
-    if not reused_next or not kept["session"].ok:
-        close_session()
-        return
-    try:
-        if task["save"]:
-            kept["session"].execute("RESET statement_timeout; RESET pg_task.id")
-        else:
-            kept["session"].execute("DISCARD ALL")
-    except ConnectError:
-        close_session()
-
-
-def mark_working(task_id, session):
-    plpy.execute(
-        prepared(
-            "work",
-            "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(),"
-            " pid = $2, worker = pg_backend_pid() WHERE id = $1",
-            ["bigint", "integer"],
-        ),
-        [task_id, session.pid],
-    )
-
-
-def finish(task_id, state, output, error, notices=None, wake=True):
-    """Record the task's end; False if it had ended already (recovered by a launcher)."""
-    return plpy.execute(
-        prepared(
-            "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6) AS s",
-            ["bigint", "text", "text", "text", "text", "boolean"],
-        ),
-        [task_id, state, output, error, notices, wake],
-    )[0]["s"] is not None
-
-
-def claim_next(task):
-    """The id of the group's next task, now claimed by this worker, or None."""
-    return plpy.execute(
-        prepared("next", "SELECT pgtaskpy.claim_next_in_group($1, pg_backend_pid(), $2) AS id",
-                 ["integer", "integer"]),
-        [task["hash"], claimer],
-    )[0]["id"]
-
-
-def wake_launchers():
-    plpy.execute(prepared("wake", "SELECT pg_catalog.pg_notify('pg_task_py', '')", []))
-
-
-def postpone(task_id):
-    plpy.execute(
-        prepared("postpone", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL WHERE id = $1 AND state = 'TAKE'",
-                 ["bigint"]),
-        [task_id],
-    )
-
-
-def connect_failure_hint(task):
-    if task["remote"] is not None:
-        return "Check the task's remote conninfo and that the server accepts it."
-    return (
-        f'The task runs in a session logged in as its owner "{task["owner"]}" over the local socket: '
-        "allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN."
-    )
-
-
-def run_one(task, go_on, report):
-    """Run a taken task to its end; return the group's next task id when going on with it."""
-    reuse = task["count"] > 0 or task["live_s"] > 0
-    try:
-        kept = open_session(task)
-        send_prepare(kept["session"], task)
-    except ConnectError as exc:
-        close_session()
-        if any(reason in str(exc) for reason in BUSY_SERVER):
-            postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
-            wake_launchers()
-            plpy.commit()
-            report["postponed"].append(task["id"])
+        if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
             return None
-        finish(task["id"], "FAIL", None, format_message(
-            f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
-        plpy.commit()
-        report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
-        return None
-    session = kept["session"]
-    # Read before WORK is committed: from then on a cancel of this worker (task_cancel
-    # of a remote task) is meant for the task's query, which serve_interrupts passes on.
-    limit = output_limit()
-    mark_working(task["id"], session)
-    plpy.commit()  # WORK, start and pid are visible while the input runs
-    started = time.monotonic()
-    if task["remote"] is None and not reuse:
-        start_fresh_sessions(task["owner"], FRESH_AHEAD if go_on else 1)
-
-    try:
-        session.collect()
-        output, error, notices = run_input(session, task, limit)
-    except ConnectError as exc:  # the session broke outside the input itself
-        output, error, notices = None, format_message(str(exc), task["input"]), None
-    release_or_reset(kept, task, reuse)
-    advance_fresh_sessions()
-    state = "FAIL" if error else "DONE"
-    held_slot = finish(task["id"], state, output, error, notices, wake=False)
-    # The next task takes this one's slot in its group, if this one still held it.
-    next_id = claim_next(task) if go_on and held_slot else None
-    if next_id is None:
-        wake_launchers()  # a slot and this worker are free
-    plpy.commit()
-    report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
-    return next_id
+        return rows[0]
 
 
-def worker_pid():
-    if "pgtaskpy.pid" not in GD:
-        GD["pgtaskpy.pid"] = plpy.execute("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]
-    return GD["pgtaskpy.pid"]
+    def loopback_keywords(owner):
+        """Connection keywords of a session in this database, logged in as `owner`."""
+        settings = plpy.execute(
+            prepared(
+                "loopback",
+                "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
+                "       current_setting('port') AS port, current_database() AS dbname",
+                [],
+            )
+        )[0]
+        return {
+            "host": settings["host"].strip() or "localhost",
+            "port": settings["port"],
+            "dbname": settings["dbname"],
+            "user": owner,
+            "application_name": "pg_task_py task",
+        }
 
 
-def main():
-    report = {"started": [], "ended": [], "postponed": [], "key": None}
-    task = take_task(task_id, claimer)
-    if task is None and task_id == 0:  # the launcher's warm-up call for a spare worker
-        start_fresh_sessions(plpy.execute("SELECT current_user AS u")[0]["u"], 1)
-    chain_ends = time.monotonic() + CHAIN_SECONDS
-    while task is not None:  # else stopped, or taken over after this worker's launcher died
-        next_id = run_one(task, time.monotonic() < chain_ends, report)
-        if next_id is None:
-            break
-        task = take_task(next_id, worker_pid())
-        if task is None:  # stopped meanwhile: this worker is free
-            wake_launchers()
-            plpy.commit()
+    def session_key(task):
+        return (task["owner"], task["remote"], task["hash"])
+
+
+    def open_session(task):
+        """The task's session: the kept one when it may be reused, else a new one."""
+        kept = GD.get(SESSION_KEY)
+        if kept is not None:
+            reusable = (
+                kept["key"] == session_key(task)
+                and kept["session"].ok
+                and (task["count"] <= 0 or kept["runs"] < task["count"])
+                and (task["live_s"] <= 0 or time.monotonic() < kept["born"] + task["live_s"])
+                and (task["count"] > 0 or task["live_s"] > 0)
+            )
+            if reusable:
+                return kept
+            close_session()
+        if task["remote"] is not None:
+            session = open_remote_session(task)
         else:
-            report["started"].append(task["id"])
-    kept = GD.get(SESSION_KEY)
-    report["key"] = list(kept["key"]) if kept is not None else None
-    return (json.dumps(report),)
+            session = take_fresh_session(task["owner"]) or Session(loopback_keywords(task["owner"]))
+        kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
+        GD[SESSION_KEY] = kept
+        return kept
 
-return main()
+
+    def owner_is_superuser(task):
+        rows = plpy.execute(
+            prepared("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", ["name"]),
+            [task["owner"]],
+        )
+        return bool(rows and rows[0]["rolsuper"])
+
+
+    def open_remote_session(task):
+        """The session on `remote`, under dblink's rule for roles that are not superusers:
+        `remote` must carry a password of its own, and the server must ask for it.
+
+        Otherwise a role could reach servers, this one included, through trust or
+        peer authentication or the server OS user's ~/.pgpass, as someone else.
+        """
+        checked = not owner_is_superuser(task)
+        if checked and not conninfo_options(task["remote"]).get("password"):
+            raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
+                               "password= in its conninfo")
+        session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
+        if checked and not session.used_password:
+            session.close()
+            raise ConnectError("password is required: the remote server did not ask for the password given")
+        return session
+
+
+    def login_fingerprint(owner):
+        """What a new session of `owner` would start with: the role's and database's
+        settings (ALTER ROLE/DATABASE ... SET) and the role's login rights."""
+        return plpy.execute(
+            prepared(
+                "fingerprint",
+                "SELECT md5(concat_ws('|',"
+                " (SELECT string_agg(s.setdatabase || ':' || s.setrole || ':' || s.setconfig::text, ','"
+                "   ORDER BY s.setdatabase, s.setrole)"
+                "  FROM pg_catalog.pg_db_role_setting AS s"
+                "  WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))"
+                "    AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1))),"
+                " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
+                "  FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1))) AS f",
+                ["name"],
+            ),
+            [owner],
+        )[0]["f"]
+
+
+    def take_fresh_session(owner):
+        """A session opened ahead for this owner, if a new one would be the same; else None."""
+        fresh = GD.get(FRESH_KEY) or []
+        fingerprint = login_fingerprint(owner) if fresh else None
+        while fresh:
+            entry = fresh.pop(0)
+            if entry["owner"] == owner and entry["fingerprint"] == fingerprint and entry["session"].ok:
+                try:
+                    entry["session"].wait_connected()
+                    return entry["session"]
+                except ConnectError:
+                    continue  # a failed attempt ahead of need is no task's failure: open one now
+            entry["session"].close()
+        return None
+
+
+    def start_fresh_sessions(owner, ahead):
+        """Start new sessions for `owner` until `ahead` are starting or ready: the next
+        tasks on this worker then find a backend that has started while this one ran."""
+        fresh = GD.setdefault(FRESH_KEY, [])
+        if any(entry["owner"] != owner for entry in fresh):
+            return  # those of another owner are taken or dropped first
+        fingerprint = None
+        while len(fresh) < ahead:
+            fingerprint = fingerprint or login_fingerprint(owner)
+            try:
+                session = Session(loopback_keywords(owner), wait=False)
+                session.advance()  # sends the startup packet: the server starts the backend now
+            except ConnectError:
+                return  # the next task opens its own, and reports what goes wrong
+            fresh.append({"owner": owner, "fingerprint": fingerprint, "session": session})
+
+
+    def advance_fresh_sessions():
+        """Take the sessions being opened ahead a step on, without waiting."""
+        for entry in GD.get(FRESH_KEY) or []:
+            try:
+                entry["session"].advance()
+            except ConnectError:
+                entry["session"].close()  # not ok any more: take_fresh_session drops it
+
+
+    def close_session():
+        kept = GD.pop(SESSION_KEY, None)
+        if kept is not None:
+            kept["session"].close()
+
+
+    def is_string_type(oid):
+        """Whether values of this type are strings (category S), for the `string` flag."""
+        known = GD.setdefault("pgtaskpy.string_types", {})
+        if oid not in known:
+            rows = plpy.execute(
+                prepared("typcategory",
+                         "SELECT typcategory = 'S' AS s FROM pg_catalog.pg_type WHERE oid = $1", ["oid"]),
+                [oid],
+            )
+            known[oid] = bool(rows and rows[0]["s"])
+        return known[oid]
+
+
+    def output_limit():
+        """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB."""
+        value = plpy.execute(
+            prepared("limit", "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v", [])
+        )[0]["v"]
+        return int(value) if value else 100 * 1024 * 1024
+
+
+    def serve_interrupts(session):
+        """Let this backend act on interrupts while it waits for the task's session.
+
+        A backend blocked in a C call acts on no signal: not on a cancel or a
+        terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
+        from every backend (a task dropping a database would wait forever).  Any
+        SPI call checks for interrupts.  A cancel of this backend (task_cancel of
+        a remote task) is passed on to the task's query, which then ends with the
+        server's cancel error.  The commit drops the snapshot that SPI calls leave
+        to this procedure's transaction, so that this backend holds back neither
+        VACUUM nor CREATE INDEX CONCURRENTLY (which waits for older snapshots:
+        the task's own) while the task runs.
+        """
+        try:
+            plpy.execute(prepared("interrupts", "SELECT", []))
+        except plpy.spiexceptions.QueryCanceled:
+            session.cancel()
+        plpy.commit()
+
+
+    def send_prepare(session, task):
+        """What the task sees of itself: pg_task.id, and its timeout as statement_timeout.
+        Only sent: the answer is read (session.collect) after the WORK commit it overlaps."""
+        session.send(
+            "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
+            "       pg_catalog.set_config('statement_timeout', $2, false)",
+            [task["id"], f"{int(task['timeout_s'] * 1000)}ms"],
+        )
+
+
+    def run_input(session, task, limit):
+        """Send the input as one top-level query; return (output, error, notices)."""
+        writer = OutputWriter(task, is_string_type, limit)
+        error = None
+        session.notices.clear()
+        session.send(task["input"])
+        try:
+            for result in session.results(on_wait=lambda: serve_interrupts(session), wait_step=INTERRUPT_EVERY):
+                with result:
+                    status = result.status
+                    if error is not None:
+                        continue  # drain what is left after an error of ours
+                    if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
+                        writer.rows(result.columns(), result.rows())
+                        if status == PGRES_TUPLES_OK:
+                            writer.end_rows()
+                    elif status == PGRES_COMMAND_OK:
+                        writer.command(result.command_tag())
+                    elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
+                        direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
+                        error = format_message(
+                            f"COPY {direction} is not supported", task["input"],
+                            hint="COPY to or from a server file works; a task has no client to stream to.")
+                        session.finish_copy(status)
+                    elif status == PGRES_FATAL_ERROR:
+                        error = format_error(result, task["input"], session.error_message())
+        except OutputTooLarge as exc:
+            session.cancel()
+            for result in session.results():
+                result.__exit__()
+            error = format_message(str(exc), task["input"],
+                                   hint="Raise pg_task_py.output_limit or make the task return less.")
+        except plpy.SPIError:
+            # This worker was cancelled or terminated: stop the task's query too.
+            session.cancel()
+            close_session()
+            raise
+        if session.transaction_status == PQTRANS_INTRANS:
+            # pg_task ends a transaction the input left open, and says so.
+            session.execute("COMMIT")
+            writer.command("COMMIT")
+        elif session.transaction_status == PQTRANS_INERROR:
+            session.execute("ROLLBACK")
+        return writer.text(), error, "\n".join(session.notices) or None
+
+
+    def release_or_reset(kept, task, reused_next):
+        """Keep the session for the next task (reset unless `save`) or close it."""
+        kept["runs"] += 1
+        if not reused_next or not kept["session"].ok:
+            close_session()
+            return
+        try:
+            if task["save"]:
+                kept["session"].execute("RESET statement_timeout; RESET pg_task.id")
+            else:
+                kept["session"].execute("DISCARD ALL")
+        except ConnectError:
+            close_session()
+
+
+    def mark_working(task_id, session):
+        plpy.execute(
+            prepared(
+                "work",
+                "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(),"
+                " pid = $2, worker = pg_backend_pid() WHERE id = $1",
+                ["bigint", "integer"],
+            ),
+            [task_id, session.pid],
+        )
+
+
+    def finish(task_id, state, output, error, notices=None, wake=True):
+        """Record the task's end; False if it had ended already (recovered by a launcher)."""
+        return plpy.execute(
+            prepared(
+                "finish",
+                "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6) AS s",
+                ["bigint", "text", "text", "text", "text", "boolean"],
+            ),
+            [task_id, state, output, error, notices, wake],
+        )[0]["s"] is not None
+
+
+    def claim_next(task):
+        """The id of the group's next task, now claimed by this worker, or None."""
+        return plpy.execute(
+            prepared("next", "SELECT pgtaskpy.claim_next_in_group($1, pg_backend_pid(), $2) AS id",
+                     ["integer", "integer"]),
+            [task["hash"], claimer],
+        )[0]["id"]
+
+
+    def wake_launchers():
+        plpy.execute(prepared("wake", "SELECT pg_catalog.pg_notify('pg_task_py', '')", []))
+
+
+    def postpone(task_id):
+        plpy.execute(
+            prepared("postpone", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL WHERE id = $1 AND state = 'TAKE'",
+                     ["bigint"]),
+            [task_id],
+        )
+
+
+    def connect_failure_hint(task):
+        if task["remote"] is not None:
+            return "Check the task's remote conninfo and that the server accepts it."
+        return (
+            f'The task runs in a session logged in as its owner "{task["owner"]}" over the local socket: '
+            "allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN."
+        )
+
+
+    def run_one(task, go_on, report):
+        """Run a taken task to its end; return the group's next task id when going on with it."""
+        reuse = task["count"] > 0 or task["live_s"] > 0
+        try:
+            kept = open_session(task)
+            send_prepare(kept["session"], task)
+        except ConnectError as exc:
+            close_session()
+            if any(reason in str(exc) for reason in BUSY_SERVER):
+                postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
+                wake_launchers()
+                plpy.commit()
+                report["postponed"].append(task["id"])
+                return None
+            finish(task["id"], "FAIL", None, format_message(
+                f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
+            plpy.commit()
+            report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+            return None
+        session = kept["session"]
+        # Read before WORK is committed: from then on a cancel of this worker (task_cancel
+        # of a remote task) is meant for the task's query, which serve_interrupts passes on.
+        limit = output_limit()
+        mark_working(task["id"], session)
+        plpy.commit()  # WORK, start and pid are visible while the input runs
+        started = time.monotonic()
+        if task["remote"] is None and not reuse:
+            start_fresh_sessions(task["owner"], FRESH_AHEAD if go_on else 1)
+
+        try:
+            session.collect()
+            output, error, notices = run_input(session, task, limit)
+        except ConnectError as exc:  # the session broke outside the input itself
+            output, error, notices = None, format_message(str(exc), task["input"]), None
+        release_or_reset(kept, task, reuse)
+        advance_fresh_sessions()
+        state = "FAIL" if error else "DONE"
+        held_slot = finish(task["id"], state, output, error, notices, wake=False)
+        # The next task takes this one's slot in its group, if this one still held it.
+        next_id = claim_next(task) if go_on and held_slot else None
+        if next_id is None:
+            wake_launchers()  # a slot and this worker are free
+        plpy.commit()
+        report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
+        return next_id
+
+
+    def worker_pid():
+        if "pgtaskpy.pid" not in GD:
+            GD["pgtaskpy.pid"] = plpy.execute("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]
+        return GD["pgtaskpy.pid"]
+
+
+    def main():
+        report = {"started": [], "ended": [], "postponed": [], "key": None}
+        task = take_task(task_id, claimer)
+        if task is None and task_id == 0:  # the launcher's warm-up call for a spare worker
+            start_fresh_sessions(plpy.execute("SELECT current_user AS u")[0]["u"], 1)
+        chain_ends = time.monotonic() + CHAIN_SECONDS
+        while task is not None:  # else stopped, or taken over after this worker's launcher died
+            next_id = run_one(task, time.monotonic() < chain_ends, report)
+            if next_id is None:
+                break
+            task = take_task(next_id, worker_pid())
+            if task is None:  # stopped meanwhile: this worker is free
+                wake_launchers()
+                plpy.commit()
+            else:
+                report["started"].append(task["id"])
+        kept = GD.get(SESSION_KEY)
+        report["key"] = list(kept["key"]) if kept is not None else None
+        return (json.dumps(report),)
+    SD["pgtaskpy.main"] = main
+return SD["pgtaskpy.main"]()
 $python$;
 
 -- One turn of the scheduler, in the launcher's session.
@@ -1349,381 +1349,381 @@ CREATE OR REPLACE FUNCTION pgtaskpy.dispatch(
     OUT events jsonb, OUT wake_in double precision, OUT running integer)
 LANGUAGE plpython3u SET search_path = pg_catalog, pg_temp
 AS $python$
-# ---- sql/plpython/plans.py
-"""Prepared plans shared by the PL/Python entry points (pasted first into each body).
+if "pgtaskpy.main" not in SD:  # the first call in this backend defines everything
+    # ---- sql/plpython/plans.py
+    """Prepared plans shared by the PL/Python entry points (pasted first into each body).
 
-Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
-the schemas are looked up at run time rather than pasted in by CREATE
-EXTENSION, where a schema name that needs quotes would break the Python source.
-"""
-
-
-def schema_of(extension):
-    """The schema an extension lives in, quoted, looked up once per backend."""
-    key = "schema:" + extension
-    if key not in SD:
-        SD[key] = plpy.execute(
-            "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
-            " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
-            " WHERE e.extname = " + plpy.quote_literal(extension)
-        )[0]["s"]
-    return SD[key]
-
-
-def prepared(name, query, types=()):
-    """A plan prepared once per backend (SD lives as long as it)."""
-    if name not in SD:
-        query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
-        if "dblink." in query:
-            query = query.replace("dblink.", schema_of("dblink") + ".")
-        SD[name] = plpy.prepare(query, list(types))
-    return SD[name]
-
-
-def run(name, query, types=(), args=()):
-    return plpy.execute(prepared(name, query, types), list(args))
-
-# ---- sql/plpython/dispatch.py
-"""Body of FUNCTION pgtaskpy.dispatch(run_limit, cancel_running) RETURNS (events, wake_in, running).
-
-One turn of the scheduler, run in the launcher's own session each time the
-launcher wakes (NOTIFY, a planned time, or a second passing):
-
-1. once a second: recover tasks of dead backends, expire tasks past `active`;
-2. claim due tasks (pgtaskpy.claim_due_tasks) up to the free worker slots;
-3. collect workers whose CALL has returned, and log what they report (a
-   worker may have gone on with its group's next tasks);
-4. start each claimed task on an idle worker backend (kept open, so a task
-   pays no connection start-up) or on a new one, with dblink_send_query;
-5. close workers idle too long; say when to wake up next.
-
-Worker backends are this session's dblink connections; their state lives in
-GD, which lasts as long as the session.
-"""
-
-import json
-import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
-    from plans import run
-
-HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
-KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
-KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
-ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
-WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
-# Workers go on with their group's tasks only while their launcher's session
-# has this name (pgtaskpy.claim_next_in_group): a stopping launcher drops it.
-ACCEPTING, STOPPING = "pg_task_py launcher", "pg_task_py launcher (stopping)"
-
-
-def quote_conninfo(value):
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def worker_conninfo():
-    """A loopback connection to this database as the launcher's own role."""
-    row = run(
-        "conninfo",
-        "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
-        " current_setting('port') AS port, current_database() AS dbname, current_user AS usr",
-    )[0]
-    parts = {
-        "host": row["host"].strip() or "localhost",
-        "port": row["port"],
-        "dbname": row["dbname"],
-        "user": row["usr"],
-        "application_name": "pg_task_py worker",
-        # The worker is a superuser session: it resolves nothing through a
-        # schema that others could create objects in.
-        "options": "-c search_path=pg_catalog,pg_temp",
-    }
-    return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
-
-
-def state():
-    pool = GD.get("pgtaskpy.pool")
-    if pool is None:
-        pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0, "name": None,
-                                      "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
-    return pool
-
-
-def set_session_name(pool, name):
-    if pool["name"] != name:
-        run("name", "SELECT set_config('application_name', $1, false)", ["text"], [name])
-        pool["name"] = name
-
-
-def disconnect(pool, name):
-    pool["workers"].pop(name, None)
-    try:
-        run("disconnect", "SELECT dblink.dblink_disconnect($1)", ["text"], [name])
-    except plpy.SPIError:
-        pass  # already gone
-
-
-def collect(pool, name, worker, events):
-    """Read the returned CALL's report; if the worker failed, end what it was running."""
-    report, error = None, None
-    try:
-        rows = run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)",
-                   ["text"], [name])
-        report = json.loads(rows[0]["report"]) if rows and rows[0]["report"] else None
-        run("get_end", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)", ["text"], [name])
-        message = run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
-        if message and message != "OK":
-            error = message.strip()
-    except plpy.SPIError as exc:
-        error = str(exc)
-    first_task = worker["task"]
-    worker["task"] = None
-    worker["idle_since"] = time.monotonic()
-    worker["key"] = report.get("key") if report else None
-    if first_task != WARM_UP:
-        # A task it was given but found not claimed (stopped or deleted meanwhile,
-        # or an error before it took the row) is left to be claimed again.
-        run("unclaim_first", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-            " WHERE id = $1 AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint"], [first_task])
-    if report:
-        for task_id in report["started"]:
-            events.append({"event": "start", "id": task_id, "worker": name})
-        for ended in report["ended"]:
-            events.append({"event": "end", **ended})
-        for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
-            limit_concurrency(pool)
-            events.append({"event": "postponed", "id": task_id})
-    if error and first_task == WARM_UP:
-        disconnect(pool, name)
-        events.append({"event": "spare_failed", "message": error})
-    elif error:
-        disconnect(pool, name)
-        worker_failed(worker, first_task, error, events)
-
-
-def worker_failed(worker, first_task, error, events):
-    """The worker's CALL failed (its backend was terminated, say): the task it was
-    running ends FAIL (it may have run in part), tasks it had only claimed wait again."""
-    run("unclaim_failed", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-        " WHERE state = 'TAKE' AND worker = $1", ["integer"], [worker["pid"]])
-    failed = run(
-        "worker_failed",
-        "SELECT t.id FROM {ext}.task AS t, pgtaskpy.finish_task(t.id, 'FAIL', NULL, $2) AS f"
-        " WHERE t.state = 'WORK' AND t.worker = $1",
-        ["integer", "text"],
-        [worker["pid"], f"ERROR:  pg_task_py worker failed: {error}"],
-    )
-    for task_id in [row["id"] for row in failed] or [first_task]:
-        events.append({"event": "worker_error", "id": task_id, "message": error, "failed": bool(failed)})
-
-
-def is_busy(name):
-    try:
-        return run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"] == 1
-    except plpy.SPIError:
-        return False  # a broken connection: collect() records the failure
-
-
-def reap(pool, events):
-    """Collect every worker whose CALL has returned.
-
-    Returns True when a worker has no task left but has not answered yet (it
-    returns just after its last commit): look again very soon.
+    Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
+    the schemas are looked up at run time rather than pasted in by CREATE
+    EXTENSION, where a schema name that needs quotes would break the Python source.
     """
-    busy = {name: w for name, w in pool["workers"].items() if w["task"] is not None}
-    if not busy:
-        return False
-    working = run(
-        "working",
-        "SELECT array_agg(worker) AS pids, array_agg(id) AS ids FROM {ext}.task"
-        " WHERE state IN ('TAKE', 'WORK') AND (worker = ANY($1) OR id = ANY($2))",
-        ["integer[]", "bigint[]"],
-        [[w["pid"] for w in busy.values()], [w["task"] for w in busy.values()]],
-    )[0]
-    pids, ids = set(working["pids"] or ()), set(working["ids"] or ())
-    answering = False
-    for name, worker in busy.items():
-        # A worker returns right after committing its last task's end: wait that
-        # moment, so that the next task of a reusable session finds it idle.
-        finishing = worker["task"] != WARM_UP and worker["pid"] not in pids and worker["task"] not in ids
-        patience = time.monotonic() + (ANSWER_WAIT if finishing else 0)
-        while is_busy(name) and time.monotonic() < patience:
-            time.sleep(0.0002)
-        if is_busy(name):
-            answering = answering or finishing
-            continue
-        collect(pool, name, worker, events)
-    return answering
 
 
-def limit_concurrency(pool):
-    """The server has no connection to spare: run no more tasks at once than now.
+    def schema_of(extension):
+        """The schema an extension lives in, quoted, looked up once per backend."""
+        key = "schema:" + extension
+        if key not in SD:
+            SD[key] = plpy.execute(
+                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
+                " WHERE e.extname = " + plpy.quote_literal(extension)
+            )[0]["s"]
+        return SD[key]
 
-    Every running task holds two backends (its worker and its session), and
-    max_connections is shared with everyone else, so the limit is learnt
-    rather than configured; housekeeping relaxes it by one a second.
+
+    def prepared(name, query, types=()):
+        """A plan prepared once per backend (SD lives as long as it)."""
+        if name not in SD:
+            query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
+            if "dblink." in query:
+                query = query.replace("dblink.", schema_of("dblink") + ".")
+            SD[name] = plpy.prepare(query, list(types))
+        return SD[name]
+
+
+    def run(name, query, types=(), args=()):
+        return plpy.execute(prepared(name, query, types), list(args))
+    # ---- sql/plpython/dispatch.py
+    """Body of FUNCTION pgtaskpy.dispatch(run_limit, cancel_running) RETURNS (events, wake_in, running).
+
+    One turn of the scheduler, run in the launcher's own session each time the
+    launcher wakes (NOTIFY, a planned time, or a second passing):
+
+    1. once a second: recover tasks of dead backends, expire tasks past `active`;
+    2. claim due tasks (pgtaskpy.claim_due_tasks) up to the free worker slots;
+    3. collect workers whose CALL has returned, and log what they report (a
+       worker may have gone on with its group's next tasks);
+    4. start each claimed task on an idle worker backend (kept open, so a task
+       pays no connection start-up) or on a new one, with dblink_send_query;
+    5. close workers idle too long; say when to wake up next.
+
+    Worker backends are this session's dblink connections; their state lives in
+    GD, which lasts as long as the session.
     """
-    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
-    for name, worker in list(pool["workers"].items()):
-        if worker["task"] is None:
-            disconnect(pool, name)  # an idle worker holds a backend a task's session could use
+
+    import json
+    import time
+    from typing import TYPE_CHECKING
+
+    if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
+        from plans import run
+
+    HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
+    KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
+    KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
+    ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
+    WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
+    # Workers go on with their group's tasks only while their launcher's session
+    # has this name (pgtaskpy.claim_next_in_group): a stopping launcher drops it.
+    ACCEPTING, STOPPING = "pg_task_py launcher", "pg_task_py launcher (stopping)"
 
 
-def housekeeping(pool, events):
-    now = time.monotonic()
-    if now < pool["housekeeping_at"]:
-        return
-    pool["housekeeping_at"] = now + HOUSEKEEPING_EVERY
-    if pool.get("cap") is not None:
-        pool["cap"] += 1
-        if pool["cap"] >= run_limit:
-            pool["cap"] = None
-    recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
-    expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
-    deleted = run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
-    if deleted:
-        events.append({"event": "deleted_old", "count": deleted})
-    if recovered:
-        events.append({"event": "recovered", "count": recovered})
-    if expired:
-        events.append({"event": "expired", "count": expired})
+    def quote_conninfo(value):
+        return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def pick_worker(pool, task):
-    """An idle worker for the task: the one holding its reusable session, else any."""
-    idle = [(name, w) for name, w in pool["workers"].items() if w["task"] is None]
-    key = [task["owner"], task["remote"], task["hash"]]
-    for name, worker in idle:
-        if task["reuse"] and worker["key"] == key:
-            return name
-    if idle:  # prefer one without a kept session, which it would have to close
-        return min(idle, key=lambda item: item[1]["key"] is not None)[0]
-    return new_worker(pool)
+    def worker_conninfo():
+        """A loopback connection to this database as the launcher's own role."""
+        row = run(
+            "conninfo",
+            "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
+            " current_setting('port') AS port, current_database() AS dbname, current_user AS usr",
+        )[0]
+        parts = {
+            "host": row["host"].strip() or "localhost",
+            "port": row["port"],
+            "dbname": row["dbname"],
+            "user": row["usr"],
+            "application_name": "pg_task_py worker",
+            # The worker is a superuser session: it resolves nothing through a
+            # schema that others could create objects in.
+            "options": "-c search_path=pg_catalog,pg_temp",
+        }
+        return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
 
 
-def new_worker(pool):
-    pool["serial"] += 1
-    name = f"pg_task_py_w{pool['serial']}"
-    run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
-    pid = run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
-              ["text"], [name])[0]["p"]
-    pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
-    return name
+    def state():
+        pool = GD.get("pgtaskpy.pool")
+        if pool is None:
+            pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0, "name": None,
+                                          "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
+        return pool
 
 
-def start(pool, task, claimer, events):
-    try:
-        name = pick_worker(pool, task)
-        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-            [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)"])
-    except plpy.SPIError as exc:
-        # No backend for it now (max_connections?): the task waits for the next turn.
-        run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-            " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
-        limit_concurrency(pool)
-        events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
-        return
-    worker = pool["workers"][name]
-    worker["task"] = task["id"]
-    worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] else None
-    events.append({"event": "start", "id": task["id"], "worker": name})
+    def set_session_name(pool, name):
+        if pool["name"] != name:
+            run("name", "SELECT set_config('application_name', $1, false)", ["text"], [name])
+            pool["name"] = name
 
 
-def close_idle_workers(pool, keep_spare):
-    """Close idle workers past their keep time, but one spare worker without a
-    session when `keep_spare`; return seconds until the next one is due."""
-    now = time.monotonic()
-    next_due = None
-    spare = None
-    for name, worker in list(pool["workers"].items()):
-        if worker["task"] is not None:
-            continue
-        if keep_spare and spare is None and worker["key"] is None:
-            spare = name
-            continue
-        keep = KEEP_IDLE_SESSION if worker["key"] is not None else KEEP_IDLE_WORKER
-        due = worker["idle_since"] + keep
-        if due <= now:
+    def disconnect(pool, name):
+        pool["workers"].pop(name, None)
+        try:
+            run("disconnect", "SELECT dblink.dblink_disconnect($1)", ["text"], [name])
+        except plpy.SPIError:
+            pass  # already gone
+
+
+    def collect(pool, name, worker, events):
+        """Read the returned CALL's report; if the worker failed, end what it was running."""
+        report, error = None, None
+        try:
+            rows = run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)",
+                       ["text"], [name])
+            report = json.loads(rows[0]["report"]) if rows and rows[0]["report"] else None
+            run("get_end", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)", ["text"], [name])
+            message = run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
+            if message and message != "OK":
+                error = message.strip()
+        except plpy.SPIError as exc:
+            error = str(exc)
+        first_task = worker["task"]
+        worker["task"] = None
+        worker["idle_since"] = time.monotonic()
+        worker["key"] = report.get("key") if report else None
+        if first_task != WARM_UP:
+            # A task it was given but found not claimed (stopped or deleted meanwhile,
+            # or an error before it took the row) is left to be claimed again.
+            run("unclaim_first", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
+                " WHERE id = $1 AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint"], [first_task])
+        if report:
+            for task_id in report["started"]:
+                events.append({"event": "start", "id": task_id, "worker": name})
+            for ended in report["ended"]:
+                events.append({"event": "end", **ended})
+            for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
+                limit_concurrency(pool)
+                events.append({"event": "postponed", "id": task_id})
+        if error and first_task == WARM_UP:
             disconnect(pool, name)
-        elif next_due is None or due - now < next_due:
-            next_due = due - now
-    return next_due
+            events.append({"event": "spare_failed", "message": error})
+        elif error:
+            disconnect(pool, name)
+            worker_failed(worker, first_task, error, events)
 
 
-def ensure_spare_worker(pool, events):
-    """Keep one idle worker with PL/Python loaded, so the next task pays neither a
-    backend start nor PL/Python's start (about 100 ms together) before it runs."""
-    if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
-        return  # one is idle or warming up already
-    if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:
-        return  # no spare while the server is short of connections
-    try:
-        name = new_worker(pool)
-        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-            [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
-        pool["workers"][name]["task"] = WARM_UP
-    except plpy.SPIError as exc:
-        events.append({"event": "spare_failed", "message": str(exc)})
+    def worker_failed(worker, first_task, error, events):
+        """The worker's CALL failed (its backend was terminated, say): the task it was
+        running ends FAIL (it may have run in part), tasks it had only claimed wait again."""
+        run("unclaim_failed", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
+            " WHERE state = 'TAKE' AND worker = $1", ["integer"], [worker["pid"]])
+        failed = run(
+            "worker_failed",
+            "SELECT t.id FROM {ext}.task AS t, pgtaskpy.finish_task(t.id, 'FAIL', NULL, $2) AS f"
+            " WHERE t.state = 'WORK' AND t.worker = $1",
+            ["integer", "text"],
+            [worker["pid"], f"ERROR:  pg_task_py worker failed: {error}"],
+        )
+        for task_id in [row["id"] for row in failed] or [first_task]:
+            events.append({"event": "worker_error", "id": task_id, "message": error, "failed": bool(failed)})
 
 
-def cancel_running_tasks(pool, events):
-    """Cancel the tasks this launcher's workers run (graceful stop past its grace period)."""
-    pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
-    for row in run(
-        "cancel",
-        "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
-        " WHERE worker = ANY($1) AND state = 'WORK'",
-        ["integer[]"],
-        [pids],
-    ):
-        events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
+    def is_busy(name):
+        try:
+            return run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"] == 1
+        except plpy.SPIError:
+            return False  # a broken connection: collect() records the failure
 
 
-def main():
-    pool = state()
-    events = []
-    set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
-    run("lock", "SELECT pgtaskpy.lock_scheduling()")
-    if cancel_running:
-        cancel_running_tasks(pool, events)
-    housekeeping(pool, events)
-    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    claimer = pool["pid"]
-    limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
-    claimed = run(
-        "claim",
-        "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
-        ["integer", "integer"],
-        [max(0, limit - busy), claimer],
-    )
-    # Collect after claiming: a task whose end freed its group's slot for this
-    # claim has its worker collected now, so that the group's next task finds
-    # the worker holding its reusable session idle.
-    answering = reap(pool, events)
-    waits = [pool["housekeeping_at"] - time.monotonic()]
-    if not claimed:  # else the next turn, in 10 ms, looks
-        next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
-        if next_plan is not None:
-            waits.append(next_plan)
-    if answering:
-        waits.append(0.05)  # its worker notifies when it is idle; this is the fallback
-    idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
-    if idle_due is not None:
-        waits.append(idle_due)
-    if claimed:
-        # Started last: each worker waits for this transaction's commit to take
-        # its task, so nothing slow (a new spare's connection) may follow.
-        for task in claimed:
-            start(pool, task, claimer, events)
-        waits.append(0.01)  # the next turn replaces the spare these may have used
-    elif run_limit > 0 and not answering:
-        ensure_spare_worker(pool, events)
-    running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    return json.dumps(events), max(0.0, min(waits)), running
+    def reap(pool, events):
+        """Collect every worker whose CALL has returned.
 
-return main()
+        Returns True when a worker has no task left but has not answered yet (it
+        returns just after its last commit): look again very soon.
+        """
+        busy = {name: w for name, w in pool["workers"].items() if w["task"] is not None}
+        if not busy:
+            return False
+        working = run(
+            "working",
+            "SELECT array_agg(worker) AS pids, array_agg(id) AS ids FROM {ext}.task"
+            " WHERE state IN ('TAKE', 'WORK') AND (worker = ANY($1) OR id = ANY($2))",
+            ["integer[]", "bigint[]"],
+            [[w["pid"] for w in busy.values()], [w["task"] for w in busy.values()]],
+        )[0]
+        pids, ids = set(working["pids"] or ()), set(working["ids"] or ())
+        answering = False
+        for name, worker in busy.items():
+            # A worker returns right after committing its last task's end: wait that
+            # moment, so that the next task of a reusable session finds it idle.
+            finishing = worker["task"] != WARM_UP and worker["pid"] not in pids and worker["task"] not in ids
+            patience = time.monotonic() + (ANSWER_WAIT if finishing else 0)
+            while is_busy(name) and time.monotonic() < patience:
+                time.sleep(0.0002)
+            if is_busy(name):
+                answering = answering or finishing
+                continue
+            collect(pool, name, worker, events)
+        return answering
+
+
+    def limit_concurrency(pool):
+        """The server has no connection to spare: run no more tasks at once than now.
+
+        Every running task holds two backends (its worker and its session), and
+        max_connections is shared with everyone else, so the limit is learnt
+        rather than configured; housekeeping relaxes it by one a second.
+        """
+        busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+        pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
+        for name, worker in list(pool["workers"].items()):
+            if worker["task"] is None:
+                disconnect(pool, name)  # an idle worker holds a backend a task's session could use
+
+
+    def housekeeping(pool, events):
+        now = time.monotonic()
+        if now < pool["housekeeping_at"]:
+            return
+        pool["housekeeping_at"] = now + HOUSEKEEPING_EVERY
+        if pool.get("cap") is not None:
+            pool["cap"] += 1
+            if pool["cap"] >= run_limit:
+                pool["cap"] = None
+        recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
+        expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+        deleted = run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+        if deleted:
+            events.append({"event": "deleted_old", "count": deleted})
+        if recovered:
+            events.append({"event": "recovered", "count": recovered})
+        if expired:
+            events.append({"event": "expired", "count": expired})
+
+
+    def pick_worker(pool, task):
+        """An idle worker for the task: the one holding its reusable session, else any."""
+        idle = [(name, w) for name, w in pool["workers"].items() if w["task"] is None]
+        key = [task["owner"], task["remote"], task["hash"]]
+        for name, worker in idle:
+            if task["reuse"] and worker["key"] == key:
+                return name
+        if idle:  # prefer one without a kept session, which it would have to close
+            return min(idle, key=lambda item: item[1]["key"] is not None)[0]
+        return new_worker(pool)
+
+
+    def new_worker(pool):
+        pool["serial"] += 1
+        name = f"pg_task_py_w{pool['serial']}"
+        run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
+        pid = run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
+                  ["text"], [name])[0]["p"]
+        pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
+        return name
+
+
+    def start(pool, task, claimer, events):
+        try:
+            name = pick_worker(pool, task)
+            run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+                [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)"])
+        except plpy.SPIError as exc:
+            # No backend for it now (max_connections?): the task waits for the next turn.
+            run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
+                " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
+            limit_concurrency(pool)
+            events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
+            return
+        worker = pool["workers"][name]
+        worker["task"] = task["id"]
+        worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] else None
+        events.append({"event": "start", "id": task["id"], "worker": name})
+
+
+    def close_idle_workers(pool, keep_spare):
+        """Close idle workers past their keep time, but one spare worker without a
+        session when `keep_spare`; return seconds until the next one is due."""
+        now = time.monotonic()
+        next_due = None
+        spare = None
+        for name, worker in list(pool["workers"].items()):
+            if worker["task"] is not None:
+                continue
+            if keep_spare and spare is None and worker["key"] is None:
+                spare = name
+                continue
+            keep = KEEP_IDLE_SESSION if worker["key"] is not None else KEEP_IDLE_WORKER
+            due = worker["idle_since"] + keep
+            if due <= now:
+                disconnect(pool, name)
+            elif next_due is None or due - now < next_due:
+                next_due = due - now
+        return next_due
+
+
+    def ensure_spare_worker(pool, events):
+        """Keep one idle worker with PL/Python loaded, so the next task pays neither a
+        backend start nor PL/Python's start (about 100 ms together) before it runs."""
+        if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
+            return  # one is idle or warming up already
+        if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:
+            return  # no spare while the server is short of connections
+        try:
+            name = new_worker(pool)
+            run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+                [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
+            pool["workers"][name]["task"] = WARM_UP
+        except plpy.SPIError as exc:
+            events.append({"event": "spare_failed", "message": str(exc)})
+
+
+    def cancel_running_tasks(pool, events):
+        """Cancel the tasks this launcher's workers run (graceful stop past its grace period)."""
+        pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
+        for row in run(
+            "cancel",
+            "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
+            " WHERE worker = ANY($1) AND state = 'WORK'",
+            ["integer[]"],
+            [pids],
+        ):
+            events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
+
+
+    def main():
+        pool = state()
+        events = []
+        set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
+        run("lock", "SELECT pgtaskpy.lock_scheduling()")
+        if cancel_running:
+            cancel_running_tasks(pool, events)
+        housekeeping(pool, events)
+        busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+        claimer = pool["pid"]
+        limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
+        claimed = run(
+            "claim",
+            "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
+            ["integer", "integer"],
+            [max(0, limit - busy), claimer],
+        )
+        # Collect after claiming: a task whose end freed its group's slot for this
+        # claim has its worker collected now, so that the group's next task finds
+        # the worker holding its reusable session idle.
+        answering = reap(pool, events)
+        waits = [pool["housekeeping_at"] - time.monotonic()]
+        if not claimed:  # else the next turn, in 10 ms, looks
+            next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
+            if next_plan is not None:
+                waits.append(next_plan)
+        if answering:
+            waits.append(0.05)  # its worker notifies when it is idle; this is the fallback
+        idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
+        if idle_due is not None:
+            waits.append(idle_due)
+        if claimed:
+            # Started last: each worker waits for this transaction's commit to take
+            # its task, so nothing slow (a new spare's connection) may follow.
+            for task in claimed:
+                start(pool, task, claimer, events)
+            waits.append(0.01)  # the next turn replaces the spare these may have used
+        elif run_limit > 0 and not answering:
+            ensure_spare_worker(pool, events)
+        running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+        return json.dumps(events), max(0.0, min(waits)), running
+    SD["pgtaskpy.main"] = main
+return SD["pgtaskpy.main"]()
 $python$;
 
 REVOKE ALL ON PROCEDURE pgtaskpy.run_task(bigint, integer, jsonb) FROM PUBLIC;

@@ -41,7 +41,9 @@ AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 -- launchers never both fill the last slot of a group.
 CREATE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer)
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+-- A generic plan, made once per backend: planning this query again on every
+-- claim costs more than running it.
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     due_groups integer[];
