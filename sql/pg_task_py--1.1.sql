@@ -1626,11 +1626,20 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
 
 
+    POOL_LAYOUT = 2  # of the dict below; a pool of another layout was left by the code before an update
+
+
     def state():
         pool = GD.get("pgtaskpy.pool")
+        if pool is not None and pool.get("layout") != POOL_LAYOUT:
+            # ALTER EXTENSION ... UPDATE under a running launcher: close the old
+            # code's workers (a busy one still records its task's end) and start afresh.
+            for name in list(pool["workers"]):
+                disconnect(pool, name)
+            pool = None
         if pool is None:
-            pool = GD["pgtaskpy.pool"] = {"workers": {}, "serial": 0, "housekeeping_at": 0.0, "name": None,
-                                          "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
+            pool = GD["pgtaskpy.pool"] = {"layout": POOL_LAYOUT, "workers": {}, "serial": 0, "housekeeping_at": 0.0,
+                                          "name": None, "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
         return pool
 
 

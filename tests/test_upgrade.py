@@ -93,13 +93,17 @@ def test_update_gives_what_a_fresh_install_gives(cluster: Cluster, db, old):
         upgraded.sql("DROP EXTENSION pg_task_py")
         upgraded.conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {}").format(sql.Literal(old)))
         assert upgraded.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == old
-        before = upgraded.insert("SELECT 40 + 2")  # a task waiting across the update
+        launcher = upgraded.launcher()  # the update happens under a running launcher
+        assert upgraded.wait_done(upgraded.insert("SELECT 'old'"))["output"] == "old"
+        waiting = upgraded.insert("SELECT 40 + 2", plan=upgraded.value("SELECT now() + interval '1 s'"))
         upgraded.sql("ALTER EXTENSION pg_task_py UPDATE")
         assert upgraded.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == CURRENT
         assert snapshot(upgraded) == snapshot(db)
-        # The updated extension schedules: the task from before the update and a new one run.
-        upgraded.launcher()
+        # The launcher goes on with the new code, in the same session: the task
+        # waiting across the update and a new one run.
         after = upgraded.insert("SELECT 'after'")
-        assert upgraded.wait_done(before)["output"] == "42"
+        assert upgraded.wait_done(waiting)["output"] == "42"
         assert upgraded.wait_done(after)["output"] == "after"
+        assert launcher.output().count("scheduling (active)") == 1, launcher.output()
+        assert "WARNING" not in launcher.output() and "ERROR" not in launcher.output(), launcher.output()
 
