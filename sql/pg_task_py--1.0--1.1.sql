@@ -680,6 +680,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
             self.notices.append("\n".join(lines))
 
         def close(self):
+            self._polling = None  # a closed attempt is over: advance() must not poll a freed handle
             if self.handle:
                 PQfinish(self.handle)
                 self.handle = None

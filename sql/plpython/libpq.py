@@ -231,6 +231,7 @@ class Session:
         self.notices.append("\n".join(lines))
 
     def close(self):
+        self._polling = None  # a closed attempt is over: advance() must not poll a freed handle
         if self.handle:
             PQfinish(self.handle)
             self.handle = None
