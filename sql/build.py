@@ -7,8 +7,8 @@ PL/Python runs a body anew on every call; the files' definitions (ctypes
 prototypes, classes, functions: about 2 ms) run only on a backend's first call,
 and later calls reuse the `main` kept in SD, with everything it refers to.
 
-    python3 sql/build.py install > sql/pg_task_py--1.1.sql
-    python3 sql/build.py upgrade 1.0 1.1 > sql/pg_task_py--1.0--1.1.sql
+    python3 sql/build.py install > sql/pg_task_py--1.2.sql
+    python3 sql/build.py upgrade 1.1 1.2 > sql/pg_task_py--1.1--1.2.sql
 
 An upgrade script is sql/src/upgrade/FROM--TO.sql (what CREATE OR REPLACE
 cannot do: drops of changed signatures, new schema objects), followed by every

@@ -1,5 +1,5 @@
 """Workers going on with their group: a worker that ends a task claims the group's next
-due task itself (pgtaskpy.claim_next_in_group) under the same rules as the launcher."""
+due task itself (pgtaskpy.claim_next_task) under the same rules as the launcher."""
 
 from fix_cluster import most_at_once, wait_until
 

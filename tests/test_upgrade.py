@@ -11,8 +11,8 @@ from fix_cluster import Cluster
 from psycopg import sql
 
 REPO = Path(__file__).resolve().parent.parent
-CURRENT = "1.1"
-RELEASED = ["1.0"]
+CURRENT = "1.2"
+RELEASED = ["1.0", "1.1"]
 
 # Everything an extension consists of, as text: routines with their code and
 # grants, the table's columns, constraints, indexes, triggers and policies, the

@@ -28,7 +28,7 @@ KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session wait
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
 # Workers go on with their group's tasks only while their launcher's session
-# has this name (pgtaskpy.claim_next_in_group): a stopping launcher drops it.
+# has this name (pgtaskpy.claim_next_task): a stopping launcher drops it.
 ACCEPTING, STOPPING = "pg_task_py launcher", "pg_task_py launcher (stopping)"
 
 

@@ -8,8 +8,10 @@ WORK, commits, sends the input as one top-level query, writes output and
 error, and commits the end state.
 
 In the same transaction as that end, the worker claims its group's next due
-task if the group has room (pgtaskpy.claim_next_in_group) and goes on with
-it, for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  The
+task if the group has room (pgtaskpy.claim_next_task) and goes on with it,
+for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  When
+the next task's session is at hand, that transaction also marks it WORK: one
+commit a task.  The
 session is kept in GD for the next task of the same owner, remote and group
 when `count`/`live` allow reuse; otherwise each task gets a new session,
 started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
@@ -49,22 +51,23 @@ BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "t
                "the database system is shutting down", "the database system is not yet accepting connections")
 
 
+# What a worker reads of the task it runs, from the row it took or claimed.
+TASK_COLUMNS = (
+    "id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
+    " header, string, delimiter, quote, escape, \"null\","
+    " extract(epoch FROM timeout)::float8 AS timeout_s,"
+    " extract(epoch FROM live)::float8 AS live_s"
+)
+
+
 def take_task(task_id, claimer):
-    """The task's row, locked, if it is still claimed by `claimer` (the launcher's session or this worker).
+    """The task's row, locked, if it is still claimed by `claimer` (the launcher's session).
 
     Locked by id alone: the launcher's claim may not have committed yet, and a
     row lock waits for it, where a snapshot would show the row still in PLAN.
     """
     rows = plpy.execute(
-        prepared(
-            "take",
-            "SELECT id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
-            "       header, string, delimiter, quote, escape, \"null\","
-            "       extract(epoch FROM timeout)::float8 AS timeout_s,"
-            "       extract(epoch FROM live)::float8 AS live_s"
-            " FROM {ext}.task WHERE id = $1 FOR UPDATE",
-            ["bigint"],
-        ),
+        prepared("take", f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = $1 FOR UPDATE", ["bigint"]),
         [task_id],
     )
     if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
@@ -95,20 +98,47 @@ def session_key(task):
     return (task["owner"], task["remote"], task["hash"])
 
 
+def reusable(kept, task):
+    """Whether the kept session may run this task (`count`/`live`, same owner, remote and group)."""
+    return (
+        kept is not None
+        and kept["key"] == session_key(task)
+        and kept["session"].ok
+        and (task["count"] <= 0 or kept["runs"] < task["count"])
+        and (task["live_s"] <= 0 or time.monotonic() < kept["born"] + task["live_s"])
+        and (task["count"] > 0 or task["live_s"] > 0)
+    )
+
+
+def reset_done(kept):
+    """Wait for the reset sent when the session's last task ended; False if it failed."""
+    if kept.pop("resetting", False):
+        try:
+            kept["session"].collect()
+        except ConnectError:
+            return False
+    return True
+
+
+def session_at_hand(task):
+    """Whether the task's session is ready now: kept for reuse, or opened ahead and connected."""
+    if reusable(GD.get(SESSION_KEY), task):
+        return True
+    if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
+        return False
+    fresh = [entry for entry in GD.get(FRESH_KEY) or [] if entry["owner"] == task["owner"]]
+    try:
+        return bool(fresh) and fresh[0]["session"].advance()
+    except ConnectError:
+        return False
+
+
 def open_session(task):
     """The task's session: the kept one when it may be reused, else a new one."""
     kept = GD.get(SESSION_KEY)
-    if kept is not None:
-        reusable = (
-            kept["key"] == session_key(task)
-            and kept["session"].ok
-            and (task["count"] <= 0 or kept["runs"] < task["count"])
-            and (task["live_s"] <= 0 or time.monotonic() < kept["born"] + task["live_s"])
-            and (task["count"] > 0 or task["live_s"] > 0)
-        )
-        if reusable:
-            return kept
-        close_session()
+    if reusable(kept, task) and reset_done(kept):
+        return kept
+    close_session()
     if task["remote"] is not None:
         session = open_remote_session(task)
     else:
@@ -310,16 +340,15 @@ def run_input(session, task, limit):
 
 
 def release_or_reset(kept, task, reused_next):
-    """Keep the session for the next task (reset unless `save`) or close it."""
+    """Keep the session for the next task (reset unless `save`) or close it.
+    The reset runs in the session while this worker ends the task and claims the next."""
     kept["runs"] += 1
     if not reused_next or not kept["session"].ok:
         close_session()
         return
-    try:
-        if task["save"]:
-            kept["session"].execute("RESET statement_timeout; RESET pg_task.id")
-        else:
-            kept["session"].execute("DISCARD ALL")
+    try:  # only sent: the answer is read (reset_done) when the session is taken again
+        kept["session"].send("RESET statement_timeout; RESET pg_task.id" if task["save"] else "DISCARD ALL")
+        kept["resetting"] = True
     except ConnectError:
         close_session()
 
@@ -349,12 +378,13 @@ def finish(task_id, state, output, error, notices=None, wake=True):
 
 
 def claim_next(task):
-    """The id of the group's next task, now claimed by this worker, or None."""
-    return plpy.execute(
-        prepared("next", "SELECT pgtaskpy.claim_next_in_group($1, pg_backend_pid(), $2) AS id",
-                 ["integer", "integer"]),
+    """The group's next task, now claimed by this worker (TAKE, not yet committed), or None."""
+    rows = plpy.execute(
+        prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, pg_backend_pid(), $2)"
+                         " WHERE id IS NOT NULL", ["integer", "integer"]),
         [task["hash"], claimer],
-    )[0]["id"]
+    )
+    return rows[0] if rows else None
 
 
 def wake_launchers():
@@ -378,8 +408,14 @@ def connect_failure_hint(task):
     )
 
 
-def run_one(task, go_on, report):
-    """Run a taken task to its end; return the group's next task id when going on with it."""
+def run_one(task, go_on, limit, report):
+    """Run a taken task to its end; return the group's next task, claimed, when going on with it.
+
+    The transaction that took the task (and ended the one before) is still open:
+    it commits with WORK, unless the session has to be waited for first.
+    """
+    if not session_at_hand(task):
+        plpy.commit()  # hold neither the scheduling lock nor the rows while a backend starts
     reuse = task["count"] > 0 or task["live_s"] > 0
     try:
         kept = open_session(task)
@@ -398,9 +434,6 @@ def run_one(task, go_on, report):
         report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
         return None
     session = kept["session"]
-    # Read before WORK is committed: from then on a cancel of this worker (task_cancel
-    # of a remote task) is meant for the task's query, which serve_interrupts passes on.
-    limit = output_limit()
     mark_working(task["id"], session)
     plpy.commit()  # WORK, start and pid are visible while the input runs
     started = time.monotonic()
@@ -416,19 +449,13 @@ def run_one(task, go_on, report):
     advance_fresh_sessions()
     state = "FAIL" if error else "DONE"
     held_slot = finish(task["id"], state, output, error, notices, wake=False)
-    # The next task takes this one's slot in its group, if this one still held it.
-    next_id = claim_next(task) if go_on and held_slot else None
-    if next_id is None:
-        wake_launchers()  # a slot and this worker are free
-    plpy.commit()
     report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
-    return next_id
-
-
-def worker_pid():
-    if "pgtaskpy.pid" not in GD:
-        GD["pgtaskpy.pid"] = plpy.execute("SELECT pg_catalog.pg_backend_pid() AS p")[0]["p"]
-    return GD["pgtaskpy.pid"]
+    # The next task takes this one's slot in its group, if this one still held it.
+    next_task = claim_next(task) if go_on and held_slot else None
+    if next_task is None:
+        wake_launchers()  # a slot and this worker are free
+        plpy.commit()
+    return next_task
 
 
 def main():
@@ -436,16 +463,13 @@ def main():
     task = take_task(task_id, claimer)
     if task is None and task_id == 0:  # the launcher's warm-up call for a spare worker
         start_fresh_sessions(plpy.execute("SELECT current_user AS u")[0]["u"], 1)
+    # Read before any WORK is committed: from then on a cancel of this worker (task_cancel
+    # of a remote task) is meant for the task's query, which serve_interrupts passes on.
+    limit = output_limit() if task is not None else None
     chain_ends = time.monotonic() + CHAIN_SECONDS
     while task is not None:  # else stopped, or taken over after this worker's launcher died
-        next_id = run_one(task, time.monotonic() < chain_ends, report)
-        if next_id is None:
-            break
-        task = take_task(next_id, worker_pid())
-        if task is None:  # stopped meanwhile: this worker is free
-            wake_launchers()
-            plpy.commit()
-        else:
+        task = run_one(task, time.monotonic() < chain_ends, limit, report)
+        if task is not None:
             report["started"].append(task["id"])
     kept = GD.get(SESSION_KEY)
     report["key"] = list(kept["key"]) if kept is not None else None

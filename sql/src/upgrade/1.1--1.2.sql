@@ -1,0 +1,5 @@
+-- 1.1 -> 1.2: what CREATE OR REPLACE cannot do.  sql/build.py appends every
+-- function and procedure of 1.2 after this, as CREATE OR REPLACE.
+--
+-- Nothing: 1.2 only adds and replaces routines (claim_next_in_group keeps its
+-- 1.1 signature for workers running 1.1 code during the update).
