@@ -321,36 +321,36 @@ BEGIN
 END
 $$;
 
--- The next task of a group, claimed (PLAN -> TAKE) by the worker that has just
--- ended one of the group's tasks, in the same transaction: the worker goes on
--- with the group, and its reusable session, without a round trip through the
--- launcher, as pg_task's workers do.  The rules are claim_due_tasks'.  Returns
--- the claimed row (the worker needs no second read of it); NULL when the
--- group has nothing due or no room, or when the launcher that started the
--- worker is stopping or gone (then the launcher decides).
+-- The next task of a group, claimed by the worker that has just ended one of
+-- the group's tasks, in the same transaction: the worker goes on with the
+-- group, and its reusable session, without a round trip through the launcher,
+-- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
+-- TAKE by the calling backend, in the same statement that locked it (a lock
+-- and an update in two statements of PL/Python, each its own subtransaction,
+-- would make a MultiXact of every task), and returns the row.  NULL when the group has nothing due or no room, or when the launcher that
+-- started the worker is stopping or gone (then the launcher decides).
 --
 -- Workers of one group claim side by side: each hands on the slot of the task
 -- it ends, and sees the tasks the others are ending still running (not yet
 -- committed) or already replaced (committed), so the group never runs more
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
-CREATE FUNCTION pgtaskpy.claim_next_task(group_hash integer, claimer integer, launcher integer)
+CREATE FUNCTION pgtaskpy.claim_next_task(group_hash integer, launcher integer)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
 -- index, even when the statistics of a table just filled say "one row".
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off
 AS $$
 DECLARE
-    candidate record;
+    claimed @extschema@.task;
     running bigint;
     cap integer;
-    claimed @extschema@.task;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
                    WHERE a.application_name = 'pg_task_py launcher') THEN
         RETURN NULL;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
-    SELECT t.id, t.max, t.owner INTO candidate
+    SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
     ORDER BY t.max DESC, t.id
@@ -362,31 +362,31 @@ BEGIN
     -- Counted apart, so that the room checks are simple expressions: inlined,
     -- and not planned again on every claim.
     running := (SELECT count(*) FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK') AND r.hash = group_hash);
-    IF NOT pgtaskpy.group_has_room(candidate.max, running, 1) THEN
+    IF NOT pgtaskpy.group_has_room(claimed.max, running, 1) THEN
         RETURN NULL;
     END IF;
-    cap := pgtaskpy.role_running_limit(candidate.owner);
+    cap := pgtaskpy.role_running_limit(claimed.owner);
     IF cap IS NOT NULL THEN  -- an owner's count spans groups: no slot to hand on
-        PERFORM pgtaskpy.lock_owner(candidate.owner);
+        PERFORM pgtaskpy.lock_owner(claimed.owner);
         running := (SELECT count(*) FROM @extschema@.task AS r
-                    WHERE r.state IN ('TAKE', 'WORK') AND r.owner = candidate.owner);
+                    WHERE r.state IN ('TAKE', 'WORK') AND r.owner = claimed.owner);
         IF NOT pgtaskpy.owner_has_room(cap, running, 1) THEN
             RETURN NULL;
         END IF;
     END IF;
-    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = claimer WHERE t.id = candidate.id
+    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
     RETURNING t.* INTO claimed;
     RETURN claimed;
 END
 $$;
 
--- 1.1's claim_next_in_group, for a worker that runs 1.1 code while the
--- extension is updated under it (it goes on with its group until its call
--- returns).  Drop in 1.3.
+-- 1.1's claim_next_in_group, for a worker that
+-- runs 1.1 code while the extension is updated under it: it goes on with its
+-- group until its call returns.  Drop in 1.3.
 CREATE FUNCTION pgtaskpy.claim_next_in_group(group_hash integer, claimer integer, launcher integer)
 RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
-AS $$ SELECT (pgtaskpy.claim_next_task(group_hash, claimer, launcher)).id $$;
+AS $$ SELECT c.id FROM pgtaskpy.claim_next_task(group_hash, launcher) AS c $$;
 
 -- pg_task_py.role_running_limit: most tasks of one owner running at once, from
 -- ALTER ROLE ... SET (this database's first, then any database's); NULL: no
@@ -602,7 +602,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
@@ -1112,7 +1112,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
     task if the group has room (pgtaskpy.claim_next_task) and goes on with it,
     for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  When
     the next task's session is at hand, that transaction also marks it WORK: one
-    commit a task.  The
+    commit and two updates a task.  The
     session is kept in GD for the next task of the same owner, remote and group
     when `count`/`live` allow reuse; otherwise each task gets a new session,
     started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
@@ -1219,6 +1219,17 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
             except ConnectError:
                 return False
         return True
+
+
+    def settle_reset():
+        """Read the answer to the reset sent when the task ended (it ran while the end was written).
+
+        Read before the claim: from the claim to the commit, the scheduling lock is
+        held, and no wait for another process may lengthen that.
+        """
+        kept = GD.get(SESSION_KEY)
+        if kept is not None and not reset_done(kept):
+            close_session()
 
 
     def session_at_hand(task):
@@ -1454,16 +1465,18 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
             close_session()
 
 
-    def mark_working(task_id, session):
-        plpy.execute(
+    def mark_working(task, session):
+        """TAKE -> WORK; False if the task is no longer this worker's claim (stopped, or taken
+        over by a launcher, while its session opened outside the claim's transaction)."""
+        return plpy.execute(
             prepared(
                 "work",
-                "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(),"
-                " pid = $2, worker = pg_backend_pid() WHERE id = $1",
-                ["bigint", "integer"],
+                "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(), pid = $2, worker = pg_backend_pid()"
+                " WHERE id = $1 AND state = 'TAKE' AND worker = $3 RETURNING id",
+                ["bigint", "integer", "integer"],
             ),
-            [task_id, session.pid],
-        )
+            [task["id"], session.pid, task["worker"]],
+        ).nrows() == 1
 
 
     def finish(task_id, state, output, error, notices=None, wake=True):
@@ -1479,10 +1492,10 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
 
     def claim_next(task):
-        """The group's next task, now claimed by this worker (TAKE, not yet committed), or None."""
+        """The group's next task, now TAKE by this worker (not yet committed), or None."""
         rows = plpy.execute(
-            prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, pg_backend_pid(), $2)"
-                             " WHERE id IS NOT NULL", ["integer", "integer"]),
+            prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2) WHERE id IS NOT NULL",
+                     ["integer", "integer"]),
             [task["hash"], claimer],
         )
         return rows[0] if rows else None
@@ -1509,6 +1522,22 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         )
 
 
+    def session_failed(task, exc, report):
+        """The task's session could not be opened or used: the task waits for a connection
+        slot when the server is full, else it fails with the reason."""
+        close_session()
+        if any(reason in str(exc) for reason in BUSY_SERVER):
+            postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
+            wake_launchers()
+            plpy.commit()
+            report["postponed"].append(task["id"])
+            return
+        finish(task["id"], "FAIL", None, format_message(
+            f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
+        plpy.commit()
+        report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+
+
     def run_one(task, go_on, limit, report):
         """Run a taken task to its end; return the group's next task, claimed, when going on with it.
 
@@ -1516,26 +1545,21 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         it commits with WORK, unless the session has to be waited for first.
         """
         if not session_at_hand(task):
-            plpy.commit()  # hold neither the scheduling lock nor the rows while a backend starts
+            plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
         reuse = task["count"] > 0 or task["live_s"] > 0
         try:
             kept = open_session(task)
-            send_prepare(kept["session"], task)
         except ConnectError as exc:
-            close_session()
-            if any(reason in str(exc) for reason in BUSY_SERVER):
-                postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
-                wake_launchers()
-                plpy.commit()
-                report["postponed"].append(task["id"])
-                return None
-            finish(task["id"], "FAIL", None, format_message(
-                f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
-            plpy.commit()
-            report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
-            return None
+            return session_failed(task, exc, report)
         session = kept["session"]
-        mark_working(task["id"], session)
+        if not mark_working(task, session):
+            wake_launchers()
+            plpy.commit()
+            return None  # not this worker's to run any more; its session stays clean for the next
+        try:
+            send_prepare(session, task)
+        except ConnectError as exc:
+            return session_failed(task, exc, report)
         plpy.commit()  # WORK, start and pid are visible while the input runs
         started = time.monotonic()
         if task["remote"] is None and not reuse:
@@ -1550,6 +1574,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         advance_fresh_sessions()
         state = "FAIL" if error else "DONE"
         held_slot = finish(task["id"], state, output, error, notices, wake=False)
+        settle_reset()
         report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
         # The next task takes this one's slot in its group, if this one still held it.
         next_task = claim_next(task) if go_on and held_slot else None

@@ -11,7 +11,7 @@ In the same transaction as that end, the worker claims its group's next due
 task if the group has room (pgtaskpy.claim_next_task) and goes on with it,
 for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  When
 the next task's session is at hand, that transaction also marks it WORK: one
-commit a task.  The
+commit and two updates a task.  The
 session is kept in GD for the next task of the same owner, remote and group
 when `count`/`live` allow reuse; otherwise each task gets a new session,
 started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
@@ -118,6 +118,17 @@ def reset_done(kept):
         except ConnectError:
             return False
     return True
+
+
+def settle_reset():
+    """Read the answer to the reset sent when the task ended (it ran while the end was written).
+
+    Read before the claim: from the claim to the commit, the scheduling lock is
+    held, and no wait for another process may lengthen that.
+    """
+    kept = GD.get(SESSION_KEY)
+    if kept is not None and not reset_done(kept):
+        close_session()
 
 
 def session_at_hand(task):
@@ -353,16 +364,18 @@ def release_or_reset(kept, task, reused_next):
         close_session()
 
 
-def mark_working(task_id, session):
-    plpy.execute(
+def mark_working(task, session):
+    """TAKE -> WORK; False if the task is no longer this worker's claim (stopped, or taken
+    over by a launcher, while its session opened outside the claim's transaction)."""
+    return plpy.execute(
         prepared(
             "work",
-            "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(),"
-            " pid = $2, worker = pg_backend_pid() WHERE id = $1",
-            ["bigint", "integer"],
+            "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(), pid = $2, worker = pg_backend_pid()"
+            " WHERE id = $1 AND state = 'TAKE' AND worker = $3 RETURNING id",
+            ["bigint", "integer", "integer"],
         ),
-        [task_id, session.pid],
-    )
+        [task["id"], session.pid, task["worker"]],
+    ).nrows() == 1
 
 
 def finish(task_id, state, output, error, notices=None, wake=True):
@@ -378,10 +391,10 @@ def finish(task_id, state, output, error, notices=None, wake=True):
 
 
 def claim_next(task):
-    """The group's next task, now claimed by this worker (TAKE, not yet committed), or None."""
+    """The group's next task, now TAKE by this worker (not yet committed), or None."""
     rows = plpy.execute(
-        prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, pg_backend_pid(), $2)"
-                         " WHERE id IS NOT NULL", ["integer", "integer"]),
+        prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2) WHERE id IS NOT NULL",
+                 ["integer", "integer"]),
         [task["hash"], claimer],
     )
     return rows[0] if rows else None
@@ -408,6 +421,22 @@ def connect_failure_hint(task):
     )
 
 
+def session_failed(task, exc, report):
+    """The task's session could not be opened or used: the task waits for a connection
+    slot when the server is full, else it fails with the reason."""
+    close_session()
+    if any(reason in str(exc) for reason in BUSY_SERVER):
+        postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
+        wake_launchers()
+        plpy.commit()
+        report["postponed"].append(task["id"])
+        return
+    finish(task["id"], "FAIL", None, format_message(
+        f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
+    plpy.commit()
+    report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+
+
 def run_one(task, go_on, limit, report):
     """Run a taken task to its end; return the group's next task, claimed, when going on with it.
 
@@ -415,26 +444,21 @@ def run_one(task, go_on, limit, report):
     it commits with WORK, unless the session has to be waited for first.
     """
     if not session_at_hand(task):
-        plpy.commit()  # hold neither the scheduling lock nor the rows while a backend starts
+        plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
     reuse = task["count"] > 0 or task["live_s"] > 0
     try:
         kept = open_session(task)
-        send_prepare(kept["session"], task)
     except ConnectError as exc:
-        close_session()
-        if any(reason in str(exc) for reason in BUSY_SERVER):
-            postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
-            wake_launchers()
-            plpy.commit()
-            report["postponed"].append(task["id"])
-            return None
-        finish(task["id"], "FAIL", None, format_message(
-            f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
-        plpy.commit()
-        report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
-        return None
+        return session_failed(task, exc, report)
     session = kept["session"]
-    mark_working(task["id"], session)
+    if not mark_working(task, session):
+        wake_launchers()
+        plpy.commit()
+        return None  # not this worker's to run any more; its session stays clean for the next
+    try:
+        send_prepare(session, task)
+    except ConnectError as exc:
+        return session_failed(task, exc, report)
     plpy.commit()  # WORK, start and pid are visible while the input runs
     started = time.monotonic()
     if task["remote"] is None and not reuse:
@@ -449,6 +473,7 @@ def run_one(task, go_on, limit, report):
     advance_fresh_sessions()
     state = "FAIL" if error else "DONE"
     held_slot = finish(task["id"], state, output, error, notices, wake=False)
+    settle_reset()
     report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
     # The next task takes this one's slot in its group, if this one still held it.
     next_task = claim_next(task) if go_on and held_slot else None

@@ -125,36 +125,36 @@ BEGIN
 END
 $$;
 
--- The next task of a group, claimed (PLAN -> TAKE) by the worker that has just
--- ended one of the group's tasks, in the same transaction: the worker goes on
--- with the group, and its reusable session, without a round trip through the
--- launcher, as pg_task's workers do.  The rules are claim_due_tasks'.  Returns
--- the claimed row (the worker needs no second read of it); NULL when the
--- group has nothing due or no room, or when the launcher that started the
--- worker is stopping or gone (then the launcher decides).
+-- The next task of a group, claimed by the worker that has just ended one of
+-- the group's tasks, in the same transaction: the worker goes on with the
+-- group, and its reusable session, without a round trip through the launcher,
+-- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
+-- TAKE by the calling backend, in the same statement that locked it (a lock
+-- and an update in two statements of PL/Python, each its own subtransaction,
+-- would make a MultiXact of every task), and returns the row.  NULL when the group has nothing due or no room, or when the launcher that
+-- started the worker is stopping or gone (then the launcher decides).
 --
 -- Workers of one group claim side by side: each hands on the slot of the task
 -- it ends, and sees the tasks the others are ending still running (not yet
 -- committed) or already replaced (committed), so the group never runs more
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
-CREATE FUNCTION pgtaskpy.claim_next_task(group_hash integer, claimer integer, launcher integer)
+CREATE FUNCTION pgtaskpy.claim_next_task(group_hash integer, launcher integer)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
 -- index, even when the statistics of a table just filled say "one row".
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off
 AS $$
 DECLARE
-    candidate record;
+    claimed @extschema@.task;
     running bigint;
     cap integer;
-    claimed @extschema@.task;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
                    WHERE a.application_name = 'pg_task_py launcher') THEN
         RETURN NULL;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
-    SELECT t.id, t.max, t.owner INTO candidate
+    SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
     ORDER BY t.max DESC, t.id
@@ -166,31 +166,31 @@ BEGIN
     -- Counted apart, so that the room checks are simple expressions: inlined,
     -- and not planned again on every claim.
     running := (SELECT count(*) FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK') AND r.hash = group_hash);
-    IF NOT pgtaskpy.group_has_room(candidate.max, running, 1) THEN
+    IF NOT pgtaskpy.group_has_room(claimed.max, running, 1) THEN
         RETURN NULL;
     END IF;
-    cap := pgtaskpy.role_running_limit(candidate.owner);
+    cap := pgtaskpy.role_running_limit(claimed.owner);
     IF cap IS NOT NULL THEN  -- an owner's count spans groups: no slot to hand on
-        PERFORM pgtaskpy.lock_owner(candidate.owner);
+        PERFORM pgtaskpy.lock_owner(claimed.owner);
         running := (SELECT count(*) FROM @extschema@.task AS r
-                    WHERE r.state IN ('TAKE', 'WORK') AND r.owner = candidate.owner);
+                    WHERE r.state IN ('TAKE', 'WORK') AND r.owner = claimed.owner);
         IF NOT pgtaskpy.owner_has_room(cap, running, 1) THEN
             RETURN NULL;
         END IF;
     END IF;
-    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = claimer WHERE t.id = candidate.id
+    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
     RETURNING t.* INTO claimed;
     RETURN claimed;
 END
 $$;
 
--- 1.1's claim_next_in_group, for a worker that runs 1.1 code while the
--- extension is updated under it (it goes on with its group until its call
--- returns).  Drop in 1.3.
+-- 1.1's claim_next_in_group, for a worker that
+-- runs 1.1 code while the extension is updated under it: it goes on with its
+-- group until its call returns.  Drop in 1.3.
 CREATE FUNCTION pgtaskpy.claim_next_in_group(group_hash integer, claimer integer, launcher integer)
 RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
-AS $$ SELECT (pgtaskpy.claim_next_task(group_hash, claimer, launcher)).id $$;
+AS $$ SELECT c.id FROM pgtaskpy.claim_next_task(group_hash, launcher) AS c $$;
 
 -- pg_task_py.role_running_limit: most tasks of one owner running at once, from
 -- ALTER ROLE ... SET (this database's first, then any database's); NULL: no
@@ -406,7 +406,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
