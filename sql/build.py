@@ -11,9 +11,9 @@ and later calls reuse the `main` kept in SD, with everything it refers to.
     python3 sql/build.py upgrade 1.1 1.2 > sql/pg_task_py--1.1--1.2.sql
 
 An upgrade script is sql/src/upgrade/FROM--TO.sql (what CREATE OR REPLACE
-cannot do: drops of changed signatures, new schema objects), followed by every
-file of sql/src that holds only functions and their grants, with CREATE turned
-into CREATE OR REPLACE.  So a function is written once, and an upgraded
+cannot do: drops of changed signatures and of what is gone, new schema
+objects), followed by every file of sql/src that holds only functions,
+triggers and their grants, with CREATE turned into CREATE OR REPLACE.  So a function is written once, and an upgraded
 database gets the same code as a fresh install (tests/test_upgrade.py checks).
 """
 
@@ -23,10 +23,11 @@ import sys
 
 HERE = pathlib.Path(__file__).parent
 INCLUDE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.MULTILINE)
-CREATE_ROUTINE = re.compile(r"^CREATE (FUNCTION|PROCEDURE) ", re.MULTILINE)
-# Files of sql/src that define only functions, procedures, comments and grants:
-# replaying them is how an upgrade script brings every routine up to date.
-ROUTINE_FILES = ("30_scheduling.sql", "40_worker.sql", "60_api.sql")
+CREATE_ROUTINE = re.compile(r"^CREATE (FUNCTION|PROCEDURE|TRIGGER) ", re.MULTILINE)
+# Files of sql/src that define only functions, procedures, triggers, comments
+# and grants: replaying them is how an upgrade script brings every routine
+# (and trigger) up to date.
+ROUTINE_FILES = ("20_triggers.sql", "30_scheduling.sql", "40_worker.sql", "60_api.sql")
 
 
 def python_body(match: re.Match) -> str:

@@ -99,9 +99,22 @@ def test_bad_setting_value_names_the_setting(db):
     ],
 )
 def test_impossible_values_are_rejected_naming_the_column(db, column, value, message):
-    with pytest.raises(psycopg.errors.CheckViolation, match=message):
+    with pytest.raises(psycopg.errors.CheckViolation, match=message) as error:
         db.insert("SELECT 1", **{column: value})
+    # The error a CHECK constraint of that name would raise: clients can match either.
+    assert str(error.value).startswith(f'new row for relation "task" violates check constraint "{message}"')
+    assert error.value.diag.constraint_name == message
+    assert error.value.diag.table_name == "task"
     assert db.value("SELECT count(*) FROM task") == 0
+
+
+def test_impossible_values_are_rejected_by_update_too(db):
+    task = db.insert("SELECT 1", plan=db.value("SELECT now() + interval '1 hour'"))
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.count must not be negative"):
+        db.sql("UPDATE task SET count = -1 WHERE id = %s", [task])
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.input must not be empty"):
+        db.sql("UPDATE task SET input = ' ; ' WHERE id = %s", [task])
+    assert db.sql("SELECT count, input FROM task WHERE id = %s", [task]) == [(0, "SELECT 1")]
 
 
 @pytest.mark.parametrize("input", ["", "   ", " ; "])

@@ -83,17 +83,8 @@ CREATE TABLE @extschema@.task (
     save        boolean NOT NULL DEFAULT pgtaskpy.setting_default('save', false),
     owner       name NOT NULL DEFAULT current_user,
     worker      integer,
-    notice      text,
-    -- Constraint names are the messages a user sees when an INSERT is rejected.
-    CONSTRAINT "task.active must be a positive interval" CHECK (active > interval '0'),
-    CONSTRAINT "task.live must not be negative" CHECK (live >= interval '0'),
-    CONSTRAINT "task.repeat must not be negative" CHECK (repeat >= interval '0'),
-    CONSTRAINT "task.timeout must not be negative" CHECK (timeout >= interval '0'),
-    CONSTRAINT "task.count must not be negative" CHECK (count >= 0),
-    CONSTRAINT "task.input must not be empty" CHECK (btrim(input, E' \t\r\n;') <> ''),
-    CONSTRAINT "task.delimiter must be exactly one character" CHECK (length(delimiter) = 1),
-    CONSTRAINT "task.quote must be at most one character" CHECK (length(quote) <= 1),
-    CONSTRAINT "task.escape must be at most one character" CHECK (length(escape) <= 1)
+    notice      text
+    -- Impossible values are rejected by the trigger task_check (sql/src/20_triggers.sql).
 );
 
 COMMENT ON TABLE @extschema@.task IS 'pg_task_py: insert SQL into input, read output/error/state back';

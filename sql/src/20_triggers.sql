@@ -1,9 +1,37 @@
--- Row checks that a CHECK constraint cannot express, and the wake-up of launchers.
+-- The table's row checks and the wake-up of launchers.  Replayed by every
+-- upgrade script (sql/build.py): functions and triggers only.
 
-CREATE FUNCTION pgtaskpy.check_owner() RETURNS trigger
+-- Rejects what a task row cannot hold, with the error a CHECK constraint of that
+-- name would raise (SQLSTATE 23514), so the name says what is wrong.  A trigger
+-- rather than constraints: CHECK constraints are prepared again by every UPDATE
+-- statement, the scheduler's too, which never touches these columns; this
+-- trigger fires only when they are written.
+CREATE FUNCTION pgtaskpy.check_task() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    violated text;
 BEGIN
+    -- (NULL passes, as in a CHECK constraint: NOT NULL rejects it.)
+    violated := CASE
+        WHEN NOT NEW.active > interval '0' THEN 'task.active must be a positive interval'
+        WHEN NOT NEW.live >= interval '0' THEN 'task.live must not be negative'
+        WHEN NOT NEW.repeat >= interval '0' THEN 'task.repeat must not be negative'
+        WHEN NOT NEW.timeout >= interval '0' THEN 'task.timeout must not be negative'
+        WHEN NOT NEW.count >= 0 THEN 'task.count must not be negative'
+        WHEN NOT btrim(NEW.input, E' \t\r\n;') <> '' THEN 'task.input must not be empty'
+        WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
+        WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
+        WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
+    END;
+    IF violated IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
+            USING ERRCODE = 'check_violation', CONSTRAINT = violated,
+                  SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.owner IS NOT DISTINCT FROM OLD.owner THEN
+        RETURN NEW;
+    END IF;
     -- A task runs as its owner, so naming another role would borrow its privileges.
     IF NEW.owner IS DISTINCT FROM current_user
        AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
@@ -13,8 +41,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Leave owner at its default (current_user), or be a member of that role.';
     END IF;
-    IF TG_OP = 'UPDATE' AND NEW.owner IS DISTINCT FROM OLD.owner
-       AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+    IF TG_OP = 'UPDATE' AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
         RAISE EXCEPTION 'permission denied to change task.owner'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
@@ -22,9 +49,10 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER task_check_owner
-    BEFORE INSERT OR UPDATE OF owner ON @extschema@.task
-    FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_owner();
+CREATE TRIGGER task_check
+    BEFORE INSERT OR UPDATE OF active, live, repeat, timeout, count, input, delimiter, quote, escape, owner
+    ON @extschema@.task
+    FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_task();
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once
 -- instead of at the next poll.  Identical notifications of one transaction are
