@@ -166,7 +166,6 @@ BEGIN
        OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()) THEN
         RETURN;  -- nothing due: one probe of the plan index
     END IF;
-    PERFORM pgtaskpy.lock_scheduling();
     -- The groups with due tasks.  Few due tasks: read them from the plan index,
     -- so that tasks planned ahead cost nothing.  Many: one index probe a group
     -- with waiting tasks (a skip scan), so that a backlog costs per group, not
@@ -186,6 +185,20 @@ BEGIN
         WHERE w.hash IS NOT NULL
           AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.hash = w.hash AND e.plan <= now());
     END IF;
+    -- Every due group full, as while workers go on with a busy backlog: no lock.
+    -- Taking it would stall each of those workers for this turn, and a slot
+    -- that frees later wakes the launchers (finish_task, wake_launchers).
+    IF NOT EXISTS (
+        SELECT FROM unnest(due_groups) AS w(hash)
+        CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
+                            ORDER BY f.max DESC, f.id LIMIT 1) AS first
+        WHERE pgtaskpy.group_has_room(first.max, (SELECT count(*) FROM @extschema@.task AS r
+                                                  WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash), 1))
+    THEN
+        RETURN;
+    END IF;
+    -- Before any row is locked; the claim below reads the table afresh.
+    PERFORM pgtaskpy.lock_scheduling();
     RETURN QUERY
     WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
@@ -233,16 +246,22 @@ $$;
 -- the group's tasks, in the same transaction: the worker goes on with the
 -- group, and its reusable session, without a round trip through the launcher,
 -- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
--- TAKE by the calling backend, in the same statement that locked it (a lock
--- and an update in two statements of PL/Python, each its own subtransaction,
--- would make a MultiXact of every task), and returns the row.  NULL when the group has nothing due or no room, or when the launcher that
+-- TAKE by the calling backend, or WORK at once in the session the worker
+-- offers (session_pid) when the task is like the one that session is ready
+-- for (same owner, count and live), and returns the row.  Marked in the
+-- statement that locked it: a lock and an update in two statements of
+-- PL/Python, each its own subtransaction, would make a MultiXact of every
+-- task.  NULL when the group has nothing due or no room, or when the launcher that
 -- started the worker is stopping or gone (then the launcher decides).
 --
 -- Workers of one group claim side by side: each hands on the slot of the task
 -- it ends, and sees the tasks the others are ending still running (not yet
 -- committed) or already replaced (committed), so the group never runs more
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
-CREATE OR REPLACE FUNCTION pgtaskpy.claim_next_task(group_hash integer, launcher integer)
+CREATE OR REPLACE FUNCTION pgtaskpy.claim_next_task(
+    group_hash integer, launcher integer,
+    session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL,
+    session_count integer DEFAULT NULL, session_live interval DEFAULT NULL)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
 -- index, even when the statistics of a table just filled say "one row".
@@ -282,8 +301,16 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
-    RETURNING t.* INTO claimed;
+    IF session_pid IS NOT NULL AND claimed.owner = session_owner
+       AND claimed.count = session_count AND claimed.live = session_live THEN
+        UPDATE @extschema@.task AS t
+        SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
+        WHERE t.id = claimed.id
+        RETURNING t.* INTO claimed;
+    ELSE
+        UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
+        RETURNING t.* INTO claimed;
+    END IF;
     RETURN claimed;
 END
 $$;
@@ -510,7 +537,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
@@ -1399,14 +1426,47 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         )[0]["s"] is not None
 
 
+    def session_offer(task):
+        """The session a next task like `task` (same owner, count and live) would run in, if it
+        is ready now: the kept one, or one opened ahead and connected.  (kept entry, fresh entry)."""
+        kept = GD.get(SESSION_KEY)
+        if reusable(kept, task):
+            return kept, None
+        if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
+            return None, None
+        fresh = GD.get(FRESH_KEY) or []
+        try:
+            if not fresh or fresh[0]["owner"] != task["owner"] or not fresh[0]["session"].advance():
+                return None, None
+        except ConnectError:
+            return None, None
+        if fresh[0]["fingerprint"] != login_fingerprint(task["owner"]):
+            return None, None
+        return {"key": session_key(task), "session": fresh[0]["session"], "runs": 0, "born": time.monotonic()}, fresh[0]
+
+
     def claim_next(task):
-        """The group's next task, now TAKE by this worker (not yet committed), or None."""
+        """The group's next task, claimed by this worker (not yet committed), or None; and the
+        session it is already WORK in, when the session this worker offered suits it."""
+        offered, fresh_entry = session_offer(task)
         rows = plpy.execute(
-            prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2) WHERE id IS NOT NULL",
-                     ["integer", "integer"]),
-            [task["hash"], claimer],
+            prepared(
+                "next",
+                f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6) WHERE id IS NOT NULL",
+                ["integer", "integer", "integer", "name", "integer", "interval"],
+            ),
+            [task["hash"], claimer, offered["session"].pid if offered else None, task["owner"], task["count"],
+             task["live"]],
         )
-        return rows[0] if rows else None
+        if not rows:
+            return None, None
+        if rows[0]["state"] != "WORK":
+            return rows[0], None
+        if fresh_entry is not None:  # it becomes the worker's session
+            GD[FRESH_KEY].remove(fresh_entry)
+            close_session()
+            GD[SESSION_KEY] = offered
+        return rows[0], offered
 
 
     def wake_launchers():
@@ -1432,38 +1492,41 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
     def session_failed(task, exc, report):
         """The task's session could not be opened or used: the task waits for a connection
-        slot when the server is full, else it fails with the reason."""
+        slot when the server is full, else it fails with the reason.  (No next task.)"""
         close_session()
         if any(reason in str(exc) for reason in BUSY_SERVER):
             postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
             wake_launchers()
             plpy.commit()
             report["postponed"].append(task["id"])
-            return
+            return None, None
         finish(task["id"], "FAIL", None, format_message(
             f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
         plpy.commit()
         report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+        return None, None
 
 
-    def run_one(task, go_on, limit, report):
-        """Run a taken task to its end; return the group's next task, claimed, when going on with it.
+    def run_one(task, kept, go_on, limit, report):
+        """Run a taken task to its end; return the group's next task, claimed, when going on with
+        it, and its session when the claim made it WORK in that session already.
 
         The transaction that took the task (and ended the one before) is still open:
         it commits with WORK, unless the session has to be waited for first.
         """
-        if not session_at_hand(task):
-            plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
         reuse = task["count"] > 0 or task["live_s"] > 0
-        try:
-            kept = open_session(task)
-        except ConnectError as exc:
-            return session_failed(task, exc, report)
+        if kept is None:
+            if not session_at_hand(task):
+                plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
+            try:
+                kept = open_session(task)
+            except ConnectError as exc:
+                return session_failed(task, exc, report)
+            if not mark_working(task, kept["session"]):
+                wake_launchers()
+                plpy.commit()
+                return None, None  # not this worker's to run any more; its session stays clean for the next
         session = kept["session"]
-        if not mark_working(task, session):
-            wake_launchers()
-            plpy.commit()
-            return None  # not this worker's to run any more; its session stays clean for the next
         try:
             send_prepare(session, task)
         except ConnectError as exc:
@@ -1485,11 +1548,11 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         settle_reset()
         report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
         # The next task takes this one's slot in its group, if this one still held it.
-        next_task = claim_next(task) if go_on and held_slot else None
+        next_task, next_kept = claim_next(task) if go_on and held_slot else (None, None)
         if next_task is None:
             wake_launchers()  # a slot and this worker are free
             plpy.commit()
-        return next_task
+        return next_task, next_kept
 
 
     def main():
@@ -1501,8 +1564,9 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         # of a remote task) is meant for the task's query, which serve_interrupts passes on.
         limit = output_limit() if task is not None else None
         chain_ends = time.monotonic() + CHAIN_SECONDS
+        kept = None  # the session a claimed task is WORK in already
         while task is not None:  # else stopped, or taken over after this worker's launcher died
-            task = run_one(task, time.monotonic() < chain_ends, limit, report)
+            task, kept = run_one(task, kept, time.monotonic() < chain_ends, limit, report)
             if task is not None:
                 report["started"].append(task["id"])
         kept = GD.get(SESSION_KEY)
@@ -1863,7 +1927,11 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         pool = state()
         events = []
         set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
-        run("lock", "SELECT pgtaskpy.lock_scheduling()")
+        if cancel_running or time.monotonic() >= pool["housekeeping_at"]:
+            # Before any row (see lock_scheduling).  Other turns leave it to
+            # claim_due_tasks, which takes it only when it may claim something:
+            # while it is held, no worker can go on with its group.
+            run("lock", "SELECT pgtaskpy.lock_scheduling()")
         if cancel_running:
             cancel_running_tasks(pool, events)
         housekeeping(pool, events)

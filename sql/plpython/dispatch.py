@@ -308,7 +308,11 @@ def main():
     pool = state()
     events = []
     set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
-    run("lock", "SELECT pgtaskpy.lock_scheduling()")
+    if cancel_running or time.monotonic() >= pool["housekeeping_at"]:
+        # Before any row (see lock_scheduling).  Other turns leave it to
+        # claim_due_tasks, which takes it only when it may claim something:
+        # while it is held, no worker can go on with its group.
+        run("lock", "SELECT pgtaskpy.lock_scheduling()")
     if cancel_running:
         cancel_running_tasks(pool, events)
     housekeeping(pool, events)

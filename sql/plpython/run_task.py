@@ -390,14 +390,47 @@ def finish(task_id, state, output, error, notices=None, wake=True):
     )[0]["s"] is not None
 
 
+def session_offer(task):
+    """The session a next task like `task` (same owner, count and live) would run in, if it
+    is ready now: the kept one, or one opened ahead and connected.  (kept entry, fresh entry)."""
+    kept = GD.get(SESSION_KEY)
+    if reusable(kept, task):
+        return kept, None
+    if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
+        return None, None
+    fresh = GD.get(FRESH_KEY) or []
+    try:
+        if not fresh or fresh[0]["owner"] != task["owner"] or not fresh[0]["session"].advance():
+            return None, None
+    except ConnectError:
+        return None, None
+    if fresh[0]["fingerprint"] != login_fingerprint(task["owner"]):
+        return None, None
+    return {"key": session_key(task), "session": fresh[0]["session"], "runs": 0, "born": time.monotonic()}, fresh[0]
+
+
 def claim_next(task):
-    """The group's next task, now TAKE by this worker (not yet committed), or None."""
+    """The group's next task, claimed by this worker (not yet committed), or None; and the
+    session it is already WORK in, when the session this worker offered suits it."""
+    offered, fresh_entry = session_offer(task)
     rows = plpy.execute(
-        prepared("next", f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2) WHERE id IS NOT NULL",
-                 ["integer", "integer"]),
-        [task["hash"], claimer],
+        prepared(
+            "next",
+            f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6) WHERE id IS NOT NULL",
+            ["integer", "integer", "integer", "name", "integer", "interval"],
+        ),
+        [task["hash"], claimer, offered["session"].pid if offered else None, task["owner"], task["count"],
+         task["live"]],
     )
-    return rows[0] if rows else None
+    if not rows:
+        return None, None
+    if rows[0]["state"] != "WORK":
+        return rows[0], None
+    if fresh_entry is not None:  # it becomes the worker's session
+        GD[FRESH_KEY].remove(fresh_entry)
+        close_session()
+        GD[SESSION_KEY] = offered
+    return rows[0], offered
 
 
 def wake_launchers():
@@ -423,38 +456,41 @@ def connect_failure_hint(task):
 
 def session_failed(task, exc, report):
     """The task's session could not be opened or used: the task waits for a connection
-    slot when the server is full, else it fails with the reason."""
+    slot when the server is full, else it fails with the reason.  (No next task.)"""
     close_session()
     if any(reason in str(exc) for reason in BUSY_SERVER):
         postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
         wake_launchers()
         plpy.commit()
         report["postponed"].append(task["id"])
-        return
+        return None, None
     finish(task["id"], "FAIL", None, format_message(
         f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
     plpy.commit()
     report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+    return None, None
 
 
-def run_one(task, go_on, limit, report):
-    """Run a taken task to its end; return the group's next task, claimed, when going on with it.
+def run_one(task, kept, go_on, limit, report):
+    """Run a taken task to its end; return the group's next task, claimed, when going on with
+    it, and its session when the claim made it WORK in that session already.
 
     The transaction that took the task (and ended the one before) is still open:
     it commits with WORK, unless the session has to be waited for first.
     """
-    if not session_at_hand(task):
-        plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
     reuse = task["count"] > 0 or task["live_s"] > 0
-    try:
-        kept = open_session(task)
-    except ConnectError as exc:
-        return session_failed(task, exc, report)
+    if kept is None:
+        if not session_at_hand(task):
+            plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
+        try:
+            kept = open_session(task)
+        except ConnectError as exc:
+            return session_failed(task, exc, report)
+        if not mark_working(task, kept["session"]):
+            wake_launchers()
+            plpy.commit()
+            return None, None  # not this worker's to run any more; its session stays clean for the next
     session = kept["session"]
-    if not mark_working(task, session):
-        wake_launchers()
-        plpy.commit()
-        return None  # not this worker's to run any more; its session stays clean for the next
     try:
         send_prepare(session, task)
     except ConnectError as exc:
@@ -476,11 +512,11 @@ def run_one(task, go_on, limit, report):
     settle_reset()
     report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
     # The next task takes this one's slot in its group, if this one still held it.
-    next_task = claim_next(task) if go_on and held_slot else None
+    next_task, next_kept = claim_next(task) if go_on and held_slot else (None, None)
     if next_task is None:
         wake_launchers()  # a slot and this worker are free
         plpy.commit()
-    return next_task
+    return next_task, next_kept
 
 
 def main():
@@ -492,8 +528,9 @@ def main():
     # of a remote task) is meant for the task's query, which serve_interrupts passes on.
     limit = output_limit() if task is not None else None
     chain_ends = time.monotonic() + CHAIN_SECONDS
+    kept = None  # the session a claimed task is WORK in already
     while task is not None:  # else stopped, or taken over after this worker's launcher died
-        task = run_one(task, time.monotonic() < chain_ends, limit, report)
+        task, kept = run_one(task, kept, time.monotonic() < chain_ends, limit, report)
         if task is not None:
             report["started"].append(task["id"])
     kept = GD.get(SESSION_KEY)

@@ -62,7 +62,6 @@ BEGIN
        OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()) THEN
         RETURN;  -- nothing due: one probe of the plan index
     END IF;
-    PERFORM pgtaskpy.lock_scheduling();
     -- The groups with due tasks.  Few due tasks: read them from the plan index,
     -- so that tasks planned ahead cost nothing.  Many: one index probe a group
     -- with waiting tasks (a skip scan), so that a backlog costs per group, not
@@ -82,6 +81,20 @@ BEGIN
         WHERE w.hash IS NOT NULL
           AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.hash = w.hash AND e.plan <= now());
     END IF;
+    -- Every due group full, as while workers go on with a busy backlog: no lock.
+    -- Taking it would stall each of those workers for this turn, and a slot
+    -- that frees later wakes the launchers (finish_task, wake_launchers).
+    IF NOT EXISTS (
+        SELECT FROM unnest(due_groups) AS w(hash)
+        CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
+                            ORDER BY f.max DESC, f.id LIMIT 1) AS first
+        WHERE pgtaskpy.group_has_room(first.max, (SELECT count(*) FROM @extschema@.task AS r
+                                                  WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash), 1))
+    THEN
+        RETURN;
+    END IF;
+    -- Before any row is locked; the claim below reads the table afresh.
+    PERFORM pgtaskpy.lock_scheduling();
     RETURN QUERY
     WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
@@ -129,16 +142,22 @@ $$;
 -- the group's tasks, in the same transaction: the worker goes on with the
 -- group, and its reusable session, without a round trip through the launcher,
 -- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
--- TAKE by the calling backend, in the same statement that locked it (a lock
--- and an update in two statements of PL/Python, each its own subtransaction,
--- would make a MultiXact of every task), and returns the row.  NULL when the group has nothing due or no room, or when the launcher that
+-- TAKE by the calling backend, or WORK at once in the session the worker
+-- offers (session_pid) when the task is like the one that session is ready
+-- for (same owner, count and live), and returns the row.  Marked in the
+-- statement that locked it: a lock and an update in two statements of
+-- PL/Python, each its own subtransaction, would make a MultiXact of every
+-- task.  NULL when the group has nothing due or no room, or when the launcher that
 -- started the worker is stopping or gone (then the launcher decides).
 --
 -- Workers of one group claim side by side: each hands on the slot of the task
 -- it ends, and sees the tasks the others are ending still running (not yet
 -- committed) or already replaced (committed), so the group never runs more
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
-CREATE FUNCTION pgtaskpy.claim_next_task(group_hash integer, launcher integer)
+CREATE FUNCTION pgtaskpy.claim_next_task(
+    group_hash integer, launcher integer,
+    session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL,
+    session_count integer DEFAULT NULL, session_live interval DEFAULT NULL)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
 -- index, even when the statistics of a table just filled say "one row".
@@ -178,8 +197,16 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
-    RETURNING t.* INTO claimed;
+    IF session_pid IS NOT NULL AND claimed.owner = session_owner
+       AND claimed.count = session_count AND claimed.live = session_live THEN
+        UPDATE @extschema@.task AS t
+        SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
+        WHERE t.id = claimed.id
+        RETURNING t.* INTO claimed;
+    ELSE
+        UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
+        RETURNING t.* INTO claimed;
+    END IF;
     RETURN claimed;
 END
 $$;
@@ -406,7 +433,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
