@@ -715,10 +715,21 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
     """
 
     import ctypes
-    import ctypes.util
     import select
 
-    _lib = ctypes.CDLL(ctypes.util.find_library("pq") or "libpq.so.5")
+
+    def _load_libpq():
+        """libpq by its soname, as dblink links it.  ctypes.util only if that fails: importing
+        it costs a worker's first call 25 ms, and find_library runs ldconfig in a subprocess."""
+        try:
+            return ctypes.CDLL("libpq.so.5")
+        except OSError:
+            from ctypes import util  # noqa: PLC0415
+
+            return ctypes.CDLL(util.find_library("pq") or "libpq.so")
+
+
+    _lib = _load_libpq()
 
     _P = ctypes.c_void_p
     _S = ctypes.c_char_p
@@ -1043,7 +1054,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
     CONTEXT lines where present, then `STATEMENT:  <input>`.
     """
 
-    from typing import TYPE_CHECKING
+    TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
 
     if TYPE_CHECKING:  # assembled into one function body with libpq.py by sql/build.py
         from libpq import (
@@ -1167,7 +1178,8 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
     import json
     import time
-    from typing import TYPE_CHECKING
+
+    TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
 
     if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         from libpq import (
@@ -1747,7 +1759,8 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
     import json
     import time
-    from typing import TYPE_CHECKING
+
+    TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
 
     if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
         from plans import run

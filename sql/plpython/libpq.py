@@ -9,10 +9,21 @@ libpq is on every PostgreSQL server (dblink links it), so no package is needed.
 """
 
 import ctypes
-import ctypes.util
 import select
 
-_lib = ctypes.CDLL(ctypes.util.find_library("pq") or "libpq.so.5")
+
+def _load_libpq():
+    """libpq by its soname, as dblink links it.  ctypes.util only if that fails: importing
+    it costs a worker's first call 25 ms, and find_library runs ldconfig in a subprocess."""
+    try:
+        return ctypes.CDLL("libpq.so.5")
+    except OSError:
+        from ctypes import util  # noqa: PLC0415
+
+        return ctypes.CDLL(util.find_library("pq") or "libpq.so")
+
+
+_lib = _load_libpq()
 
 _P = ctypes.c_void_p
 _S = ctypes.c_char_p
