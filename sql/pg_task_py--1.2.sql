@@ -363,7 +363,8 @@ $$;
 -- statement that locked it: a lock and an update in two statements of
 -- PL/Python, each its own subtransaction, would make a MultiXact of every
 -- task.  NULL when the group has nothing due or no room, or when the launcher that
--- started the worker is stopping or gone (then the launcher decides).
+-- started the worker is stopping or gone (then the launcher decides; launcher
+-- NULL: the caller looked lately, as that look costs more than the rest).
 --
 -- Workers of one group claim side by side: each hands on the slot of the task
 -- it ends, and sees the tasks the others are ending still running (not yet
@@ -383,8 +384,8 @@ DECLARE
     running bigint;
     cap integer;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
-                   WHERE a.application_name = 'pg_task_py launcher') THEN
+    IF launcher IS NOT NULL AND NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
+                                            WHERE a.application_name = 'pg_task_py launcher') THEN
         RETURN NULL;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
@@ -1205,6 +1206,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
     INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
     CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
     FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
+    LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
     # A server that cannot take the task's session now, but will: the task waits.
     BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                    "the database system is shutting down", "the database system is not yet accepting connections")
@@ -1572,14 +1574,17 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         """The group's next task, claimed by this worker (not yet committed), or None; and the
         session it is already WORK in, when the session this worker offered suits it."""
         offered, fresh_entry = session_offer(task)
+        look = time.monotonic() >= GD.get("pgtaskpy.launcher_look_at", 0.0)
+        if look:
+            GD["pgtaskpy.launcher_look_at"] = time.monotonic() + LAUNCHER_LOOK_EVERY
         rows = plpy.execute(
             prepared(
                 "next",
                 f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6) WHERE id IS NOT NULL",
                 ["integer", "integer", "integer", "name", "integer", "interval"],
             ),
-            [task["hash"], claimer, offered["session"].pid if offered else None, task["owner"], task["count"],
-             task["live"]],
+            [task["hash"], claimer if look else None, offered["session"].pid if offered else None, task["owner"],
+             task["count"], task["live"]],
         )
         if not rows:
             return None, None

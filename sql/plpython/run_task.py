@@ -47,6 +47,7 @@ FRESH_KEY = "pgtaskpy.fresh_sessions"
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
 FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
+LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
@@ -414,14 +415,17 @@ def claim_next(task):
     """The group's next task, claimed by this worker (not yet committed), or None; and the
     session it is already WORK in, when the session this worker offered suits it."""
     offered, fresh_entry = session_offer(task)
+    look = time.monotonic() >= GD.get("pgtaskpy.launcher_look_at", 0.0)
+    if look:
+        GD["pgtaskpy.launcher_look_at"] = time.monotonic() + LAUNCHER_LOOK_EVERY
     rows = plpy.execute(
         prepared(
             "next",
             f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6) WHERE id IS NOT NULL",
             ["integer", "integer", "integer", "name", "integer", "interval"],
         ),
-        [task["hash"], claimer, offered["session"].pid if offered else None, task["owner"], task["count"],
-         task["live"]],
+        [task["hash"], claimer if look else None, offered["session"].pid if offered else None, task["owner"],
+         task["count"], task["live"]],
     )
     if not rows:
         return None, None

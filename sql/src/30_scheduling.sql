@@ -148,7 +148,8 @@ $$;
 -- statement that locked it: a lock and an update in two statements of
 -- PL/Python, each its own subtransaction, would make a MultiXact of every
 -- task.  NULL when the group has nothing due or no room, or when the launcher that
--- started the worker is stopping or gone (then the launcher decides).
+-- started the worker is stopping or gone (then the launcher decides; launcher
+-- NULL: the caller looked lately, as that look costs more than the rest).
 --
 -- Workers of one group claim side by side: each hands on the slot of the task
 -- it ends, and sees the tasks the others are ending still running (not yet
@@ -168,8 +169,8 @@ DECLARE
     running bigint;
     cap integer;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
-                   WHERE a.application_name = 'pg_task_py launcher') THEN
+    IF launcher IS NOT NULL AND NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
+                                            WHERE a.application_name = 'pg_task_py launcher') THEN
         RETURN NULL;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
