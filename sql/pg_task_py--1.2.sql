@@ -1238,14 +1238,12 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
     def loopback_keywords(owner):
         """Connection keywords of a session in this database, logged in as `owner`."""
-        settings = plpy.execute(
-            prepared(
-                "loopback",
+        if "pgtaskpy.loopback" not in GD:  # fixed for a backend's life: read once
+            GD["pgtaskpy.loopback"] = plpy.execute(
                 "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
-                "       current_setting('port') AS port, current_database() AS dbname",
-                [],
-            )
-        )[0]
+                "       current_setting('port') AS port, current_database() AS dbname"
+            )[0]
+        settings = GD["pgtaskpy.loopback"]
         return {
             "host": settings["host"].strip() or "localhost",
             "port": settings["port"],
