@@ -116,7 +116,7 @@ def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
     return round(float(tps[0].split()[2]), 1)
 
 
-def claim_ms(conn, repeat: int = 30) -> float:
+def claim_ms(conn, repeat: int = 200) -> float:
     """Median time of one claim (rolled back), by the server's clock."""
     times = []
     for _ in range(repeat):

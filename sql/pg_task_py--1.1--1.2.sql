@@ -1830,10 +1830,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
 
     def housekeeping(pool, events):
-        now = time.monotonic()
-        if now < pool["housekeeping_at"]:
-            return
-        pool["housekeeping_at"] = now + HOUSEKEEPING_EVERY
+        pool["housekeeping_at"] = time.monotonic() + HOUSEKEEPING_EVERY
         if pool.get("cap") is not None:
             pool["cap"] += 1
             if pool["cap"] >= run_limit:
@@ -1943,14 +1940,16 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         pool = state()
         events = []
         set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
-        if cancel_running or time.monotonic() >= pool["housekeeping_at"]:
+        housekeeping_due = time.monotonic() >= pool["housekeeping_at"]
+        if cancel_running or housekeeping_due:
             # Before any row (see lock_scheduling).  Other turns leave it to
             # claim_due_tasks, which takes it only when it may claim something:
             # while it is held, no worker can go on with its group.
             run("lock", "SELECT pgtaskpy.lock_scheduling()")
         if cancel_running:
             cancel_running_tasks(pool, events)
-        housekeeping(pool, events)
+        if housekeeping_due:
+            housekeeping(pool, events)
         busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
         claimer = pool["pid"]
         limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])

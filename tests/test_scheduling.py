@@ -201,8 +201,10 @@ def test_retention_deletes_old_finished_tasks(running):
 
 def test_several_launchers_share_the_work_and_run_each_task_once(db):
     db.sql("CREATE TABLE audit (task_id bigint PRIMARY KEY)")
+    # 5 groups of max 2 have 15 slots; no launcher may fill more than 5, so all
+    # of them take part, however fast one launcher's workers go on with their groups.
     for _ in range(3):
-        db.launcher()
+        db.launcher("--run", "5")
     db.sql("INSERT INTO task (\"group\", max, input, delete)"
            " SELECT 'g' || (i % 5), 2, 'INSERT INTO audit VALUES (current_setting(''pg_task.id'')::bigint)', false"
            " FROM generate_series(1, 300) AS i")
