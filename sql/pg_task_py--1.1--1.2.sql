@@ -248,7 +248,7 @@ $$;
 -- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
 -- TAKE by the calling backend, or WORK at once in the session the worker
 -- offers (session_pid) when the task is like the one that session is ready
--- for (same owner, count and live), and returns the row.  Marked in the
+-- for (same owner, remote, count and live), and returns the row.  Marked in the
 -- statement that locked it: a lock and an update in two statements of
 -- PL/Python, each its own subtransaction, would make a MultiXact of every
 -- task.  NULL when the group has nothing due or no room, or when the launcher that
@@ -261,7 +261,7 @@ $$;
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
 CREATE OR REPLACE FUNCTION pgtaskpy.claim_next_task(
     group_hash integer, launcher integer,
-    session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL,
+    session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL, session_remote text DEFAULT NULL,
     session_count integer DEFAULT NULL, session_live interval DEFAULT NULL)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
@@ -303,6 +303,7 @@ BEGIN
         END IF;
     END IF;
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
+       AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
        AND claimed.count = session_count AND claimed.live = session_live THEN
         UPDATE @extschema@.task AS t
         SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
@@ -538,7 +539,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
@@ -1179,6 +1180,14 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
             close_session()
 
 
+    def fresh_session_ready(session):
+        """Whether a session opened ahead has connected (not failed, nor closed after a failure)."""
+        try:
+            return session.advance() and session.ok
+        except ConnectError:
+            return False
+
+
     def session_at_hand(task):
         """Whether the task's session is ready now: kept for reuse, or opened ahead and connected."""
         if reusable(GD.get(SESSION_KEY), task):
@@ -1186,10 +1195,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
             return False
         fresh = [entry for entry in GD.get(FRESH_KEY) or [] if entry["owner"] == task["owner"]]
-        try:
-            return bool(fresh) and fresh[0]["session"].advance()
-        except ConnectError:
-            return False
+        return bool(fresh) and fresh_session_ready(fresh[0]["session"])
 
 
     def open_session(task):
@@ -1439,7 +1445,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
 
 
     def session_offer(task):
-        """The session a next task like `task` (same owner, count and live) would run in, if it
+        """The session a next task like `task` (same owner, remote, count and live) would run in, if it
         is ready now: the kept one, or one opened ahead and connected.  (kept entry, fresh entry)."""
         kept = GD.get(SESSION_KEY)
         if reusable(kept, task):
@@ -1447,10 +1453,7 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
             return None, None
         fresh = GD.get(FRESH_KEY) or []
-        try:
-            if not fresh or fresh[0]["owner"] != task["owner"] or not fresh[0]["session"].advance():
-                return None, None
-        except ConnectError:
+        if not fresh or fresh[0]["owner"] != task["owner"] or not fresh_session_ready(fresh[0]["session"]):
             return None, None
         if fresh[0]["fingerprint"] != login_fingerprint(task["owner"]):
             return None, None
@@ -1467,11 +1470,11 @@ if "pgtaskpy.main" not in SD:  # the first call in this backend defines everythi
         rows = plpy.execute(
             prepared(
                 "next",
-                f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6) WHERE id IS NOT NULL",
-                ["integer", "integer", "integer", "name", "integer", "interval"],
+                f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
+                ["integer", "integer", "integer", "name", "text", "integer", "interval"],
             ),
             [task["hash"], claimer if look else None, offered["session"].pid if offered else None, task["owner"],
-             task["count"], task["live"]],
+             task["remote"], task["count"], task["live"]],
         )
         if not rows:
             return None, None

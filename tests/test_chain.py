@@ -46,3 +46,20 @@ def test_a_stopping_launcher_hands_the_group_back(db):
     counts = dict(db.sql("SELECT state::text, count(*) FROM task GROUP BY 1"))
     assert set(counts) == {"DONE", "PLAN"}, counts  # nothing left claimed or running
     assert counts["PLAN"] > 150  # the worker stopped going on with the group within about a second
+
+
+def test_a_kept_session_is_offered_only_to_a_task_of_its_remote(db):
+    """A group is known by a 32-bit hash of its name and remote: a task of another remote whose
+    hash collides must not be made WORK in the session offered for the group's last task."""
+    # hashtext('a81406' || E'\x1f') = hashtext('b1400' || E'\x1fdbname=elsewhere'), found by a join.
+    group, remote_group = "a81406", "b1400"
+    ahead = db.value("SELECT now() + interval '1 hour'")
+    task = db.insert("SELECT 1", group=remote_group, remote="dbname=elsewhere", count=10, plan=ahead)
+    db.sql("UPDATE task SET plan = now() WHERE id = %s", [task])
+    group_hash = db.value("SELECT hashtext(%s || E'\\x1f')", [group])
+    assert db.value("SELECT hash FROM task WHERE id = %s", [task]) == group_hash
+    offer = "SELECT state FROM pgtaskpy.claim_next_task(%s, NULL, 4242, current_user, %s, 10, '0')"
+    with db.conn.transaction(force_rollback=True):  # the last task ran locally (remote NULL)
+        assert db.value(offer, [group_hash, None]) == "TAKE"
+    with db.conn.transaction(force_rollback=True):  # the same remote: the offer is taken
+        assert db.value(offer, [group_hash, "dbname=elsewhere"]) == "WORK"

@@ -131,6 +131,14 @@ def settle_reset():
         close_session()
 
 
+def fresh_session_ready(session):
+    """Whether a session opened ahead has connected (not failed, nor closed after a failure)."""
+    try:
+        return session.advance() and session.ok
+    except ConnectError:
+        return False
+
+
 def session_at_hand(task):
     """Whether the task's session is ready now: kept for reuse, or opened ahead and connected."""
     if reusable(GD.get(SESSION_KEY), task):
@@ -138,10 +146,7 @@ def session_at_hand(task):
     if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
         return False
     fresh = [entry for entry in GD.get(FRESH_KEY) or [] if entry["owner"] == task["owner"]]
-    try:
-        return bool(fresh) and fresh[0]["session"].advance()
-    except ConnectError:
-        return False
+    return bool(fresh) and fresh_session_ready(fresh[0]["session"])
 
 
 def open_session(task):
@@ -391,7 +396,7 @@ def finish(task_id, state, output, error, notices=None, wake=True):
 
 
 def session_offer(task):
-    """The session a next task like `task` (same owner, count and live) would run in, if it
+    """The session a next task like `task` (same owner, remote, count and live) would run in, if it
     is ready now: the kept one, or one opened ahead and connected.  (kept entry, fresh entry)."""
     kept = GD.get(SESSION_KEY)
     if reusable(kept, task):
@@ -399,10 +404,7 @@ def session_offer(task):
     if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
         return None, None
     fresh = GD.get(FRESH_KEY) or []
-    try:
-        if not fresh or fresh[0]["owner"] != task["owner"] or not fresh[0]["session"].advance():
-            return None, None
-    except ConnectError:
+    if not fresh or fresh[0]["owner"] != task["owner"] or not fresh_session_ready(fresh[0]["session"]):
         return None, None
     if fresh[0]["fingerprint"] != login_fingerprint(task["owner"]):
         return None, None
@@ -419,11 +421,11 @@ def claim_next(task):
     rows = plpy.execute(
         prepared(
             "next",
-            f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6) WHERE id IS NOT NULL",
-            ["integer", "integer", "integer", "name", "integer", "interval"],
+            f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
+            ["integer", "integer", "integer", "name", "text", "integer", "interval"],
         ),
         [task["hash"], claimer if look else None, offered["session"].pid if offered else None, task["owner"],
-         task["count"], task["live"]],
+         task["remote"], task["count"], task["live"]],
     )
     if not rows:
         return None, None

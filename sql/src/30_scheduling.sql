@@ -144,7 +144,7 @@ $$;
 -- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
 -- TAKE by the calling backend, or WORK at once in the session the worker
 -- offers (session_pid) when the task is like the one that session is ready
--- for (same owner, count and live), and returns the row.  Marked in the
+-- for (same owner, remote, count and live), and returns the row.  Marked in the
 -- statement that locked it: a lock and an update in two statements of
 -- PL/Python, each its own subtransaction, would make a MultiXact of every
 -- task.  NULL when the group has nothing due or no room, or when the launcher that
@@ -157,7 +157,7 @@ $$;
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
 CREATE FUNCTION pgtaskpy.claim_next_task(
     group_hash integer, launcher integer,
-    session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL,
+    session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL, session_remote text DEFAULT NULL,
     session_count integer DEFAULT NULL, session_live interval DEFAULT NULL)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
@@ -199,6 +199,7 @@ BEGIN
         END IF;
     END IF;
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
+       AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
        AND claimed.count = session_count AND claimed.live = session_live THEN
         UPDATE @extschema@.task AS t
         SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
@@ -434,7 +435,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
