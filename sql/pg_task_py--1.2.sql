@@ -299,12 +299,14 @@ BEGIN
     -- Every due group full, as while workers go on with a busy backlog: no lock.
     -- Taking it would stall each of those workers for this turn, and a slot
     -- that frees later wakes the launchers (finish_task, wake_launchers).
-    IF NOT EXISTS (
-        SELECT FROM unnest(due_groups) AS w(hash)
-        CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
-                            ORDER BY f.max DESC, f.id LIMIT 1) AS first
-        WHERE pgtaskpy.group_has_room(first.max, (SELECT count(*) FROM @extschema@.task AS r
-                                                  WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash), 1))
+    IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK'))
+       AND NOT EXISTS (
+           SELECT FROM unnest(due_groups) AS w(hash)
+           CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
+                               ORDER BY f.max DESC, f.id LIMIT 1) AS first
+           CROSS JOIN LATERAL (SELECT count(*) AS n FROM @extschema@.task AS r
+                               WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash) AS g
+           WHERE pgtaskpy.group_has_room(first.max, g.n, 1))
     THEN
         RETURN;
     END IF;
