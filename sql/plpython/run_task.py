@@ -131,22 +131,24 @@ def settle_reset():
         close_session()
 
 
-def fresh_session_ready(session):
-    """Whether a session opened ahead has connected (not failed, nor closed after a failure)."""
+def ready_fresh_entry(task):
+    """The first session opened ahead for the task's owner, if the task takes a new session
+    and that one has connected (not failed, nor closed after a failure); else None."""
+    if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
+        return None
+    fresh = [entry for entry in GD.get(FRESH_KEY) or [] if entry["owner"] == task["owner"]]
+    if not fresh:
+        return None
     try:
-        return session.advance() and session.ok
+        ready = fresh[0]["session"].advance() and fresh[0]["session"].ok
     except ConnectError:
-        return False
+        return None
+    return fresh[0] if ready else None
 
 
 def session_at_hand(task):
     """Whether the task's session is ready now: kept for reuse, or opened ahead and connected."""
-    if reusable(GD.get(SESSION_KEY), task):
-        return True
-    if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
-        return False
-    fresh = [entry for entry in GD.get(FRESH_KEY) or [] if entry["owner"] == task["owner"]]
-    return bool(fresh) and fresh_session_ready(fresh[0]["session"])
+    return reusable(GD.get(SESSION_KEY), task) or ready_fresh_entry(task) is not None
 
 
 def open_session(task):
@@ -401,14 +403,10 @@ def session_offer(task):
     kept = GD.get(SESSION_KEY)
     if reusable(kept, task):
         return kept, None
-    if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
+    entry = ready_fresh_entry(task)
+    if entry is None or entry["fingerprint"] != login_fingerprint(task["owner"]):
         return None, None
-    fresh = GD.get(FRESH_KEY) or []
-    if not fresh or fresh[0]["owner"] != task["owner"] or not fresh_session_ready(fresh[0]["session"]):
-        return None, None
-    if fresh[0]["fingerprint"] != login_fingerprint(task["owner"]):
-        return None, None
-    return {"key": session_key(task), "session": fresh[0]["session"], "runs": 0, "born": time.monotonic()}, fresh[0]
+    return {"key": session_key(task), "session": entry["session"], "runs": 0, "born": time.monotonic()}, entry
 
 
 def claim_next(task):
