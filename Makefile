@@ -6,8 +6,8 @@
 #   make lint             ruff on the launcher, the PL/Python sources and the tests
 
 EXTENSION = pg_task_py
-EXTVERSION = 1.2
-PREVIOUS = 1.1
+EXTVERSION = 1.3
+PREVIOUS = 1.2
 DATA = $(sort $(wildcard sql/pg_task_py--*.sql) sql/pg_task_py--$(EXTVERSION).sql \
               sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql)
 

@@ -1,12 +1,16 @@
 """The real launcher against a real server: states, wake-up, groups, stop, reconnect, bad setup."""
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import time
+from datetime import datetime
 
-from fix_cluster import LAUNCHER, Launcher, most_at_once, wait_until
+import pytest
+from fix_cluster import LAUNCHER, REPO, Launcher, most_at_once, wait_until
 
 
 def state_of(db, task_id):
@@ -255,3 +259,176 @@ def test_log_json_has_one_object_a_line(db, tmp_path):
     lines = [json.loads(line) for line in launcher.output().splitlines()]
     ended = [line for line in lines if line.get("event") == "end"]
     assert ended[0]["id"] == task_id and ended[0]["state"] == "DONE" and ended[0]["level"] == "INFO"
+
+
+@pytest.fixture
+def role(cluster):
+    """A login role of the test's own, dropped afterwards; the test decides SUPERUSER or not."""
+    name = "launcher_role"
+    with cluster.connect() as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {name}")
+        admin.execute(f"CREATE ROLE {name} LOGIN")
+    yield name
+    with cluster.connect() as admin:
+        admin.execute(f"DROP ROLE {name}")
+
+
+def lines_with(text, output):
+    return [line for line in output.splitlines() if text in line]
+
+
+def test_role_that_is_not_a_superuser_ends_with_one_line_and_exit_1(cluster, db, role):
+    result = run_launcher("run", "--dsn", cluster.dsn(db.name, role))
+    assert result.returncode == 1, result.stderr
+    said = lines_with("not a superuser", result.stderr)
+    assert len(said) == 1, result.stderr
+    assert said[0].endswith(f'role "{role}" is not a superuser: the launcher must connect as a superuser'
+                            " (it drives PL/Python and dblink)")
+    assert " ERROR " in said[0]
+    assert "permission denied" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_role_that_loses_superuser_while_running_ends_the_launcher(cluster, db, role):
+    db.sql(f"ALTER ROLE {role} SUPERUSER")
+    launcher = Launcher(cluster.dsn(db.name, role)).start()
+    db.launchers.append(launcher)
+    launcher.wait_active()
+    db.sql(f"ALTER ROLE {role} NOSUPERUSER")
+    db.insert("SELECT 1")  # wakes the launcher for a turn (it would take one within a second anyway)
+    status = wait_until(lambda: launcher.process.poll() is not None and (launcher.process.returncode,), 15,
+                        message="the launcher to exit")[0]
+    assert status == 1, launcher.output()
+    denied = lines_with("permission denied", launcher.output())
+    assert len(denied) == 1, launcher.output()
+    # dispatch() itself or a function it calls, whichever checks first
+    assert re.search(r" ERROR .*: permission denied for function \w+: the launcher must connect as a superuser"
+                     r" \(it drives PL/Python and dblink\)$", denied[0]), denied[0]
+    assert "reconnecting" not in launcher.output() and "Traceback" not in launcher.output()
+
+
+@pytest.mark.parametrize("grace", ["-1", "-0.5", "nan", "soon"])
+def test_grace_below_zero_is_a_usage_error(grace):
+    result = run_launcher("run", "--dsn", "dbname=x", f"--grace={grace}")
+    assert result.returncode == 2
+    assert "argument --grace: must be a number of seconds, 0 or more" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    ({"grace": -1}, '"grace" must be a number of seconds, 0 or more (got -1)'),
+    ({"grace": "soon"}, '"grace" must be a number of seconds, 0 or more (got "soon")'),
+    ({"run": 0}, '"run" must be at least 1 (got 0)'),
+    ({"run": True}, '"run" must be a whole number, at least 1 (got true)'),
+])
+def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": "dbname=a"}, {"dsn": "dbname=b password=secret", **entry}]))
+    result = run_launcher("run", "--config", str(config))
+    assert result.returncode == 2
+    assert f"config file {config}: entry 2: {says}" in result.stderr
+    assert "secret" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("level", ["debug", "Info", "warning"])
+def test_log_level_in_any_case(cluster, level):
+    result = run_launcher("run", "--log-level", level, "--dsn", cluster.dsn("no_such_database"))
+    assert result.returncode == 1, result.stderr  # parsed, then refused for the database, not for the flag
+    assert 'database "no_such_database" does not exist' in result.stderr
+
+
+def log_time(line):
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
+def test_stopping_logs_the_wait_every_5_seconds_and_the_cancel_in_words(db):
+    launcher = db.launcher("--grace", "5.5")
+    task_id = db.insert("SELECT pg_sleep(60)", delete=False)
+    wait_until(lambda: state_of(db, task_id) == "WORK", message="WORK")
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0
+    output = launcher.output()
+    waiting = lines_with("stopping, waiting for 1 running task(s)", output)
+    assert len(waiting) == 2, output  # at the stop, then once 5 s later; the grace ends at 5.5 s
+    assert (log_time(waiting[1]) - log_time(waiting[0])).total_seconds() >= 5, waiting
+    assert lines_with(f"task {task_id} cancelled (grace period over)", output), output
+    assert not [line for line in output.splitlines() if "{" in line], output
+
+
+def test_end_line_carries_the_first_line_of_the_error(caplog):
+    from pg_task_py.launcher import log_event  # here: a stale installed launcher fails this test, not the module
+
+    caplog.set_level(logging.INFO, logger="pg_task_py")
+    log_event("app@/run:5432", {"event": "end", "id": 42, "state": "FAIL", "seconds": 0.0123,
+                                "error": "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0"})
+    log_event("app@/run:5432", {"event": "end", "id": 43, "state": "DONE", "seconds": 0.5})
+    log_event("app@/run:5432", {"event": "end", "id": 44, "state": "FAIL", "seconds": 1, "error": None})
+    assert caplog.messages == ["app@/run:5432: task 42 FAIL in 0.012s: ERROR:  division by zero",
+                               "app@/run:5432: task 43 DONE in 0.500s",
+                               "app@/run:5432: task 44 FAIL in 1.000s"]
+    assert caplog.records[0].fields["error"].startswith("ERROR:  division by zero")  # --log-json keeps it all
+
+
+def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
+    from pg_task_py.launcher import log_event
+
+    caplog.set_level(logging.INFO, logger="pg_task_py")
+    log_event("db", {"event": "cancel", "id": 42, "cancelled": True})
+    log_event("db", {"event": "cancel", "id": 43, "cancelled": False})
+    log_event("db", {"event": "retry", "id": 7, "attempt": 2, "message": 'could not "connect"', "ok": None})
+    log_event("db", {"event": "start", "worker": "w1"})  # a known event without its id
+    assert caplog.messages == [
+        "db: task 42 cancelled (grace period over)",
+        "db: could not cancel task 43",
+        'db: retry: id=7 attempt=2 message="could not \\"connect\\"" ok=null',
+        "db: start: worker=w1",
+    ]
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING", "INFO", "INFO"]
+
+
+def control_version():
+    text = (REPO / "pg_task_py.control").read_text()
+    return re.search(r"^default_version\s*=\s*'([^']+)'", text, re.MULTILINE).group(1)
+
+
+def test_version_is_the_extension_version_it_belongs_to(running):
+    result = run_launcher("--version")
+    assert result.returncode == 0
+    name, version = result.stdout.split()
+    assert name == "pg_task_py"
+    assert version.rsplit(".", 1)[0] == control_version(), (version, control_version())
+    output = running.launchers[0].output()
+    assert f"pg_task_py {version} starting: 1 database(s)" in output
+    assert "ALTER EXTENSION" not in output  # the database has the control file's version
+
+
+def test_older_extension_is_one_warning_to_update_and_still_runs(cluster, db):
+    name = f"{db.name}_old"
+    cluster.create_database(name, extension=False)
+    try:
+        with cluster.connect(name) as conn:
+            conn.execute("CREATE EXTENSION pg_task_py VERSION '1.1' CASCADE")
+        launcher = Launcher(cluster.dsn(name)).start()
+        db.launchers.append(launcher)
+        launcher.wait_active()
+        warned = lines_with("ALTER EXTENSION pg_task_py UPDATE", launcher.output())
+        assert len(warned) == 1 and " WARNING " in warned[0], launcher.output()
+        assert "the pg_task_py extension is version 1.1, older than this launcher" in warned[0]
+        with cluster.connect(name) as conn:
+            task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT 11', false)"
+                                   " RETURNING id").fetchone()[0]
+            wait_until(lambda: conn.execute("SELECT output FROM task WHERE id = %s", [task_id]).fetchone()[0],
+                       message="the task in the older extension")
+        assert launcher.stop() == 0
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.mark.parametrize(("installed", "older"), [
+    ("1.2", True), ("1.0", True), ("1.3", False), ("1.4", False), ("2.0", False), ("1.3beta", False), (None, False),
+])
+def test_version_comparison_is_numeric(installed, older):
+    from pg_task_py.launcher import is_older
+
+    assert is_older(installed, "1.3.0") is older
+    assert is_older("1.9", "1.10.0")  # as numbers, not text

@@ -175,11 +175,11 @@ def test_server_level_setting_is_a_default(running, cluster):
         with cluster.connect(running.name) as conn:
             wait_until(lambda: conn.execute("SELECT current_setting('pg_task.count', true)").fetchone()[0] == "7",
                        message="the reload")
-            assert conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', 'infinity')"
+            assert conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', '9999-12-31')"
                                 " RETURNING count").fetchone() == (7,)
             conn.execute(f"ALTER DATABASE {running.name} SET pg_task.count = 8")
         with cluster.connect(running.name) as conn:  # the database's setting beats the file's
-            assert conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', 'infinity')"
+            assert conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', '9999-12-31')"
                                 " RETURNING count").fetchone() == (8,)
     finally:
         conf.write_text(original)

@@ -50,7 +50,7 @@ def test_owner_cannot_be_forged(roles):
 
 
 def test_roles_see_and_change_only_their_own_tasks(running, roles):
-    bobs = insert_as(roles["bob"], "SELECT 1", plan="infinity", delete=False)
+    bobs = insert_as(roles["bob"], "SELECT 1", plan="9999-12-31", delete=False)
     alice = roles["alice"]
     assert alice.execute("SELECT count(*) FROM task WHERE id = %s", [bobs]).fetchone() == (0,)
     assert alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [bobs]).rowcount == 0
@@ -127,7 +127,7 @@ def test_owner_without_login_or_dropped_fails_clearly(running, roles):
     running.sql("ALTER ROLE bob LOGIN")
     running.sql("CREATE ROLE dave LOGIN")
     running.sql("GRANT dave TO postgres")
-    task_id = running.insert("SELECT 1", owner="dave", plan="infinity", delete=False)
+    task_id = running.insert("SELECT 1", owner="dave", plan="9999-12-31", delete=False)
     running.sql("DROP ROLE dave")
     running.sql("UPDATE task SET plan = now() WHERE id = %s", [task_id])
     row = running.wait_done(task_id)

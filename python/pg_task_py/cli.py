@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -33,9 +34,14 @@ connection:
 config file (--config), in the spirit of pg_task.json, one entry a database:
   [{"dsn": "dbname=app1"}, {"dsn": "dbname=app2", "run": 4, "grace": 60}]
 
-exit status: 0 after a clean stop; 2 for bad usage; 1 when a database cannot
-be scheduled (wrong credentials, missing database or extension).  A server
-that is down or restarting is retried with backoff, not fatal.
+exit status: 0 after a clean stop; 2 for bad usage (flags, config file); 1
+when a database cannot be scheduled (wrong credentials, missing database or
+extension, a role that is not a superuser).  A server that is down or
+restarting is retried with backoff, not fatal.
+
+version: --version prints the launcher's version; its major.minor is the
+extension version it belongs to.  On connecting to a database whose extension
+is older, it logs a warning: run ALTER EXTENSION pg_task_py UPDATE there.
 """
 
 
@@ -44,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="pg_task_py", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"pg_task_py {__version__}")
+    parser.add_argument("--version", action="version", version=f"pg_task_py {__version__}",
+                        help="print the launcher's version (its major.minor is the extension's) and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
         "run", help="run the scheduler in the foreground", description=DESCRIPTION,
@@ -57,20 +64,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--run", type=positive_int, default=Settings.run, metavar="N",
                      help="most tasks running at once per database, like pg_task.run "
                           "(default: unlimited; each running task uses two backends)")
-    run.add_argument("--grace", type=float, default=Settings.grace, metavar="SECONDS",
+    run.add_argument("--grace", type=non_negative_seconds, default=Settings.grace, metavar="SECONDS",
                      help="on SIGINT/SIGTERM, how long to wait for running tasks "
-                          "before cancelling them (default: %(default)s)")
-    run.add_argument("--log-level", default="INFO",
-                     choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
+                          "before cancelling them; 0 or more (default: %(default)s)")
+    run.add_argument("--log-level", default="INFO", type=str.upper, metavar="LEVEL",
+                     choices=LOG_LEVELS, help=f"{', '.join(LOG_LEVELS)}, any case (default: %(default)s)")
     run.add_argument("--log-json", action="store_true", help="log one JSON object a line")
     return parser.parse_args(argv)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def positive_int(text: object) -> int:
+    """--run and a config entry's "run": 0 or less would never run a task."""
+    value = number(text, int, "must be a whole number, at least 1")
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def non_negative_seconds(text: object) -> float:
+    """--grace and a config entry's "grace": a negative or NaN wait means nothing sensible."""
+    value = number(text, float, "must be a number of seconds, 0 or more")
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("must be a number of seconds, 0 or more")
+    return value
+
+
+def number(value: object, kind: type, problem: str) -> int | float:
+    """A flag's text or a config value as a number; JSON true is not 1."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(problem) from None
 
 
 def load_settings(args: argparse.Namespace) -> list[Settings]:
@@ -83,13 +112,25 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
             raise SetupError(f"cannot read config file {args.config}: {exc}") from None
         if not isinstance(entries, list) or not all(isinstance(e, dict) and "dsn" in e for e in entries):
             raise SetupError(f"config file {args.config}: expected a JSON list of objects with a \"dsn\"")
-        for entry in entries:
-            unknown = set(entry) - {"dsn", "run", "grace"}
-            if unknown:
-                raise SetupError(f"config file {args.config}: unknown key(s) {sorted(unknown)}")
-            settings.append(Settings(dsn=str(entry["dsn"]), run=int(entry.get("run", args.run)),
-                                     grace=float(entry.get("grace", args.grace))))
+        settings += [config_entry(args.config, position, entry, args)
+                     for position, entry in enumerate(entries, 1)]
     return settings or [Settings(dsn="", run=args.run, grace=args.grace)]
+
+
+def config_entry(path: Path, position: int, entry: dict, args: argparse.Namespace) -> Settings:
+    """One database of the config file, checked as strictly as the flags (a typo must not run)."""
+    unknown = set(entry) - {"dsn", "run", "grace"}
+    if unknown:
+        raise SetupError(f"config file {path}: unknown key(s) {sorted(unknown)}")
+    values = {}
+    for key, check, default in (("run", positive_int, args.run), ("grace", non_negative_seconds, args.grace)):
+        value = entry.get(key, default)
+        try:
+            values[key] = check(value)
+        except argparse.ArgumentTypeError as exc:
+            # The entry's position, not its dsn: a dsn may hold a password.
+            raise SetupError(f'config file {path}: entry {position}: "{key}" {exc} (got {json.dumps(value)})') from None
+    return Settings(dsn=str(entry["dsn"]), **values)
 
 
 class JsonFormatter(logging.Formatter):
@@ -109,6 +150,7 @@ def setup_logging(level: str, as_json: bool) -> None:
 
 def run_all(settings: list[Settings]) -> int:
     """Run one scheduler thread per database; return the exit status."""
+    logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings))
     stopping = threading.Event()
     failures: list[str] = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import select
 import threading
 import time
@@ -13,9 +14,13 @@ from dataclasses import dataclass
 
 import psycopg
 
+from pg_task_py import __version__
+
 log = logging.getLogger("pg_task_py")
 
 CHANNEL = "pg_task_py"
+WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
+NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database.
 # libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
 FATAL_SQLSTATES = {"28000", "28P01", "3D000"}
@@ -51,7 +56,7 @@ class Scheduler:
     def __init__(self, settings: Settings, stopping: threading.Event) -> None:
         self.settings = settings
         self.stopping = stopping
-        self.name = settings.dsn or "(libpq environment)"
+        self.name = display_name(settings.dsn)
 
     def run(self) -> None:
         """Loop, reconnecting with backoff; raises SetupError for what retrying cannot fix."""
@@ -69,6 +74,7 @@ class Scheduler:
             try:
                 with conn:
                     self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
+                    self._check_role(conn)
                     self._check_extension(conn)
                     waiter = NotifyWaiter(conn)
                     conn.execute(f"LISTEN {CHANNEL}")
@@ -77,6 +83,9 @@ class Scheduler:
                     self._loop(conn, waiter)
                     self._drain(conn, waiter)
                     return
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # The role lost SUPERUSER (or EXECUTE) while running: retrying cannot fix it.
+                raise SetupError(f"{self.name}: {first_line(exc)}: {NEEDS_SUPERUSER}") from None
             except psycopg.Error as exc:
                 what = "connection lost" if conn.broken else "scheduler error"
                 log.warning("%s: %s (%s); reconnecting in %.1fs", self.name, what, first_line(exc), backoff)
@@ -87,15 +96,29 @@ class Scheduler:
         self.stopping.wait(backoff)
         return min(backoff * 2, self.settings.max_backoff)
 
+    def _check_role(self, conn: psycopg.Connection) -> None:
+        """Refuse a role that is not a superuser at once: dispatch() would be denied on every turn."""
+        role, superuser = conn.execute(
+            "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        if not superuser:
+            raise SetupError(f'{self.name}: role "{role}" is not a superuser: {NEEDS_SUPERUSER}')
+
     def _check_extension(self, conn: psycopg.Connection) -> None:
+        """Refuse a database without the extension; warn when it is older than this launcher."""
         row = conn.execute(
-            "SELECT to_regprocedure('pgtaskpy.dispatch(integer, boolean)') IS NOT NULL"
+            "SELECT to_regprocedure('pgtaskpy.dispatch(integer, boolean)') IS NOT NULL,"
+            " (SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py')"
         ).fetchone()
         if not row or not row[0]:
             raise SetupError(
                 f"{self.name}: the pg_task_py extension is not installed in this database; "
                 "run CREATE EXTENSION pg_task_py CASCADE; as a superuser, then start the launcher again"
             )
+        if is_older(row[1], __version__):
+            log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
+                        "run ALTER EXTENSION pg_task_py UPDATE; in this database",
+                        self.name, row[1], __version__)
 
     def _dispatch(self, conn: psycopg.Connection, run_limit: int,
                   cancel: bool = False) -> tuple[float, int]:
@@ -113,23 +136,28 @@ class Scheduler:
             waiter.wait(wake_in)
 
     def _drain(self, conn: psycopg.Connection, waiter: NotifyWaiter) -> None:
-        """Graceful stop: claim nothing more, let running tasks end, then cancel the rest."""
+        """Graceful stop: claim nothing more, let running tasks end, then cancel the rest.
+
+        The announcement of the cancel comes before the turn that cancels, so that the
+        lines of the cancelled tasks follow it; the wait is said every WAITING_LOG_EVERY."""
         deadline = time.monotonic() + self.settings.grace
         cancelled = False
-        while True:
-            past_grace = time.monotonic() >= deadline
-            _, running = self._dispatch(conn, 0, cancel=past_grace and not cancelled)
-            if not running:
+        logged_at = float("-inf")
+        _, running = self._dispatch(conn, 0)
+        while running:
+            now = time.monotonic()
+            cancel = not cancelled and now >= deadline
+            if cancel:
+                log.warning("%s: grace period over, cancelling %d running task(s)", self.name, running)
+            elif cancelled and now >= deadline + 5:
+                log.warning("%s: %d task(s) still running; they record their own end", self.name, running)
                 break
-            if past_grace:
-                if cancelled and time.monotonic() >= deadline + 5:
-                    log.warning("%s: %d task(s) still running; they record their own end", self.name, running)
-                    break
-                if not cancelled:
-                    log.warning("%s: grace period over, cancelling %d running task(s)", self.name, running)
-                cancelled = True
-            log.info("%s: stopping, waiting for %d running task(s)", self.name, running)
-            waiter.wait(0.5)
+            elif now - logged_at >= WAITING_LOG_EVERY:
+                log.info("%s: stopping, waiting for %d running task(s)", self.name, running)
+                logged_at = now
+            waiter.wait(0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
+            _, running = self._dispatch(conn, 0, cancel=cancel)
+            cancelled = cancelled or cancel
         log.info("%s: stopped", self.name)
 
 
@@ -168,35 +196,95 @@ class NotifyWaiter:
             self._drain()
 
 
+def display_name(dsn: str) -> str:
+    """How logs name a database before the launcher has connected: its conninfo without the password."""
+    if not dsn:
+        return "(libpq environment)"
+    try:
+        keywords = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "(a conninfo that cannot be parsed)"
+    keywords.pop("password", None)
+    return psycopg.conninfo.make_conninfo(**keywords)
+
+
 def first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """The message's first line, without the `spiexceptions.Name: ` that PL/Python puts before
+    an error raised inside dispatch() (the SQLSTATE's name says nothing to a user)."""
+    text = re.sub(r"^spiexceptions\.\w+: ", "", str(exc).strip())
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def version_tuple(text: str) -> tuple[int, ...] | None:
+    """(1, 3) for '1.3'; None for a version that is not dotted numbers (nothing to compare)."""
+    parts = text.split(".")
+    return tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else None
+
+
+def is_older(extension: str | None, launcher: str) -> bool:
+    """Whether the installed extension is older than the launcher's major.minor (1.2 < 1.3.0)."""
+    installed = version_tuple(extension or "")
+    wanted = version_tuple(launcher)
+    return installed is not None and wanted is not None and installed < wanted[:2]
 
 
 def log_event(database: str, event: dict) -> None:
+    """One readable line per event from dispatch(); with --log-json its fields go along as they are."""
+    try:
+        level, text = describe(event)
+    except (KeyError, TypeError, ValueError):  # an event shaped otherwise (another version's): show it all
+        level, text = logging.INFO, describe_other(event)
+    log.log(level, "%s: %s", database, text, extra={"fields": {"database": database, **event}})
+
+
+def describe(event: dict) -> tuple[int, str]:
+    """The level and text of an event's log line."""
     kind = event.get("event")
-    extra = {"database": database, **event}
     if kind == "start":
-        log.info("%s: task %s started", database, event["id"], extra={"fields": extra})
-    elif kind == "end":
-        seconds = event.get("seconds")
-        took = f" in {seconds:.3f}s" if seconds is not None else ""
-        log.info("%s: task %s %s%s", database, event["id"], event["state"], took, extra={"fields": extra})
-    elif kind == "start_failed":
-        log.warning("%s: task %s waits: no worker backend (%s)", database, event["id"], event["message"],
-                    extra={"fields": extra})
-    elif kind == "worker_error":
-        log.error("%s: task %s: %s", database, event["id"], event["message"], extra={"fields": extra})
-    elif kind == "postponed":
-        log.warning("%s: task %s waits: no free connection for its session", database, event["id"],
-                    extra={"fields": extra})
-    elif kind == "spare_failed":
-        log.error("%s: cannot open a worker backend: %s", database, event["message"], extra={"fields": extra})
-    elif kind == "recovered":
-        log.warning("%s: recovered %s task(s) of dead backends", database, event["count"], extra={"fields": extra})
-    elif kind == "deleted_old":
-        log.info("%s: deleted %s finished task(s) past pg_task_py.retention", database, event["count"],
-                 extra={"fields": extra})
-    elif kind == "expired":
-        log.info("%s: %s task(s) not started within active: GONE", database, event["count"], extra={"fields": extra})
-    else:
-        log.info("%s: %s", database, json.dumps(event), extra={"fields": extra})
+        return logging.INFO, f"task {event['id']} started"
+    if kind == "end":
+        return logging.INFO, describe_end(event)
+    if kind == "cancel":
+        if event.get("cancelled"):
+            return logging.INFO, f"task {event['id']} cancelled (grace period over)"
+        return logging.WARNING, f"could not cancel task {event['id']}"
+    if kind == "start_failed":
+        return logging.WARNING, f"task {event['id']} waits: no worker backend ({event['message']})"
+    if kind == "worker_error":
+        return logging.ERROR, f"task {event['id']}: {event['message']}"
+    if kind == "postponed":
+        return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
+    if kind == "spare_failed":
+        return logging.ERROR, f"cannot open a worker backend: {event['message']}"
+    if kind == "recovered":
+        return logging.WARNING, f"recovered {event['count']} task(s) of dead backends"
+    if kind == "deleted_old":
+        return logging.INFO, f"deleted {event['count']} finished task(s) past pg_task_py.retention"
+    if kind == "expired":
+        return logging.INFO, f"{event['count']} task(s) not started within active: GONE"
+    if kind == "misconfigured":
+        return logging.WARNING, (f"{event['count']} task(s) FAIL: their owner's pg_task_py.role_running_limit"
+                                 " is not a whole number (see their error)")
+    return logging.INFO, describe_other(event)
+
+
+def describe_end(event: dict) -> str:
+    """`task 42 FAIL in 0.012s: ERROR:  division by zero` (the error's first line, when sent)."""
+    seconds = event.get("seconds")
+    took = f" in {seconds:.3f}s" if seconds is not None else ""
+    error = str(event.get("error") or "").strip()
+    reason = f": {error.splitlines()[0]}" if error else ""
+    return f"task {event['id']} {event['state']}{took}{reason}"
+
+
+def describe_other(event: dict) -> str:
+    """`kind: key=value ...` for an event this launcher has no line for (a newer extension's)."""
+    fields = " ".join(f"{key}={plain(value)}" for key, value in event.items() if key != "event")
+    return f"{event.get('event', 'event')}: {fields}".rstrip()
+
+
+def plain(value: object) -> str:
+    """A value as a log line shows it: a string bare unless spaces or quotes make it ambiguous."""
+    if not isinstance(value, str):
+        return json.dumps(value, default=str, separators=(",", ":"))  # 42, true, null
+    return value if value and not any(c.isspace() or c in '"=' for c in value) else json.dumps(value)

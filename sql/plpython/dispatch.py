@@ -133,8 +133,8 @@ def worker_failed(worker, first_task, error, events):
         " WHERE state = 'TAKE' AND worker = $1", ["integer"], [worker["pid"]])
     failed = run(
         "worker_failed",
-        "SELECT t.id FROM {ext}.task AS t, pgtaskpy.finish_task(t.id, 'FAIL', NULL, $2) AS f"
-        " WHERE t.state = 'WORK' AND t.worker = $1",
+        "SELECT t.id FROM {ext}.task AS t WHERE t.state = 'WORK' AND t.worker = $1"
+        " AND pgtaskpy.end_task_safely(t.id, 'FAIL', $2, '{WORK}')",
         ["integer", "text"],
         [worker["pid"], f"ERROR:  pg_task_py worker failed: {error}"],
     )
@@ -203,7 +203,10 @@ def housekeeping(pool, events):
             pool["cap"] = None
     recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
     expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    misconfigured = run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    if misconfigured:
+        events.append({"event": "misconfigured", "count": misconfigured})
     if deleted:
         events.append({"event": "deleted_old", "count": deleted})
     if recovered:

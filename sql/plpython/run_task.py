@@ -48,6 +48,7 @@ INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
 FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
 LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
+SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
@@ -273,12 +274,30 @@ def is_string_type(oid):
     return known[oid]
 
 
+class SettingError(Exception):
+    """A scheduler setting that cannot be used; the message names it and where it was set."""
+
+
 def output_limit():
-    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB."""
-    value = plpy.execute(
-        prepared("limit", "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v", [])
-    )[0]["v"]
-    return int(value) if value else 100 * 1024 * 1024
+    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB.
+
+    Read again after SETTING_FRESH seconds (reading the configuration files
+    costs more than a short task).  A value that is not a whole number raises
+    SettingError: the tasks of this database fail with it, nothing else does.
+    """
+    cached = GD.get("pgtaskpy.output_limit")
+    if cached is None or time.monotonic() >= cached[2]:
+        row = plpy.execute(prepared(
+            "limit",
+            "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v,"
+            " pgtaskpy.scheduler_setting_source('pg_task_py.output_limit') AS source", []))[0]
+        cached = GD["pgtaskpy.output_limit"] = (row["v"], row["source"], time.monotonic() + SETTING_FRESH)
+    value, source, _ = cached
+    if not value:
+        return 100 * 1024 * 1024
+    if not value.strip().isdigit():
+        raise SettingError(f'invalid value for setting "pg_task_py.output_limit" of {source}: "{value}"')
+    return int(value)
 
 
 def serve_interrupts(session):
@@ -386,15 +405,16 @@ def mark_working(task, session):
 
 
 def finish(task_id, state, output, error, notices=None, wake=True):
-    """Record the task's end; False if it had ended already (recovered by a launcher)."""
+    """Record the task's end; its end state (FAIL when what follows it failed), or
+    None if it had ended already (recovered by a launcher)."""
     return plpy.execute(
         prepared(
             "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6) AS s",
+            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6)::text AS s",
             ["bigint", "text", "text", "text", "text", "boolean"],
         ),
         [task_id, state, output, error, notices, wake],
-    )[0]["s"] is not None
+    )[0]["s"]
 
 
 def session_offer(task):
@@ -467,11 +487,24 @@ def session_failed(task, exc, report):
         plpy.commit()
         report["postponed"].append(task["id"])
         return None, None
-    finish(task["id"], "FAIL", None, format_message(
-        f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task)))
-    plpy.commit()
-    report["ended"].append({"id": task["id"], "state": "FAIL", "seconds": None})
+    fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task), report)
     return None, None
+
+
+def fail_unstarted(task, message, hint, report):
+    """End a task that never started FAIL with an error of the scheduler's own."""
+    error = format_message(message, task["input"], hint)
+    state = finish(task["id"], "FAIL", None, error)
+    plpy.commit()
+    report["ended"].append(ended_entry(task["id"], state or "FAIL", None, error))
+
+
+def ended_entry(task_id, state, seconds, error):
+    """A task's end, as the launcher logs it: with the first line of its error."""
+    entry = {"id": task_id, "state": state, "seconds": seconds}
+    if error:
+        entry["error"] = error.split("\n", 1)[0]
+    return entry
 
 
 def run_one(task, kept, go_on, limit, report):
@@ -510,12 +543,15 @@ def run_one(task, kept, go_on, limit, report):
         output, error, notices = None, format_message(str(exc), task["input"]), None
     release_or_reset(kept, task, reuse)
     advance_fresh_sessions()
-    state = "FAIL" if error else "DONE"
-    held_slot = finish(task["id"], state, output, error, notices, wake=False)
+    ended = finish(task["id"], "FAIL" if error else "DONE", output, error, notices, wake=False)
     settle_reset()
-    report["ended"].append({"id": task["id"], "state": state, "seconds": round(time.monotonic() - started, 6)})
+    if ended is not None:
+        if ended == "FAIL" and not error:
+            error = plpy.execute(prepared("error", "SELECT error FROM {ext}.task WHERE id = $1", ["bigint"]),
+                                 [task["id"]])[0]["error"]
+        report["ended"].append(ended_entry(task["id"], ended, round(time.monotonic() - started, 6), error))
     # The next task takes this one's slot in its group, if this one still held it.
-    next_task, next_kept = claim_next(task) if go_on and held_slot else (None, None)
+    next_task, next_kept = claim_next(task) if go_on and ended is not None else (None, None)
     if next_task is None:
         wake_launchers()  # a slot and this worker are free
         plpy.commit()
@@ -529,7 +565,12 @@ def main():
         start_fresh_sessions(plpy.execute("SELECT current_user AS u")[0]["u"], 1)
     # Read before any WORK is committed: from then on a cancel of this worker (task_cancel
     # of a remote task) is meant for the task's query, which serve_interrupts passes on.
-    limit = output_limit() if task is not None else None
+    try:
+        limit = output_limit() if task is not None else None
+    except SettingError as exc:
+        fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER DATABASE ... SET "
+                       "or in postgresql.conf.", report)
+        task = None
     chain_ends = time.monotonic() + CHAIN_SECONDS
     kept = None  # the session a claimed task is WORK in already
     while task is not None:  # else stopped, or taken over after this worker's launcher died

@@ -6,6 +6,23 @@
 -- rather than constraints: CHECK constraints are prepared again by every UPDATE
 -- statement, the scheduler's too, which never touches these columns; this
 -- trigger fires only when they are written.
+--
+-- The bounds keep every computation of the scheduler in range (plan + active,
+-- plan + k * repeat, -max ms, statement_timeout), so that no row can make a
+-- launcher's turn fail for everyone.  An interval must not mix signs
+-- ('1 mon -30 days' is zero or less on some dates and more on others).
+-- An interval the scheduler can add to any plan: at most 1000 years, and no
+-- part (months, days, time) negative.
+CREATE FUNCTION pgtaskpy.interval_is_sane(value interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT value <= interval '1000 years'
+       AND pg_catalog.date_part('year', value) >= 0 AND pg_catalog.date_part('month', value) >= 0
+       AND pg_catalog.date_part('day', value) >= 0
+       AND pg_catalog.date_part('hour', value) * 3600 + pg_catalog.date_part('minute', value) * 60
+           + pg_catalog.date_part('second', value) >= 0
+$$;
+
 CREATE FUNCTION pgtaskpy.check_task() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -14,11 +31,20 @@ DECLARE
 BEGIN
     -- (NULL passes, as in a CHECK constraint: NOT NULL rejects it.)
     violated := CASE
+        WHEN NOT (isfinite(NEW.plan) AND NEW.plan >= timestamptz '1900-01-01 00:00+00'
+                  AND NEW.plan < timestamptz '10000-01-01 00:00+00')
+            THEN 'task.plan must be a finite time from 1900 to 9999'
         WHEN NOT NEW.active > interval '0' THEN 'task.active must be a positive interval'
         WHEN NOT NEW.live >= interval '0' THEN 'task.live must not be negative'
         WHEN NOT NEW.repeat >= interval '0' THEN 'task.repeat must not be negative'
         WHEN NOT NEW.timeout >= interval '0' THEN 'task.timeout must not be negative'
+        WHEN NOT (pgtaskpy.interval_is_sane(NEW.active) AND pgtaskpy.interval_is_sane(NEW.live)
+                  AND pgtaskpy.interval_is_sane(NEW.repeat))
+            THEN 'task.active, live and repeat must be at most 1000 years, without negative parts'
+        WHEN NOT (pgtaskpy.interval_is_sane(NEW.timeout) AND NEW.timeout <= interval '2147483.647 seconds')
+            THEN 'task.timeout must be at most 2147483.647 seconds (statement_timeout), without negative parts'
         WHEN NOT NEW.count >= 0 THEN 'task.count must not be negative'
+        WHEN NOT NEW.max > -2147483648 THEN 'task.max must be at least -2147483647'
         WHEN NOT btrim(NEW.input, E' \t\r\n;') <> '' THEN 'task.input must not be empty'
         WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
@@ -50,9 +76,79 @@ END
 $$;
 
 CREATE TRIGGER task_check
-    BEFORE INSERT OR UPDATE OF active, live, repeat, timeout, count, input, delimiter, quote, escape, owner
+    BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner
     ON @extschema@.task
     FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_task();
+
+-- The columns the scheduler keeps (state, start, stop, pid, worker, output,
+-- error, notice) are its own: a task author who could write them could make a
+-- task run twice (WORK back to PLAN), hide a running one (DONE), or point
+-- task_cancel at somebody else's backend.  A task author inserts a task in
+-- PLAN or STOP, stops it while it waits (PLAN -> STOP), and changes its
+-- definition while it is not running; a running task is cancelled through
+-- task_cancel.  Superusers and members of pgtaskpy_admin may write anything,
+-- to repair rows by hand.  Whoever sets STOP, stop is stamped, so that
+-- retention sees the row.
+CREATE FUNCTION pgtaskpy.guard_task() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    written text;
+BEGIN
+    IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN  -- (true for superusers)
+        IF TG_OP = 'UPDATE' AND OLD.state IN ('TAKE', 'WORK')
+           AND (to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]) THEN
+            RAISE EXCEPTION 'task % is running: only its data can change', OLD.id
+                USING ERRCODE = 'object_in_use',
+                      HINT = format('Cancel it with task_cancel(%s); change it when it has ended.', OLD.id);
+        END IF;
+        IF NEW.state IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.state ELSE 'PLAN' END)
+           AND NOT (NEW.state = 'STOP' AND (TG_OP = 'INSERT' OR OLD.state = 'PLAN')) THEN
+            RAISE EXCEPTION 'permission denied to set task.state to %', NEW.state
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'The scheduler moves a task through its states.',
+                      HINT = 'A task author inserts a task in PLAN or STOP and stops a waiting one with '
+                             'state = ''STOP''; task_cancel(id) cancels a running one.';
+        END IF;
+        written := CASE
+            WHEN NEW.start IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.start END) THEN 'start'
+            WHEN NEW.stop IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.stop END) THEN 'stop'
+            WHEN NEW.pid IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.pid END) THEN 'pid'
+            WHEN NEW.worker IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.worker END) THEN 'worker'
+            WHEN NEW.output IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.output END) THEN 'output'
+            WHEN NEW.error IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.error END) THEN 'error'
+            WHEN NEW.notice IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.notice END) THEN 'notice'
+        END;
+        IF written IS NOT NULL THEN
+            RAISE EXCEPTION 'permission denied to write task.%', written
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = format('%s is written by the scheduler.', written),
+                      HINT = 'Superusers and members of pgtaskpy_admin may repair rows by hand.';
+        END IF;
+    END IF;
+    IF NEW.state = 'STOP' AND NEW.stop IS NULL THEN
+        NEW.stop := clock_timestamp();
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- Inserts with only user columns (the scheduler's repeats, most users' rows)
+-- and the scheduler's own updates (superuser sessions) skip the call.  (Inside
+-- a SECURITY DEFINER function is_superuser is the caller's: the function then
+-- runs and finds the definer's rights itself.)
+CREATE TRIGGER task_guard_insert
+    BEFORE INSERT ON @extschema@.task
+    FOR EACH ROW
+    WHEN (NEW.state <> 'PLAN' OR NEW.start IS NOT NULL OR NEW.stop IS NOT NULL OR NEW.pid IS NOT NULL
+          OR NEW.worker IS NOT NULL OR NEW.output IS NOT NULL OR NEW.error IS NOT NULL OR NEW.notice IS NOT NULL)
+    EXECUTE FUNCTION pgtaskpy.guard_task();
+
+CREATE TRIGGER task_guard_update
+    BEFORE UPDATE ON @extschema@.task
+    FOR EACH ROW
+    WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR (NEW.state = 'STOP' AND NEW.stop IS NULL))
+    EXECUTE FUNCTION pgtaskpy.guard_task();
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once
 -- instead of at the next poll.  Identical notifications of one transaction are

@@ -223,17 +223,17 @@ RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT c.id FROM pgtaskpy.claim_next_task(group_hash, launcher) AS c $$;
 
--- pg_task_py.role_running_limit: most tasks of one owner running at once, from
--- ALTER ROLE ... SET (this database's first, then any database's); NULL: no
--- limit.  Read from the catalog: the owner's settings are not this session's.
-CREATE FUNCTION pgtaskpy.role_running_limit(role name) RETURNS integer
+-- pg_task_py.role_running_limit of a role, as written: ALTER ROLE ... SET,
+-- this database's first, then any database's (NULL: not set).  Read from the
+-- catalog: the owner's settings are not this session's.
+CREATE FUNCTION pgtaskpy.role_running_limit_setting(role name) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- PL/pgSQL keeps the plan (an SQL function plans again on every call) and
     -- the (setdatabase, setrole) index is used: this runs on every claim.
     RETURN (
-        SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)::integer
+        SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)
         FROM pg_db_role_setting AS s
         CROSS JOIN unnest(s.setconfig) AS c
         WHERE s.setrole = to_regrole(quote_ident(role))
@@ -244,26 +244,77 @@ BEGIN
 END
 $$;
 
+-- pg_task_py.role_running_limit: most tasks of one owner running at once (NULL:
+-- no limit).  A value that is not a whole number claims none of the owner's
+-- tasks: fail_misconfigured_tasks fails them with an error naming the setting
+-- and the role, and nobody else's claims are disturbed.
+CREATE FUNCTION pgtaskpy.role_running_limit(role name) RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    setting text := pgtaskpy.role_running_limit_setting(role);
+BEGIN
+    IF setting IS NULL THEN
+        RETURN NULL;
+    ELSIF setting ~ '^\s*[0-9]{1,9}\s*$' THEN
+        RETURN setting::integer;
+    END IF;
+    RETURN 0;
+END
+$$;
+
+-- Due tasks of owners whose pg_task_py.role_running_limit is not a whole
+-- number end FAIL, saying which setting of which role to fix (role_running_limit
+-- claims none of them).  Housekeeping, once a second.
+CREATE FUNCTION pgtaskpy.fail_misconfigured_tasks() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad record;
+    failed integer := 0;
+BEGIN
+    FOR bad IN
+        SELECT r.rolname, pgtaskpy.role_running_limit_setting(r.rolname) AS setting
+        FROM (SELECT DISTINCT s.setrole FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+              WHERE s.setrole <> 0 AND c LIKE 'pg\_task\_py.role\_running\_limit=%') AS w
+        JOIN pg_roles AS r ON r.oid = w.setrole
+    LOOP
+        CONTINUE WHEN pgtaskpy.role_running_limit(bad.rolname) IS DISTINCT FROM 0 OR bad.setting ~ '^\s*0+\s*$';
+        failed := failed + pgtaskpy.fail_waiting_tasks(
+            ARRAY(SELECT t.id FROM @extschema@.task AS t
+                  WHERE t.state = 'PLAN' AND t.owner = bad.rolname AND t.plan <= now()
+                  ORDER BY t.id LIMIT 1000),
+            format(E'ERROR:  invalid value for setting "pg_task_py.role_running_limit" of role "%s": "%s"\n'
+                   'HINT:  It must be a whole number of tasks: ALTER ROLE %s SET pg_task_py.role_running_limit = 4, '
+                   'or RESET it.', bad.rolname, bad.setting, quote_ident(bad.rolname)));
+    END LOOP;
+    RETURN failed;
+END
+$$;
+
 -- The next planned time of a repeating task: old plan + k * repeat, the first
 -- such time in the future, or stop + repeat when the task drifts.
 CREATE FUNCTION pgtaskpy.next_plan(task @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    planned timestamptz;  -- not "next": RETURN next would read as RETURN NEXT
-    steps double precision;
+    k bigint;  -- (plan and repeat are bounded, so that k * repeat stays exact)
 BEGIN
     IF task.drift THEN
         RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
     END IF;
-    -- Jump close with arithmetic (fixed-length intervals), then step exactly
-    -- (months and days have no fixed length).
-    steps := floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat));
-    planned := task.plan + task.repeat * greatest(steps, 0);
-    WHILE planned <= clock_timestamp() LOOP
-        planned := planned + task.repeat;
+    -- Estimate k with arithmetic, a little short (months and days have no
+    -- fixed length: a month counts 30 days, a day under daylight saving 23
+    -- to 25 hours), then step to the first k whose time is in the future.
+    -- plan + k * repeat, not plan + repeat + repeat ...: 31 Jan + 2 months is
+    -- 31 Mar, where stepping a month at a time gives 28 Mar.
+    k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat)
+                        * CASE WHEN date_part('day', task.repeat) = 0 AND date_part('month', task.repeat) = 0
+                                    AND date_part('year', task.repeat) = 0 THEN 1 ELSE 0.95 END), 1);
+    WHILE task.plan + task.repeat * k <= clock_timestamp() LOOP
+        k := k + 1;
     END LOOP;
-    RETURN planned;
+    RETURN task.plan + task.repeat * k;
 END
 $$;
 
@@ -272,6 +323,11 @@ $$;
 -- does it), hold back the waiting tasks of a pausing group (negative max), delete
 -- a task that produced nothing when asked to, and wake the launchers (not
 -- when the caller goes on with the group's next task: no slot is freed).
+--
+-- What follows a task's end runs in its own subtransaction (only for tasks
+-- that have something to follow): if it fails (a DBA's trigger refuses the
+-- next run, say), the task ends FAIL with that error, and the worker or the
+-- launcher's turn that ended it goes on with everyone else's tasks.
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
     from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL,
@@ -281,16 +337,45 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t @extschema@.task;
+    failure text;
 BEGIN
     UPDATE @extschema@.task AS task
     SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error,
-        notice = task_notice
+        notice = task_notice, worker = NULL
     WHERE task.id = task_id AND task.state = ANY (from_states)
     RETURNING * INTO t;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
+    IF t.repeat > interval '0' OR t.max < 0 THEN
+        BEGIN
+            PERFORM pgtaskpy.follow_task(t);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+            t.error := concat_ws(E'\n', t.error, 'ERROR:  what follows the task failed: ' || failure);
+            t.state := 'FAIL';
+            UPDATE @extschema@.task AS task SET state = t.state, error = t.error WHERE task.id = t.id;
+        END;
+    END IF;
+
+    IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
+        DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
+    END IF;
+
+    IF wake THEN
+        PERFORM pg_notify('pg_task_py', '');
+    END IF;
+    RETURN t.state;
+END
+$$;
+
+-- What follows the end of task t: its next run when it repeats, and the
+-- pause of its group when max is negative.
+CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
     IF t.repeat > interval '0' THEN
         INSERT INTO @extschema@.task (
             parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
@@ -305,22 +390,69 @@ BEGIN
         PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
         -- pg_task's pause: the group's waiting tasks wait -max ms after this
         -- one's stop (drift) or after this one's plan (no drift); the first of
-        -- them to run pushes the rest on again when it ends.
+        -- them to run pushes the rest on again when it ends.  Only the owner's
+        -- own tasks: groups are shared by roles, and one role's task must not
+        -- hold back another's for up to 24 days.
         UPDATE @extschema@.task AS task
         SET plan = CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0)
-        WHERE task.hash = t.hash AND task.state = 'PLAN'
+        WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.owner = t.owner
           AND task.plan < CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0);
     END IF;
-
-    IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
-        DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
-    END IF;
-
-    IF wake THEN
-        PERFORM pg_notify('pg_task_py', '');
-    END IF;
-    RETURN end_state;
 END
+$$;
+
+-- End waiting tasks FAIL with the same error (a bad setting, say), each in its
+-- own subtransaction so that one that cannot end does not hold back the rest
+-- nor the launcher's turn.  Returns how many ended.
+CREATE FUNCTION pgtaskpy.fail_waiting_tasks(ids bigint[], error text) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    waiting record;
+    failed integer := 0;
+BEGIN
+    FOR waiting IN
+        SELECT t.id, t.input FROM @extschema@.task AS t
+        WHERE t.id = ANY (ids) AND t.state = 'PLAN'
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        IF pgtaskpy.end_task_safely(waiting.id, 'FAIL', error || E'\nSTATEMENT:  ' || waiting.input, '{PLAN}') THEN
+            failed := failed + 1;
+        END IF;
+    END LOOP;
+    RETURN failed;
+END
+$$;
+
+-- finish_task for housekeeping, which ends other roles' tasks one by one: an
+-- error ending one is logged as a warning, and the next is ended all the same.
+CREATE FUNCTION pgtaskpy.end_task_safely(
+    task_id bigint, end_state @extschema@.state, task_error text, from_states @extschema@.state[])
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN pgtaskpy.finish_task(task_id, end_state, NULL, task_error, from_states) IS NOT NULL;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'pg_task_py: could not end task % %: %', task_id, end_state, SQLERRM;
+    RETURN false;
+END
+$$;
+
+-- Whether `backend` is a live launcher or worker backend of this database that
+-- started no later than `since` (NULL: any time).  A pid alone is not enough:
+-- a restored copy of the database holds pids of another database's backends,
+-- and pids are reused.
+CREATE FUNCTION pgtaskpy.scheduler_backend_alive(backend integer, since timestamptz DEFAULT NULL) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.pg_stat_get_activity(backend) AS a  -- (NULL would list every backend)
+        WHERE backend IS NOT NULL
+          AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())
+          AND a.application_name OPERATOR(pg_catalog.=) ANY (
+              '{pg_task_py launcher,pg_task_py launcher (stopping),pg_task_py worker}'::pg_catalog.text[])
+          AND (since IS NULL OR a.backend_start OPERATOR(pg_catalog.<=) since))
 $$;
 
 -- Tasks whose backend is gone.  TAKE: the claiming launcher died before a
@@ -335,31 +467,31 @@ DECLARE
     recovered integer := 0;
 BEGIN
     UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL
-    WHERE t.state = 'TAKE'
-      AND NOT EXISTS (SELECT FROM pg_stat_get_activity(NULL) AS a WHERE a.pid = t.worker);
+    WHERE t.state = 'TAKE' AND NOT pgtaskpy.scheduler_backend_alive(t.worker);
     GET DIAGNOSTICS recovered = ROW_COUNT;
 
     FOR orphan IN
         SELECT t.id, t.input FROM @extschema@.task AS t
-        WHERE t.state = 'WORK'
-          AND NOT EXISTS (SELECT FROM pg_stat_get_activity(NULL) AS a
-                          WHERE a.pid = t.worker AND a.backend_start <= t.start)
+        WHERE t.state = 'WORK' AND NOT pgtaskpy.scheduler_backend_alive(t.worker, t.start)
         FOR UPDATE SKIP LOCKED
     LOOP
-        PERFORM pgtaskpy.finish_task(orphan.id, 'FAIL', NULL,
+        IF pgtaskpy.end_task_safely(orphan.id, 'FAIL',
             E'ERROR:  task worker ended before the task finished\n'
             || E'HINT:  its backend was terminated or the server restarted; the task is not run again\n'
-            || 'STATEMENT:  ' || orphan.input, '{WORK}');
-        recovered := recovered + 1;
+            || 'STATEMENT:  ' || orphan.input, '{WORK}') THEN
+            recovered := recovered + 1;
+        END IF;
     END LOOP;
     RETURN recovered;
 END
 $$;
 
 -- A scheduler setting (pg_task_py.*) as set for this database (ALTER DATABASE
--- ... SET), else in postgresql.conf.  Read from the catalog, not from the
--- calling session: worker backends live long and would miss a later ALTER
--- DATABASE, and a task's own session could change it.
+-- ... SET), else in the server's configuration files.  Read afresh on each
+-- call, from the catalog and the files: worker backends and the launcher's
+-- session live long and keep the values they connected with (an ALTER
+-- DATABASE ... RESET would go unseen), and a task's own session could change
+-- them.  The files are read only when the session has a value at all.
 CREATE FUNCTION pgtaskpy.scheduler_setting(name text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -369,8 +501,24 @@ BEGIN
          FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
          WHERE s.setrole = 0 AND starts_with(c, name || '=')
            AND s.setdatabase = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())),
-        current_setting(name, true));
+        CASE WHEN current_setting(name, true) IS NOT NULL THEN
+            (SELECT f.setting FROM pg_file_settings AS f
+             WHERE f.name = scheduler_setting.name AND f.error IS NULL
+             ORDER BY f.seqno DESC LIMIT 1)
+        END);
 END
+$$;
+
+-- Where a scheduler setting comes from, for messages: 'database "app"' or
+-- 'the server configuration'.
+CREATE FUNCTION pgtaskpy.scheduler_setting_source(name text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN EXISTS (
+        SELECT FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+        WHERE s.setrole = 0 AND starts_with(c, name || '=')
+          AND s.setdatabase = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+    THEN format('database %I', current_database()) ELSE 'the server configuration' END
 $$;
 
 -- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
@@ -385,11 +533,13 @@ BEGIN
     BEGIN
         retention := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.retention'), '')::interval;
     EXCEPTION WHEN data_exception THEN
-        RAISE WARNING 'ignoring pg_task_py.retention = "%": not an interval',
-            pgtaskpy.scheduler_setting('pg_task_py.retention');
-        RETURN 0;
+        retention := interval '-1 s';
     END;
-    IF retention IS NULL THEN
+    IF retention < interval '0' THEN
+        RAISE WARNING 'pg_task_py: ignoring pg_task_py.retention = "%" of %: not an interval of zero or more',
+            pgtaskpy.scheduler_setting('pg_task_py.retention'), pgtaskpy.scheduler_setting_source('pg_task_py.retention');
+        RETURN 0;
+    ELSIF retention IS NULL THEN
         RETURN 0;
     END IF;
     DELETE FROM @extschema@.task AS t
@@ -416,8 +566,9 @@ BEGIN
         ORDER BY t.plan LIMIT 1000
         FOR UPDATE SKIP LOCKED
     LOOP
-        PERFORM pgtaskpy.finish_task(late, 'GONE', NULL, 'ERROR:  task not active', '{PLAN}');
-        expired := expired + 1;
+        IF pgtaskpy.end_task_safely(late, 'GONE', 'ERROR:  task not active', '{PLAN}') THEN
+            expired := expired + 1;
+        END IF;
     END LOOP;
     RETURN expired;
 END
@@ -429,7 +580,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT extract(epoch FROM min(t.plan) - clock_timestamp())::double precision
     FROM @extschema@.task AS t
-    WHERE t.state = 'PLAN' AND t.plan > now()
+    WHERE t.state = 'PLAN' AND t.plan > now() AND isfinite(t.plan)  -- (rows from before the bounds)
 $$;
 
 -- Only the launcher (a superuser) schedules.
@@ -441,6 +592,10 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name,
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fail_misconfigured_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;

@@ -64,55 +64,68 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
 
--- A remote task's query is cancelled by its worker backend (the local backend
--- that runs it), which belongs to the launcher's role: hence SECURITY DEFINER,
--- with the caller's right to the task checked here.
-CREATE FUNCTION pgtaskpy.cancel_remote_task(task_id bigint) RETURNS boolean
+-- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
+-- cancel error; with stop_series, a repeating task gets no next run).
+-- Returns whether there was something to stop.  The caller's own view of
+-- the table (row-level security) decides which tasks are theirs.
+CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE @extschema@.task SET state = 'STOP' WHERE id = task_id AND state = 'PLAN';
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    RETURN pgtaskpy.cancel_running_task(task_id, stop_series);
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';
+
+-- The privileged half of task_cancel: a claimed task is stopped before it
+-- starts; a running one is cancelled through the backend that really runs
+-- it, found from the row the scheduler wrote (task authors cannot write
+-- state, pid or worker) and checked against the server: the task's session
+-- (a backend of this database logged in as the owner) or, for a remote task,
+-- its worker (a worker backend of this database, started before the task).
+-- SECURITY DEFINER, since those backends are not the caller's (a remote
+-- task's worker belongs to the launcher's role); so the caller's right to the
+-- task is checked here again, for its session user, as task_cancel's own
+-- check cannot be relied on by a direct call.
+CREATE FUNCTION pgtaskpy.cancel_running_task(task_id bigint, stop_series boolean) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t @extschema@.task;
 BEGIN
-    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state = 'WORK' AND remote IS NOT NULL;
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     IF NOT (pg_has_role(session_user, t.owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
         RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege';
     END IF;
-    RETURN pg_cancel_backend(t.worker);
-END
-$$;
-
--- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
--- cancel error; with stop_series, a repeating task gets no next run).
--- Returns whether there was something to stop.
-CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
-RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    t @extschema@.task;
-BEGIN
-    UPDATE @extschema@.task SET state = 'STOP' WHERE id = task_id AND state = 'PLAN' RETURNING * INTO t;
-    IF FOUND THEN
+    IF t.state = 'TAKE' THEN
+        -- Claimed, not started: the worker that would start it finds it STOP
+        -- (it takes only a task still TAKE by its claimer).
+        UPDATE @extschema@.task SET state = 'STOP', worker = NULL WHERE id = task_id;
         RETURN true;
     END IF;
-    IF stop_series THEN
-        -- The run's end inserts the next run only while repeat > 0.
-        UPDATE @extschema@.task SET repeat = interval '0' WHERE id = task_id AND state IN ('TAKE', 'WORK');
+    IF stop_series THEN  -- the run's end inserts the next run only while repeat > 0
+        UPDATE @extschema@.task SET repeat = interval '0' WHERE id = task_id;
     END IF;
-    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF t.state = 'WORK' AND t.remote IS NULL THEN
+    IF t.remote IS NULL AND EXISTS (
+        SELECT FROM pg_stat_get_activity(t.pid) AS a
+        WHERE t.pid IS NOT NULL AND a.usesysid = to_regrole(quote_ident(t.owner))
+          AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())) THEN
         RETURN pg_cancel_backend(t.pid);
-    ELSIF t.state = 'WORK' THEN
-        RETURN pgtaskpy.cancel_remote_task(task_id);
+    ELSIF t.remote IS NOT NULL AND pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
+        RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
-    RAISE EXCEPTION 'task % cannot be cancelled while %', task_id, t.state
-        USING HINT = 'It is about to start; try again in a moment.';
+    RETURN false;  -- its backend is gone: recovery ends it
 END
 $$;
-COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';

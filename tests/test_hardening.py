@@ -1,0 +1,294 @@
+"""A hostile but ordinary task author (a LOGIN role with the README's grants) cannot cancel
+others' queries, stall the scheduler for everyone, or make a task run twice; bad settings
+fail only the tasks they apply to; bookkeeping stays right."""
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from fix_cluster import Launcher, wait_until
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+SCHEDULER_COLUMNS = {"start": "now()", "stop": "now()", "pid": "1", "worker": "1", "output": "'x'",
+                     "error": "'x'", "notice": "'x'"}
+
+
+@pytest.fixture
+def authors(running):
+    """alice and bob: LOGIN roles with the grants README gives, nothing more."""
+    for role in ("alice", "bob"):
+        running.sql(f"CREATE ROLE {role} LOGIN")
+        running.sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON task TO {role}")
+        running.sql(f"GRANT USAGE ON SEQUENCE task_id_seq TO {role}")
+    yield {role: running.connect(role) for role in ("alice", "bob")}
+    running.sql("DELETE FROM task")
+    for role in ("alice", "bob"):
+        running.sql(f"ALTER ROLE {role} RESET ALL")
+        running.sql(f"DROP OWNED BY {role}")
+        running.sql(f"DROP ROLE {role}")
+
+
+def insert_as(conn, input, **columns):
+    names = ", ".join(["input", *(f'"{name}"' for name in columns)])
+    marks = ", ".join(["%s"] * (1 + len(columns)))
+    return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
+                        [input, *columns.values()]).fetchone()[0]
+
+
+def wait_state(db, task_id, state, timeout=20.0):
+    wait_until(lambda: db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == state, timeout,
+               message=f"task {task_id} to be {state}")
+
+
+# --- Cancel anyone's query -------------------------------------------------------------------
+
+def test_a_forged_running_task_cannot_cancel_a_superusers_query(running, authors):
+    alice = authors["alice"]
+    victim = running.connect()
+    victim_pid = victim.info.backend_pid
+    for state in ("WORK", "TAKE"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"denied to set task.state to {state}"):
+            insert_as(alice, "SELECT 1", state=state, worker=victim_pid, remote="x")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to write task.worker"):
+        insert_as(alice, "SELECT 1", worker=victim_pid)
+    # Even a row that an admin wrote by hand with a stranger's pid in it cancels nothing:
+    # task_cancel looks for the backend that really runs the task.
+    forged = running.value("INSERT INTO task (state, worker, pid, remote, start, owner, input)"
+                           " VALUES ('WORK', %s, %s, 'x', now(), 'alice', 'SELECT 1') RETURNING id",
+                           [victim_pid, victim_pid])
+    local = running.value("INSERT INTO task (state, worker, pid, start, owner, input)"
+                          " VALUES ('WORK', %s, %s, now(), 'alice', 'SELECT 1') RETURNING id",
+                          [victim_pid, victim_pid])
+    sleeper = victim.execute("SELECT 1")  # the victim is idle between the cancels: any cancel would show below
+    for task_id in (forged, local):
+        assert alice.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (False,)
+    # The privileged half checks the caller's right to the task itself.
+    bobs = insert_as(authors["bob"], "SELECT pg_sleep(30)", delete=False)
+    wait_state(running, bobs, "WORK")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied to cancel task {bobs}"):
+        alice.execute("SELECT pgtaskpy.cancel_running_task(%s, false)", [bobs])
+    assert sleeper is not None and victim.execute("SELECT pg_sleep(0.2), 'still here'").fetchone()[1] == "still here"
+    assert running.value("SELECT state::text FROM task WHERE id = %s", [bobs]) == "WORK"
+    assert authors["bob"].execute("SELECT task_cancel(%s)", [bobs]).fetchone() == (True,)
+    row = running.wait_done(bobs)
+    assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  canceling statement due to user request")
+    victim.close()
+
+
+# --- Scheduler-owned columns -----------------------------------------------------------------
+
+@pytest.mark.parametrize("column", sorted(SCHEDULER_COLUMNS))
+def test_a_task_author_cannot_write_scheduler_columns(running, authors, column):
+    alice = authors["alice"]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied to write task.{column}"):
+        alice.execute(f'INSERT INTO task (input, "{column}") VALUES (\'SELECT 1\', {SCHEDULER_COLUMNS[column]})')
+    waiting = insert_as(alice, "SELECT 1", plan=running.value("SELECT now() + interval '1 hour'"))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied to write task.{column}"):
+        alice.execute(f'UPDATE task SET "{column}" = {SCHEDULER_COLUMNS[column]} WHERE id = %s', [waiting])
+
+
+@pytest.mark.parametrize("state", ["TAKE", "WORK", "DONE", "FAIL", "GONE"])
+def test_a_task_author_inserts_only_in_plan_or_stop(running, authors, state):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied to set task.state to {state}"):
+        insert_as(authors["alice"], "SELECT 1", state=state)
+
+
+def test_a_running_task_is_never_started_twice_nor_hidden(running, authors):
+    alice = authors["alice"]
+    task_id = insert_as(alice, "SELECT pg_sleep(1), 'once'", delete=False)
+    wait_state(running, task_id, "WORK")
+    for state in ("PLAN", "DONE", "STOP"):
+        with pytest.raises(psycopg.errors.ObjectInUse, match=f"task {task_id} is running"):
+            alice.execute("UPDATE task SET state = %s WHERE id = %s", [state, task_id])
+    with pytest.raises(psycopg.errors.ObjectInUse, match="only its data can change"):
+        alice.execute("UPDATE task SET input = 'SELECT 2' WHERE id = %s", [task_id])
+    alice.execute("UPDATE task SET data = 'progress: half' WHERE id = %s", [task_id])  # a task may report progress
+    row = running.wait_done(task_id)
+    assert row["state"] == "DONE" and row["output"].endswith("once") and row["data"] == "progress: half"
+    assert row["worker"] is None and row["stop"] >= row["start"]  # finished rows keep no worker
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s OR id = %s", [task_id, task_id]) == 1
+
+
+def test_stop_is_stamped_and_the_waiting_definition_can_change(running, authors):
+    alice = authors["alice"]
+    later = running.value("SELECT now() + interval '1 hour'")
+    stopped = insert_as(alice, "SELECT 1", state="STOP", plan=later)
+    waiting = insert_as(alice, "SELECT 1", plan=later)
+    alice.execute("UPDATE task SET input = 'SELECT 2', max = 3 WHERE id = %s", [waiting])
+    by_update = insert_as(alice, "SELECT 3", plan=later)
+    alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [by_update])
+    by_cancel = insert_as(alice, "SELECT 4", plan=later)
+    assert alice.execute("SELECT task_cancel(%s)", [by_cancel]).fetchone() == (True,)
+    for task_id in (stopped, by_update, by_cancel):
+        assert running.value("SELECT stop IS NOT NULL AND state = 'STOP' FROM task WHERE id = %s", [task_id])
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="task.state to PLAN"):
+        alice.execute("UPDATE task SET state = 'PLAN' WHERE id = %s", [stopped])
+    assert running.value("SELECT input FROM task WHERE id = %s", [waiting]) == "SELECT 2"
+
+
+def test_an_admin_may_repair_rows_by_hand(running, authors):
+    running.sql("GRANT pgtaskpy_admin TO alice")
+    task_id = insert_as(authors["alice"], "SELECT 1", state="FAIL", error="repaired by hand", owner="alice")
+    assert running.value("SELECT error FROM task WHERE id = %s", [task_id]) == "repaired by hand"
+    running.sql("REVOKE pgtaskpy_admin FROM alice")
+
+
+# --- Values that would stall the scheduler ---------------------------------------------------
+
+@pytest.mark.parametrize(("column", "value", "constraint"), [
+    ("max", -2147483648, "task.max must be at least -2147483647"),
+    ("active", "100000000 years", "task.active, live and repeat must be at most 1000 years"),
+    ("repeat", "100000000 years", "task.active, live and repeat must be at most 1000 years"),
+    ("live", "1001 years", "task.active, live and repeat must be at most 1000 years"),
+    ("repeat", "1 mon -30 days", "without negative parts"),
+    ("timeout", "25 days", "task.timeout must be at most 2147483.647 seconds"),
+    ("plan", "infinity", "task.plan must be a finite time from 1900 to 9999"),
+    ("plan", "-infinity", "task.plan must be a finite time from 1900 to 9999"),
+    ("plan", "10000-01-01", "task.plan must be a finite time from 1900 to 9999"),
+])
+def test_values_the_scheduler_cannot_compute_with_are_rejected(running, authors, column, value, constraint):
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint) as caught:
+        insert_as(authors["alice"], "SELECT 1", **{column: value})
+    assert constraint in caught.value.diag.constraint_name
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        running.sql(f'INSERT INTO task (input, "{column}") VALUES (\'SELECT 1\', %s)', [value])  # superusers too
+
+
+def test_the_bounds_themselves_run(running):
+    task_id = running.insert("SELECT 1", max=-2147483647, timeout="2147483.647 s", active="1000 years",
+                             delete=False)
+    row = running.wait_done(task_id)
+    assert row["state"] == "DONE" and row["max"] == -2147483647
+
+
+def test_an_error_following_a_task_fails_that_task_only(running, authors):
+    """A DBA's trigger refuses the next run of one series: that run ends FAIL with the reason,
+    and everyone else's tasks go on (the launcher's turn never fails for everyone)."""
+    running.sql("""CREATE FUNCTION refuse_repeats() RETURNS trigger LANGUAGE plpgsql AS $$
+                   BEGIN RAISE EXCEPTION 'no more runs of %', NEW.input; END $$""")
+    running.sql("CREATE TRIGGER refuse_repeats BEFORE INSERT ON task FOR EACH ROW"
+                " WHEN (NEW.parent IS NOT NULL AND NEW.data = 'refused') EXECUTE FUNCTION refuse_repeats()")
+    try:
+        refused = insert_as(authors["alice"], "SELECT 'first'", repeat="1 s", data="refused", delete=False)
+        row = running.wait_done(refused)
+        assert row["state"] == "FAIL" and row["output"] == "first"
+        assert row["error"] == "ERROR:  what follows the task failed: no more runs of SELECT 'first'"
+        assert running.value("SELECT count(*) FROM task WHERE parent = %s", [refused]) == 0
+        assert running.wait_done(insert_as(authors["bob"], "SELECT 'others run'"))["output"] == "others run"
+        assert "scheduler error" not in running.launchers[0].output()
+    finally:
+        running.sql("DROP TRIGGER refuse_repeats ON task")
+        running.sql("DROP FUNCTION refuse_repeats()")
+
+
+# --- Settings that would break everything ----------------------------------------------------
+
+def test_a_bad_role_running_limit_fails_only_that_roles_tasks(running, authors):
+    running.sql("ALTER ROLE alice SET pg_task_py.role_running_limit = 'abc'")
+    alices = insert_as(authors["alice"], "SELECT 1")
+    bobs = insert_as(authors["bob"], "SELECT 'bob runs'")
+    assert running.wait_done(bobs)["output"] == "bob runs"
+    row = running.wait_done(alices)
+    assert row["state"] == "FAIL"
+    assert row["error"] == ('ERROR:  invalid value for setting "pg_task_py.role_running_limit" of role "alice": "abc"\n'
+                            "HINT:  It must be a whole number of tasks: ALTER ROLE alice SET"
+                            " pg_task_py.role_running_limit = 4, or RESET it.\nSTATEMENT:  SELECT 1")
+    running.sql("ALTER ROLE alice SET pg_task_py.role_running_limit = 2")
+    assert running.wait_done(insert_as(authors["alice"], "SELECT 'fixed'"))["output"] == "fixed"
+
+
+def test_a_bad_output_limit_fails_the_databases_tasks_cleanly(running):
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 'lots'")
+    try:
+        row = running.wait_done(running.insert("SELECT 1"))
+        assert row["state"] == "FAIL"
+        assert row["error"].startswith(
+            f'ERROR:  invalid value for setting "pg_task_py.output_limit" of database {running.name}: "lots"\n'
+            "HINT:  It must be a whole number of characters")
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.output_limit")
+    # The value is read afresh (at most a second old): the next tasks run.
+    wait_until(lambda: running.wait_done(running.insert("SELECT 'ok'"))["state"] == "DONE", 10,
+               message="tasks to run again after RESET")
+    assert "Traceback" not in running.launchers[0].output()
+    assert "worker failed" not in running.launchers[0].output()
+
+
+def test_retention_is_read_afresh_and_covers_stop_rows(db):
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention = '0'")
+    launcher = db.launcher()  # its session starts with the setting
+    stopped = db.insert("SELECT 1", state="STOP")
+    done = db.insert("SELECT 1", delete=False)
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE id IN (%s, %s)", [stopped, done]) == 0, 10,
+               message="finished and STOP rows past retention to be deleted")
+    db.sql(f"ALTER DATABASE {db.name} RESET pg_task_py.retention")
+    kept = db.wait_done(db.insert("SELECT 'kept'", delete=False))["id"]
+    # Housekeeping runs once a second: a task planned 2.5 s on has seen it run twice.
+    db.wait_done(db.insert("SELECT 1", plan=db.value("SELECT now() + interval '2.5 s'")))
+    assert db.value("SELECT output FROM task WHERE id = %s", [kept]) == "kept"
+    assert launcher.stop() == 0
+
+
+# --- Bookkeeping -----------------------------------------------------------------------------
+
+def test_orphan_recovery_knows_this_databases_workers(running, cluster):
+    """A WORK row naming a backend that is alive but is no worker of this database (a restored
+    copy's row, a reused pid) is recovered all the same."""
+    with cluster.connect("postgres", application_name="pg_task_py worker") as elsewhere, \
+            running.connect() as here:
+        rows = [running.value("INSERT INTO task (state, worker, start, input) VALUES ('WORK', %s, now(), 'SELECT 1')"
+                              " RETURNING id", [pid])
+                for pid in (elsewhere.info.backend_pid, here.info.backend_pid)]
+        taken = running.value("INSERT INTO task (state, worker, input) VALUES ('TAKE', %s, 'SELECT ''again''')"
+                              " RETURNING id", [elsewhere.info.backend_pid])
+        for task_id in rows:
+            row = running.wait_done(task_id)
+            assert row["state"] == "FAIL"
+            assert row["error"].startswith("ERROR:  task worker ended before the task finished")
+        assert running.wait_done(taken)["output"] == "again"  # back to PLAN, then run once
+
+
+# --- Property: whatever a task author inserts, other roles' tasks keep running ---------------
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8)
+intervals = st.one_of(
+    st.timedeltas(min_value=timedelta(days=-2), max_value=timedelta(days=2)),
+    st.sampled_from(["100000000 years", "1000 years", "1 mon -30 days", "-1 s", "25 days", "0"]),
+)
+author_rows = st.fixed_dictionaries(
+    {"input": st.one_of(st.sampled_from(["SELECT 1", "SELECT 1/0", "SELECT pg_sleep(0.01)", "SELEC", ";"]), texts)},
+    optional={
+        "plan": st.sampled_from(["infinity", "-infinity", "now", "1899-12-31", "9999-12-31", "epoch"]),
+        "active": intervals, "live": intervals, "timeout": intervals, "repeat": intervals,
+        "count": st.integers(-3, 2**31 - 1), "max": st.integers(-(2**31), 2**31 - 1),
+        "state": st.sampled_from(["PLAN", "TAKE", "WORK", "DONE", "FAIL", "STOP", "GONE"]),
+        "start": st.just("now"), "stop": st.just("now"), "pid": st.integers(0, 2**31 - 1),
+        "worker": st.integers(0, 2**31 - 1), "output": texts, "error": texts, "notice": texts,
+        "delete": st.booleans(), "drift": st.booleans(), "header": st.booleans(), "string": st.booleans(),
+        "save": st.booleans(), "delimiter": texts, "escape": texts, "quote": texts, "null": texts,
+        "data": texts, "group": texts, "remote": st.one_of(st.none(), texts), "parent": st.integers(-5, 5),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=author_rows)
+def test_whatever_an_author_inserts_other_roles_tasks_run(running, authors, values):
+    try:
+        insert_as(authors["alice"], **values)
+    except psycopg.Error as exc:
+        # A clear SQL error: bad data (22), a rejected value (23), no right (42), running (55).
+        assert exc.sqlstate[:2] in ("22", "23", "42", "55"), (exc.sqlstate, str(exc))
+    bobs = insert_as(authors["bob"], "SELECT 'bob runs'")
+    assert running.wait_done(bobs, 20)["output"] == "bob runs"
+    assert running.launchers[0].process.poll() is None
+
+
+def test_the_launcher_never_logs_a_password(tmp_path):
+    launcher = Launcher("host=/nonexistent port=1 dbname=app password=hunter2", log_dir=tmp_path).start()
+    try:
+        wait_until(lambda: "cannot connect" in launcher.output(), 15, message="a connection attempt to be logged")
+    finally:
+        assert launcher.stop() == 0
+    assert "dbname=app" in launcher.output() and "hunter2" not in launcher.output()
