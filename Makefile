@@ -16,8 +16,9 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # The install and upgrade scripts of the version in development are assembled
-# from sql/src and sql/plpython; scripts of released versions are never rebuilt.
-SOURCES = sql/build.py $(wildcard sql/src/*.sql sql/src/upgrade/*.sql sql/plpython/*.py)
+# from sql/created_once, sql/replayed, sql/upgrade and sql/plpython (sql/build.py);
+# scripts of released versions are never rebuilt.
+SOURCES = sql/build.py $(wildcard sql/created_once/*.sql sql/replayed/*.sql sql/upgrade/*.sql sql/plpython/*.py)
 all: sql/pg_task_py--$(EXTVERSION).sql sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql
 sql/pg_task_py--$(EXTVERSION).sql: $(SOURCES)
 	python3 sql/build.py install > $@

@@ -13,12 +13,14 @@ import time
 from dataclasses import dataclass
 
 import psycopg
+import psycopg.sql
 
 from pg_task_py import __version__
 
 log = logging.getLogger("pg_task_py")
 
-CHANNEL = "pg_task_py"
+# The channel of extensions 1.0-1.2, which do not name it themselves (pgtaskpy.name_of).
+LEGACY_CHANNEL = "pg_task_py"
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database.
@@ -63,8 +65,8 @@ class Scheduler:
         backoff = 0.5
         while not self.stopping.is_set():
             try:
-                conn = psycopg.connect(self.settings.dsn, autocommit=True,
-                                       application_name="pg_task_py launcher")
+                # (Each turn of dispatch() gives the session the name workers and recovery look for.)
+                conn = psycopg.connect(self.settings.dsn, autocommit=True, fallback_application_name="pg_task_py")
             except psycopg.Error as exc:
                 if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
@@ -77,7 +79,7 @@ class Scheduler:
                     self._check_role(conn)
                     self._check_extension(conn)
                     waiter = NotifyWaiter(conn)
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(wake_channel(conn))))
                     log.info("%s: scheduling (active)", self.name)
                     backoff = 0.5
                     self._loop(conn, waiter)
@@ -162,7 +164,7 @@ class Scheduler:
 
 
 class NotifyWaiter:
-    """Sleeps until a notification on CHANNEL arrives or a timeout passes.
+    """Sleeps until a notification on the wake channel arrives or a timeout passes.
 
     Notifications that arrive while a query runs are taken by psycopg and
     handed to notify handlers, so a handler remembers them; between queries
@@ -194,6 +196,13 @@ class NotifyWaiter:
         if ready:
             self.conn.pgconn.consume_input()  # raises if the connection broke
             self._drain()
+
+
+def wake_channel(conn: psycopg.Connection) -> str:
+    """The NOTIFY channel the database wakes launchers on, as the extension names it."""
+    if conn.execute("SELECT to_regprocedure('pgtaskpy.name_of(text)') IS NULL").fetchone()[0]:
+        return LEGACY_CHANNEL
+    return conn.execute("SELECT pgtaskpy.name_of('channel')").fetchone()[0]
 
 
 def display_name(dsn: str) -> str:

@@ -21,16 +21,13 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
 
 if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
-    from plans import run
+    from plans import name_of, run
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
-# Workers go on with their group's tasks only while their launcher's session
-# has this name (pgtaskpy.claim_next_task): a stopping launcher drops it.
-ACCEPTING, STOPPING = "pg_task_py launcher", "pg_task_py launcher (stopping)"
 
 
 def quote_conninfo(value):
@@ -49,7 +46,7 @@ def worker_conninfo():
         "port": row["port"],
         "dbname": row["dbname"],
         "user": row["usr"],
-        "application_name": "pg_task_py worker",
+        "application_name": name_of("worker"),
         # The worker is a superuser session: it resolves nothing through a
         # schema that others could create objects in.
         "options": "-c search_path=pg_catalog,pg_temp",
@@ -108,8 +105,7 @@ def collect(pool, name, worker, events):
     if first_task != WARM_UP:
         # A task it was given but found not claimed (stopped or deleted meanwhile,
         # or an error before it took the row) is left to be claimed again.
-        run("unclaim_first", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-            " WHERE id = $1 AND state = 'TAKE' AND worker = pg_backend_pid()", ["bigint"], [first_task])
+        run("unclaim_first", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], pg_backend_pid())", ["bigint"], [first_task])
     if report:
         for task_id in report["started"]:
             events.append({"event": "start", "id": task_id, "worker": name})
@@ -129,8 +125,7 @@ def collect(pool, name, worker, events):
 def worker_failed(worker, first_task, error, events):
     """The worker's CALL failed (its backend was terminated, say): the task it was
     running ends FAIL (it may have run in part), tasks it had only claimed wait again."""
-    run("unclaim_failed", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-        " WHERE state = 'TAKE' AND worker = $1", ["integer"], [worker["pid"]])
+    run("unclaim_failed", "SELECT pgtaskpy.unclaim_tasks(NULL, $1)", ["integer"], [worker["pid"]])
     failed = run(
         "worker_failed",
         "SELECT t.id FROM {ext}.task AS t WHERE t.state = 'WORK' AND t.worker = $1"
@@ -244,8 +239,7 @@ def start(pool, task, claimer, events):
             [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)"])
     except plpy.SPIError as exc:
         # No backend for it now (max_connections?): the task waits for the next turn.
-        run("unclaim", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL"
-            " WHERE id = $1 AND state = 'TAKE'", ["bigint"], [task["id"]])
+        run("unclaim", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], $2)", ["bigint", "integer"], [task["id"], claimer])
         limit_concurrency(pool)
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
         return
@@ -308,7 +302,9 @@ def cancel_running_tasks(pool, events):
 def main():
     pool = state()
     events = []
-    set_session_name(pool, ACCEPTING if run_limit > 0 else STOPPING)
+    # Workers go on with their group's tasks only while their launcher's session
+    # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
+    set_session_name(pool, name_of("launcher" if run_limit > 0 else "stopping launcher"))
     housekeeping_due = time.monotonic() >= pool["housekeeping_at"]
     if cancel_running or housekeeping_due:
         # Before any row (see lock_scheduling).  Other turns leave it to

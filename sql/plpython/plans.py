@@ -1,4 +1,4 @@
-"""Prepared plans shared by the PL/Python entry points (pasted first into each body).
+"""Prepared plans and names shared by the PL/Python entry points (pasted first into each body).
 
 Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
 the schemas are looked up at run time rather than pasted in by CREATE
@@ -30,3 +30,12 @@ def prepared(name, query, types=()):
 
 def run(name, query, types=(), args=()):
     return plpy.execute(prepared(name, query, types), list(args))
+
+
+def name_of(what):
+    """A name other processes see (the NOTIFY channel, a kind of backend's application_name),
+    from its one home, pgtaskpy.name_of, once per backend."""
+    key = "name:" + what
+    if key not in SD:
+        SD[key] = run(key, "SELECT pgtaskpy.name_of($1) AS n", ["text"], [what])[0]["n"]
+    return SD[key]

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         conninfo_options,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
-    from plans import prepared
+    from plans import name_of, prepared
 
 
 SESSION_KEY = "pgtaskpy.session"
@@ -91,7 +91,7 @@ def loopback_keywords(owner):
         "port": settings["port"],
         "dbname": settings["dbname"],
         "user": owner,
-        "application_name": "pg_task_py task",
+        "application_name": name_of("task"),
     }
 
 
@@ -186,7 +186,7 @@ def open_remote_session(task):
     if checked and not conninfo_options(task["remote"]).get("password"):
         raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                            "password= in its conninfo")
-    session = Session({"dbname": task["remote"], "fallback_application_name": "pg_task_py task"})
+    session = Session({"dbname": task["remote"], "fallback_application_name": name_of("task")})
     if checked and not session.used_password:
         session.close()
         raise ConnectError("password is required: the remote server did not ask for the password given")
@@ -394,14 +394,9 @@ def mark_working(task, session):
     """TAKE -> WORK; False if the task is no longer this worker's claim (stopped, or taken
     over by a launcher, while its session opened outside the claim's transaction)."""
     return plpy.execute(
-        prepared(
-            "work",
-            "UPDATE {ext}.task SET state = 'WORK', start = clock_timestamp(), pid = $2, worker = pg_backend_pid()"
-            " WHERE id = $1 AND state = 'TAKE' AND worker = $3 RETURNING id",
-            ["bigint", "integer", "integer"],
-        ),
-        [task["id"], session.pid, task["worker"]],
-    ).nrows() == 1
+        prepared("work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"]),
+        [task["id"], task["worker"], session.pid],
+    )[0]["id"] is not None
 
 
 def finish(task_id, state, output, error, notices=None, wake=True):
@@ -457,13 +452,12 @@ def claim_next(task):
 
 
 def wake_launchers():
-    plpy.execute(prepared("wake", "SELECT pg_catalog.pg_notify('pg_task_py', '')", []))
+    plpy.execute(prepared("wake", "SELECT pgtaskpy.wake_launchers()", []))
 
 
 def postpone(task_id):
     plpy.execute(
-        prepared("postpone", "UPDATE {ext}.task SET state = 'PLAN', worker = NULL WHERE id = $1 AND state = 'TAKE'",
-                 ["bigint"]),
+        prepared("postpone", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], NULL)", ["bigint"]),
         [task_id],
     )
 

@@ -157,7 +157,7 @@ CREATE FUNCTION pgtaskpy.notify_launchers() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pg_notify('pg_task_py', '');
+    PERFORM pgtaskpy.wake_launchers();
     RETURN NULL;
 END
 $$;

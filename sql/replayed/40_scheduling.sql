@@ -2,6 +2,29 @@
 -- ends (and what follows it), and what happens to tasks whose backend died.
 -- The launcher only calls these through pgtaskpy.dispatch().
 
+-- The names other processes see: the NOTIFY channel launchers LISTEN on, and
+-- the application_name of each kind of backend (how recovery and workers tell
+-- a launcher, a worker and a task's session apart in pg_stat_activity).
+-- IMMUTABLE plain SQL: folded into its callers' plans as a constant.
+CREATE FUNCTION pgtaskpy.name_of(what text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE what
+        WHEN 'channel' THEN 'pg_task_py'
+        WHEN 'launcher' THEN 'pg_task_py launcher'
+        WHEN 'stopping launcher' THEN 'pg_task_py launcher (stopping)'
+        WHEN 'worker' THEN 'pg_task_py worker'
+        WHEN 'task' THEN 'pg_task_py task'
+    END
+$$;
+
+-- Wake the launchers (they LISTEN on the channel): a task was inserted or
+-- re-planned, or a slot of a group freed.  Identical notifications of one
+-- transaction are delivered once.
+CREATE FUNCTION pgtaskpy.wake_launchers() RETURNS void
+LANGUAGE sql VOLATILE
+AS $$ SELECT pg_catalog.pg_notify(pgtaskpy.name_of('channel'), '') $$;
+
 -- The lock that serializes the scheduling of a database: every launcher takes
 -- it first thing in its turn, before any row, so that no turn holds rows while
 -- it waits for the lock (which would deadlock with workers taking their rows).
@@ -172,7 +195,7 @@ DECLARE
     cap integer;
 BEGIN
     IF launcher IS NOT NULL AND NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
-                                            WHERE a.application_name = 'pg_task_py launcher') THEN
+                                            WHERE a.application_name = pgtaskpy.name_of('launcher')) THEN
         RETURN NULL;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
@@ -203,15 +226,54 @@ BEGIN
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
        AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
        AND claimed.count = session_count AND claimed.live = session_live THEN
-        UPDATE @extschema@.task AS t
-        SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
-        WHERE t.id = claimed.id
-        RETURNING t.* INTO claimed;
+        claimed := pgtaskpy.start_task(claimed.id, NULL, session_pid);
     ELSE
         UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
         RETURNING t.* INTO claimed;
     END IF;
     RETURN claimed;
+END
+$$;
+
+-- TAKE -> PLAN: claimed tasks that were not started wait again, those of
+-- `task_ids` (NULL: any) claimed by `claimer` (NULL: anyone).  A launcher
+-- takes back a task its worker did not take, a worker one whose session
+-- found no free connection, recovery those of dead claimers.
+CREATE FUNCTION pgtaskpy.unclaim_tasks(task_ids bigint[], claimer integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    unclaimed integer;
+BEGIN
+    IF task_ids IS NULL AND claimer IS NULL THEN
+        RAISE EXCEPTION 'unclaim_tasks needs the tasks or their claimer';
+    END IF;
+    UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL
+    WHERE t.state = 'TAKE' AND (task_ids IS NULL OR t.id = ANY (task_ids))
+      AND (claimer IS NULL OR t.worker = claimer);
+    GET DIAGNOSTICS unclaimed = ROW_COUNT;
+    RETURN unclaimed;
+END
+$$;
+
+-- TAKE -> WORK: the task claimed by `claimer` starts in the session whose
+-- backend is `session_pid`, supervised by the calling worker; returns the
+-- row, or NULL when it is no longer that claimer's (stopped, or taken back
+-- after the claimer died).  claimer NULL: a waiting task the caller has just
+-- locked and checked (claim_next_task) goes straight from PLAN to WORK.
+CREATE FUNCTION pgtaskpy.start_task(task_id bigint, claimer integer, session_pid integer)
+RETURNS @extschema@.task
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    started @extschema@.task;
+BEGIN
+    UPDATE @extschema@.task AS t
+    SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
+    WHERE t.id = task_id
+      AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
+    RETURNING t.* INTO started;
+    RETURN started;
 END
 $$;
 
@@ -364,7 +426,7 @@ BEGIN
     END IF;
 
     IF wake THEN
-        PERFORM pg_notify('pg_task_py', '');
+        PERFORM pgtaskpy.wake_launchers();
     END IF;
     RETURN t.state;
 END
@@ -450,8 +512,8 @@ AS $$
         SELECT FROM pg_catalog.pg_stat_get_activity(backend) AS a  -- (NULL would list every backend)
         WHERE backend IS NOT NULL
           AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())
-          AND a.application_name OPERATOR(pg_catalog.=) ANY (
-              '{pg_task_py launcher,pg_task_py launcher (stopping),pg_task_py worker}'::pg_catalog.text[])
+          AND a.application_name OPERATOR(pg_catalog.=) ANY (ARRAY[
+              pgtaskpy.name_of('launcher'), pgtaskpy.name_of('stopping launcher'), pgtaskpy.name_of('worker')])
           AND (since IS NULL OR a.backend_start OPERATOR(pg_catalog.<=) since))
 $$;
 
@@ -466,9 +528,9 @@ DECLARE
     orphan record;
     recovered integer := 0;
 BEGIN
-    UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL
-    WHERE t.state = 'TAKE' AND NOT pgtaskpy.scheduler_backend_alive(t.worker);
-    GET DIAGNOSTICS recovered = ROW_COUNT;
+    recovered := pgtaskpy.unclaim_tasks(
+        ARRAY(SELECT t.id FROM @extschema@.task AS t
+              WHERE t.state = 'TAKE' AND NOT pgtaskpy.scheduler_backend_alive(t.worker)), NULL);
 
     FOR orphan IN
         SELECT t.id, t.input FROM @extschema@.task AS t
@@ -590,6 +652,8 @@ REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task) FROM PUBLIC;

@@ -1,55 +1,6 @@
--- The task table and its type: pg_task's columns, names, types and defaults,
--- plus `owner` (whom the task runs as), `save` and `worker`.
-
-CREATE SCHEMA pgtaskpy;
-COMMENT ON SCHEMA pgtaskpy IS 'pg_task_py internals: scheduling functions called by the launcher';
-
-CREATE TYPE @extschema@.state AS ENUM ('PLAN', 'TAKE', 'WORK', 'DONE', 'FAIL', 'STOP', 'GONE');
-COMMENT ON TYPE @extschema@.state IS
-    'PLAN waiting, TAKE claimed, WORK running, DONE ok, FAIL error, STOP stopped by a user, GONE not started within active';
-
--- Column defaults come from pg_task.<column> settings (SET, ALTER ROLE/DATABASE ... SET,
--- postgresql.conf), read when a row is inserted; a bad value names the setting.
-CREATE FUNCTION pgtaskpy.setting(name text) RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-AS $$ SELECT NULLIF(current_setting('pg_task.' || name, true), '') $$;
-
-CREATE FUNCTION pgtaskpy.invalid_setting(name text, type text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'invalid value for setting "pg_task.%": "%"', name, pgtaskpy.setting(name)
-        USING ERRCODE = 'invalid_parameter_value',
-              HINT = format('pg_task.%s must be a valid %s; fix it with SET, ALTER ROLE ... SET or ALTER DATABASE ... SET.', name, type);
-END
-$$;
-
--- One cast per type, each catching only a bad value: the common path (setting
--- absent) enters no exception block.
-CREATE FUNCTION pgtaskpy.cast_setting(name text, fallback anyelement) RETURNS anyelement
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    result fallback%TYPE;
-BEGIN
-    EXECUTE format('SELECT $1::%s', pg_typeof(fallback)) INTO result USING pgtaskpy.setting(name);
-    RETURN result;
-EXCEPTION WHEN data_exception THEN
-    PERFORM pgtaskpy.invalid_setting(name, pg_typeof(fallback)::text);
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION pgtaskpy.setting_default(name text, fallback anyelement) RETURNS anyelement
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF pgtaskpy.setting(name) IS NULL THEN
-        RETURN fallback;
-    END IF;
-    RETURN pgtaskpy.cast_setting(name, fallback);
-END
-$$;
+-- The task table: pg_task's columns, names, types and defaults, plus `owner`
+-- (whom the task runs as), `save`, `worker` and `notice`; its indexes.
+-- Created once: a change here needs a hand-written step in sql/upgrade/.
 
 CREATE TABLE @extschema@.task (
     id          bigserial PRIMARY KEY,

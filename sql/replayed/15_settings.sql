@@ -1,0 +1,42 @@
+-- Column defaults come from pg_task.<column> settings (SET, ALTER ROLE/DATABASE ... SET,
+-- postgresql.conf), read when a row is inserted; a bad value names the setting.
+CREATE FUNCTION pgtaskpy.setting(name text) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT NULLIF(current_setting('pg_task.' || name, true), '') $$;
+
+CREATE FUNCTION pgtaskpy.invalid_setting(name text, type text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'invalid value for setting "pg_task.%": "%"', name, pgtaskpy.setting(name)
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = format('pg_task.%s must be a valid %s; fix it with SET, ALTER ROLE ... SET or ALTER DATABASE ... SET.', name, type);
+END
+$$;
+
+-- One cast per type, each catching only a bad value: the common path (setting
+-- absent) enters no exception block.
+CREATE FUNCTION pgtaskpy.cast_setting(name text, fallback anyelement) RETURNS anyelement
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    result fallback%TYPE;
+BEGIN
+    EXECUTE format('SELECT $1::%s', pg_typeof(fallback)) INTO result USING pgtaskpy.setting(name);
+    RETURN result;
+EXCEPTION WHEN data_exception THEN
+    PERFORM pgtaskpy.invalid_setting(name, pg_typeof(fallback)::text);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgtaskpy.setting_default(name text, fallback anyelement) RETURNS anyelement
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pgtaskpy.setting(name) IS NULL THEN
+        RETURN fallback;
+    END IF;
+    RETURN pgtaskpy.cast_setting(name, fallback);
+END
+$$;
