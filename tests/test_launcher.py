@@ -32,7 +32,7 @@ def test_task_goes_plan_work_done_with_start_stop_pid(running):
 def test_invalid_sql_fails_with_the_parser_error(running):
     row = running.wait_done(running.insert("SELEC 1"))
     assert row["state"] == "FAIL"
-    assert row["error"] == 'ERROR:  syntax error at or near "SELEC"\nSTATEMENT:  SELEC 1'
+    assert row["error"] == 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
 
 
 def test_insert_wakes_an_idle_launcher_at_once(running):

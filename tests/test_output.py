@@ -56,7 +56,7 @@ def test_string_quotes_only_string_values(shared):
     ("input", "error"),
     [
         ("SELECT 1/0 AS a", "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a"),
-        ("SELEKT 1", 'ERROR:  syntax error at or near "SELEKT"\nSTATEMENT:  SELEKT 1'),
+        ("SELEKT 1", 'ERROR:  syntax error at or near "SELEKT" at character 1\nSTATEMENT:  SELEKT 1'),
         ("DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$",
          "ERROR:  boom\nDETAIL:  d\nHINT:  h\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
          "STATEMENT:  DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$"),

@@ -132,3 +132,22 @@ def test_owner_without_login_or_dropped_fails_clearly(running, roles):
     running.sql("UPDATE task SET plan = now() WHERE id = %s", [task_id])
     row = running.wait_done(task_id)
     assert row["state"] == "FAIL" and 'role "dave" does not exist' in row["error"]
+
+
+def test_one_grant_makes_a_task_author(running):
+    """GRANT pgtaskpy_user TO a role is all a DBA does: it enqueues, sees, stops and waits for its tasks."""
+    running.sql("CREATE ROLE carol LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("carol") as carol:
+            task_id = carol.execute("INSERT INTO task (input, delete) VALUES ('SELECT current_user', false)"
+                                    " RETURNING id").fetchone()[0]
+            assert carol.execute("SELECT state::text, output FROM task_wait(%s)", [task_id]).fetchone() == \
+                ("DONE", "carol")
+            later = carol.execute("SELECT task_enqueue('SELECT 1', now() + interval '1 hour')").fetchone()[0]
+            assert carol.execute("SELECT task_cancel(%s)", [later]).fetchone() == (True,)
+            carol.execute("UPDATE task SET data = 'mine' WHERE id = %s", [task_id])
+            assert carol.execute("SELECT count(*) FROM task").fetchone() == (2,)
+            carol.execute("DELETE FROM task")
+    finally:
+        running.sql("DROP OWNED BY carol")
+        running.sql("DROP ROLE carol")

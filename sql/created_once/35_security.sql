@@ -7,12 +7,21 @@ GRANT USAGE ON SCHEMA pgtaskpy TO PUBLIC;  -- column defaults and triggers call 
 
 DO $$
 BEGIN
-    -- Roles are cluster-wide: the first database to create the extension makes it.
+    -- Roles are cluster-wide: the first database to create the extension makes them.
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_admin') THEN
         CREATE ROLE pgtaskpy_admin NOLOGIN;
     END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_user') THEN
+        CREATE ROLE pgtaskpy_user NOLOGIN;
+    END IF;
 END
 $$;
+
+-- What a task author needs, in one role: GRANT pgtaskpy_user TO alice.  Row-level
+-- security below still confines each role to its own tasks.
+GRANT USAGE ON SCHEMA @extschema@ TO pgtaskpy_user;
+GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.task TO pgtaskpy_user;
+GRANT USAGE ON SEQUENCE @extschema@.task_id_seq TO pgtaskpy_user;
 
 ALTER TABLE @extschema@.task ENABLE ROW LEVEL SECURITY;
 

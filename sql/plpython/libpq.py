@@ -99,6 +99,9 @@ PG_DIAG_MESSAGE_PRIMARY = ord("M")
 PG_DIAG_MESSAGE_DETAIL = ord("D")
 PG_DIAG_MESSAGE_HINT = ord("H")
 PG_DIAG_CONTEXT = ord("W")
+PG_DIAG_STATEMENT_POSITION = ord("P")
+PG_DIAG_INTERNAL_POSITION = ord("p")
+PG_DIAG_INTERNAL_QUERY = ord("q")
 
 
 def _text(pointer, length=None):

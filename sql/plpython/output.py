@@ -7,8 +7,11 @@ command tag (`DELETE 0`); NULL prints as `null`.  With a `quote`, values are
 quoted and `quote`/`escape` characters inside them are escaped; with `string`
 only string-typed values (type category S) are quoted, header names always.
 
-Error: as the server log prints it, `ERROR:  message`, then DETAIL, HINT and
-CONTEXT lines where present, then `STATEMENT:  <input>`.
+Error: byte for byte as the server log prints it (log_error_verbosity
+default): `ERROR:  message` with ` at character N` when the error has a
+position, then DETAIL, HINT, QUERY and CONTEXT lines where present, then
+`STATEMENT:  <input>`; a line break inside any of them continues on a line
+that starts with a tab.
 """
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
@@ -16,10 +19,13 @@ TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first 
 if TYPE_CHECKING:  # assembled into one function body with libpq.py by sql/build.py
     from libpq import (
         PG_DIAG_CONTEXT,
+        PG_DIAG_INTERNAL_POSITION,
+        PG_DIAG_INTERNAL_QUERY,
         PG_DIAG_MESSAGE_DETAIL,
         PG_DIAG_MESSAGE_HINT,
         PG_DIAG_MESSAGE_PRIMARY,
         PG_DIAG_SEVERITY,
+        PG_DIAG_STATEMENT_POSITION,
     )
 
 
@@ -88,27 +94,40 @@ class OutputWriter:
         return "\n".join(self.lines) if self.lines else None
 
 
+def with_tabs(text):
+    """A field as the server log writes it: each line after the first starts with a tab."""
+    return text.replace("\n", "\n\t")
+
+
 def format_error(result, statement, fallback=""):
-    """An error result as the server log prints it, ending with the statement."""
+    """An error result as the server log prints it (elog.c, send_message_to_server_log), ending
+    with the statement: the same lines, labels, positions and tabs."""
     severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
-    lines = [f"{severity}:  {result.field(PG_DIAG_MESSAGE_PRIMARY) or fallback}"]
+    first = f"{severity}:  {with_tabs(result.field(PG_DIAG_MESSAGE_PRIMARY) or fallback or 'missing error text')}"
+    position = result.field(PG_DIAG_STATEMENT_POSITION) or result.field(PG_DIAG_INTERNAL_POSITION)
+    if position and int(position) > 0:
+        first += f" at character {position}"
+    lines = [first]
     for label, code in (
         ("DETAIL", PG_DIAG_MESSAGE_DETAIL),
         ("HINT", PG_DIAG_MESSAGE_HINT),
+        ("QUERY", PG_DIAG_INTERNAL_QUERY),
         ("CONTEXT", PG_DIAG_CONTEXT),
     ):
         value = result.field(code)
         if value:
-            lines.append(f"{label}:  {value}")
-    lines.append(f"STATEMENT:  {statement}")
+            lines.append(f"{label}:  {with_tabs(value)}")
+    lines.append(f"STATEMENT:  {with_tabs(statement)}")
     return "\n".join(lines)
 
 
-def format_message(message, statement, hint=None):
+def format_message(message, statement, hint=None, detail=None):
     """An error of the scheduler's own (no PGresult), in the same layout."""
-    lines = [f"ERROR:  {message}"]
+    lines = [f"ERROR:  {with_tabs(message.rstrip())}"]  # (libpq's messages end with a line break)
+    if detail:
+        lines.append(f"DETAIL:  {with_tabs(detail.rstrip())}")
     if hint:
-        lines.append(f"HINT:  {hint}")
+        lines.append(f"HINT:  {with_tabs(hint.rstrip())}")
     if statement is not None:
-        lines.append(f"STATEMENT:  {statement}")
+        lines.append(f"STATEMENT:  {with_tabs(statement)}")
     return "\n".join(lines)

@@ -478,7 +478,7 @@ BEGIN
         WHERE t.id = ANY (ids) AND t.state = 'PLAN'
         FOR UPDATE SKIP LOCKED
     LOOP
-        IF pgtaskpy.end_task_safely(waiting.id, 'FAIL', error || E'\nSTATEMENT:  ' || waiting.input, '{PLAN}') THEN
+        IF pgtaskpy.end_task_safely(waiting.id, 'FAIL', error || E'\nSTATEMENT:  ' || replace(waiting.input, E'\n', E'\n\t'), '{PLAN}') THEN
             failed := failed + 1;
         END IF;
     END LOOP;
@@ -540,7 +540,7 @@ BEGIN
         IF pgtaskpy.end_task_safely(orphan.id, 'FAIL',
             E'ERROR:  task worker ended before the task finished\n'
             || E'HINT:  its backend was terminated or the server restarted; the task is not run again\n'
-            || 'STATEMENT:  ' || orphan.input, '{WORK}') THEN
+            || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}') THEN
             recovered := recovered + 1;
         END IF;
     END LOOP;

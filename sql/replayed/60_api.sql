@@ -129,3 +129,7 @@ BEGIN
     RETURN false;  -- its backend is gone: recovery ends it
 END
 $$;
+
+-- Task authors get them through pgtaskpy_user (and PUBLIC, unless a DBA revokes it).
+GRANT EXECUTE ON FUNCTION @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text),
+    @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean) TO pgtaskpy_user;

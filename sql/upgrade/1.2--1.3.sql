@@ -9,3 +9,15 @@ DROP FUNCTION pgtaskpy.cancel_remote_task(bigint);
 -- not keep the worker that ran them.
 UPDATE @extschema@.task SET stop = now() WHERE state = 'STOP' AND stop IS NULL;
 UPDATE @extschema@.task SET worker = NULL WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND worker IS NOT NULL;
+
+-- pgtaskpy_user: what a task author needs, in one role (sql/created_once/35_security.sql).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_user') THEN
+        CREATE ROLE pgtaskpy_user NOLOGIN;
+    END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA @extschema@ TO pgtaskpy_user;
+GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.task TO pgtaskpy_user;
+GRANT USAGE ON SEQUENCE @extschema@.task_id_seq TO pgtaskpy_user;

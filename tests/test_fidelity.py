@@ -1,0 +1,61 @@
+"""Where users' scripts can see it, pg_task_py writes what pg_task writes: a task's `error` is
+byte for byte what the server log prints for the same input (log_error_verbosity default)."""
+
+import re
+
+import pytest
+from fix_cluster import wait_until
+
+# Each input fails with other fields: a position, DETAIL/HINT, several CONTEXT lines, an
+# internal query with its position, lines broken inside the message and the statement.
+FAILING_INPUTS = [
+    "SELEC 1",
+    "SELECT 1/0 AS a",
+    "SELECT 1;\nSELECT nosuch\nFROM pg_class",
+    "DO $$BEGIN RAISE EXCEPTION 'first\nsecond' USING DETAIL = 'one\ntwo', HINT = 'try\nthis'; END$$",
+    "DO $$BEGIN PERFORM 1/0; END$$",
+    "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN 1/0; END$$;"
+    " CREATE FUNCTION pg_temp.g() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN pg_temp.f(); END$$;"
+    " SELECT pg_temp.g()",
+    "DO $$BEGIN PERFORM nosuch FROM pg_class; END$$",
+    "SELECT 'x'::int",
+    "CREATE TABLE t (a int PRIMARY KEY); INSERT INTO t VALUES (1), (1)",
+]
+
+
+def logged_error(cluster, pid: int) -> str | None:
+    """What the server log holds for the error of backend `pid`: its lines without the
+    log_line_prefix, continuation lines (a tab first) included."""
+    lines = cluster.log.read_text().splitlines()
+    mine = re.compile(rf"^\S+ \S+ \S+ \[{pid}\] \S* ?(?=[A-Z]+:  )")
+    for start, line in enumerate(lines):
+        if mine.match(line) and "ERROR:  " in line:
+            error = [mine.sub("", line)]
+            for following in lines[start + 1:]:
+                if following.startswith("\t"):
+                    error.append(following)
+                elif mine.match(following) and re.match(r"(DETAIL|HINT|QUERY|CONTEXT|STATEMENT):  ",
+                                                        mine.sub("", following)):
+                    error.append(mine.sub("", following))
+                else:
+                    break
+            return "\n".join(error)
+    return None
+
+
+@pytest.mark.parametrize("input", FAILING_INPUTS)
+def test_error_is_what_the_server_log_prints(shared, cluster, input):
+    row = shared.wait_done(shared.insert(input, delete=False))
+    assert row["state"] == "FAIL"
+    # The same input, sent as one simple query (as psql does) by a session of our own.
+    with shared.connect() as conn:
+        conn.autocommit = True
+        pid = conn.info.backend_pid
+        conn.pgconn.exec_(input.encode())
+    logged = wait_until(lambda: logged_error(cluster, pid), 10, message=f"the error of backend {pid} in the log")
+    assert row["error"] == logged
+
+
+def test_syntax_error_names_its_position(shared):
+    row = shared.wait_done(shared.insert("SELEC 1"))
+    assert row["error"] == 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
