@@ -1,12 +1,14 @@
 # pg_task_py: PGXS for the extension, plus the developer entry points.
 #   make install          install the control file and sql/ scripts (as root)
 #   make demo             a throw-away cluster, the launcher and example tasks
-#   make test             the whole test suite against a real server
-#   make bench            the benchmark (bench/README.md)
-#   make lint             ruff on the launcher, the PL/Python sources and the tests
+#   make test             the whole test suite: the unit tier, then the integration tier against a real server
+#   make unit             the unit tier alone (tests/unit: no server, seconds)
+#   make bench            the benchmark (bench/bench.py; figures in bench/RESULTS.md)
+#   make lint             ruff on the launcher, the PL/Python sources, the tests and their helpers
 
 EXTENSION = pg_task_py
-EXTVERSION = 1.3
+# The one version source: the control file's default_version (the launcher's is X.Y.0, python/setup.py).
+EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'.*/\1/p" pg_task_py.control)
 PREVIOUS = 1.2
 DATA = $(sort $(wildcard sql/pg_task_py--*.sql) sql/pg_task_py--$(EXTVERSION).sql \
               sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql)
@@ -26,19 +28,26 @@ sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 	python3 sql/build.py upgrade $(PREVIOUS) $(EXTVERSION) > $@
 
 VENV ?= .venv
+PYTEST = $(VENV)/bin/python -m pytest
 
-.PHONY: setup demo test bench lint
+.PHONY: setup demo test unit bench lint
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	$(VENV)/bin/python scripts/demo.py
 
+# Two runs of pytest, two summaries: the unit tier (seconds) stops a broken build early.
 test: setup
-	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests --ignore=tests/unit $(PYTEST_ARGS)
+
+unit:
+	bash scripts/setup.sh venv
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/python bench/bench.py $(BENCH_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check python sql/plpython sql/build.py tests bench scripts
+	$(VENV)/bin/ruff check python sql/plpython sql/build.py tests testkit bench scripts

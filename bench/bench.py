@@ -1,4 +1,5 @@
-"""`make bench`: how soon tasks start and how many get through, on a throw-away cluster.
+"""`make bench`: how soon tasks start and how many get through, on a throw-away cluster
+(testing.postgresql); the figures and what they mean: bench/RESULTS.md.
 
 Every figure comes from the server's own timestamps (`plan`, `start`, `stop`);
 every wait has a deadline, and a scenario that times out reports it instead of
@@ -11,17 +12,16 @@ hanging.  Prints one table, then one JSON line a scenario.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
-import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from fix_cluster import PG_BIN, Launcher, running_cluster  # noqa: E402
+from pg_task_py_testing import PG_BIN, Launcher, throwaway_cluster
 
 DEADLINE = 120.0  # seconds any one scenario may take
 
@@ -93,14 +93,15 @@ def floor(cluster, conn) -> dict:
     conn.execute("CREATE TABLE floor_task (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN')")
     conn.execute("INSERT INTO floor_task (state) SELECT 'PLAN' FROM generate_series(1, 200000)")
     conn.execute("CREATE INDEX ON floor_task (id) WHERE state = 'PLAN'")
-    script = cluster.base / "floor.sql"
-    script.write_text(FLOOR_SCRIPT)
-    tasks = pgbench(cluster, script, 5)
-    conn.execute("DROP TABLE floor_task")
-    # A task without count/live runs in a backend of its own, as in pg_task: the
-    # rate at which this server starts backends bounds serial and parallel.
-    script.write_text("SELECT 1;\n")
-    sessions = pgbench(cluster, script, 3, "-C")
+    with tempfile.TemporaryDirectory() as scripts:
+        script = Path(scripts) / "floor.sql"
+        script.write_text(FLOOR_SCRIPT)
+        tasks = pgbench(cluster, script, 5)
+        conn.execute("DROP TABLE floor_task")
+        # A task without count/live runs in a backend of its own, as in pg_task: the
+        # rate at which this server starts backends bounds serial and parallel.
+        script.write_text("SELECT 1;\n")
+        sessions = pgbench(cluster, script, 3, "-C")
     return {"tasks_per_s": tasks, "new_sessions_per_s": sessions}
 
 
@@ -179,6 +180,76 @@ def idle(conn, launcher, seconds: float = 10.0) -> dict:
             "transactions_per_s": round((after_xacts - before_xacts - 2) / seconds, 2)}
 
 
+def server_cpu_seconds(conn, launcher) -> float:
+    """CPU seconds the cluster (the postmaster, its live children, and the children it has reaped,
+    such as tasks' ended sessions) and the launcher have used so far."""
+    def stat(pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    postmaster = int(stat(conn.execute("SELECT pg_backend_pid()").fetchone()[0])[1])
+    fields = stat(postmaster)
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                child = stat(int(entry.name))
+                if int(child[1]) == postmaster:
+                    ticks += int(child[11]) + int(child[12])
+    return ticks / os.sysconf("SC_CLK_TCK") + cpu_seconds(launcher.process.pid)
+
+
+def runs_cost(conn, launcher, insert: str, count: int) -> tuple[float, float]:
+    """Milliseconds a run, of the wall clock and of CPU (server and launcher), of `count` tasks
+    due at once, inserted by `insert` (its own cost counted), until the last of them stops."""
+    conn.execute("DELETE FROM task")
+    cpu = server_cpu_seconds(conn, launcher)
+    started = time.perf_counter()
+    conn.execute(insert, [count])
+    inserted = time.perf_counter() - started
+    end = time.monotonic() + DEADLINE
+    while conn.execute("SELECT count(*) FROM task WHERE parent IS NULL AND state IN ('PLAN', 'TAKE', 'WORK')"
+                       ).fetchone()[0]:
+        if time.monotonic() > end:
+            raise TimedOut(f"tasks still unfinished after {DEADLINE}s")
+        time.sleep(0.1)
+    cpu = server_cpu_seconds(conn, launcher) - cpu
+    first, last = conn.execute("SELECT min(start), max(stop) FROM task WHERE parent IS NULL").fetchone()
+    return 1000 * (inserted + (last - first).total_seconds()) / count, 1000 * cpu / count
+
+
+def cron(conn, launcher, count: int = 1000) -> dict:
+    """A cron series' run against a one-off task's: 1,000 series of '* * * * *' whose runs are due
+    at once (each run's end computes the next match and inserts the next run) against 1,000
+    one-off tasks a user inserts (the insert counted), in milliseconds a run of the wall clock and
+    of CPU, the best of three rounds each, alternating; and what computing one next match costs
+    (parse and search, 10,000 calls in one query)."""
+    one_off, series = [], []
+    for _ in range(3):
+        one_off.append(runs_cost(conn, launcher, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false"
+                                                 " FROM generate_series(1, %s)", count))
+        # Start well inside a minute, so that the series' next runs (at the next minute) do not
+        # become due while their first runs are measured.
+        while conn.execute("SELECT extract(second FROM clock_timestamp())").fetchone()[0] > 40:
+            time.sleep(0.5)
+        series.append(runs_cost(conn, launcher, "INSERT INTO task (cron, plan, input, delete)"
+                                                " SELECT '* * * * *', now() - interval '1 s', 'SELECT 1', false"
+                                                " FROM generate_series(1, %s)", count))
+        assert conn.execute("SELECT count(*) FROM task WHERE parent IS NOT NULL AND state = 'PLAN'").fetchone()[0] \
+            == count, "every run of a series has its next run"
+    conn.execute("DELETE FROM task")
+    match_us = {}
+    for name, expression, tz in (("utc", "* * * * *", "UTC"), ("berlin", "*/5 9-17 * * mon-fri", "Europe/Berlin"),
+                                 ("new_york_dst", "30 2 * * *", "America/New_York")):
+        started = time.perf_counter()
+        conn.execute("SELECT count(pgtaskpy.cron_next(%s, %s, timestamptz '2024-01-01 00:00+00'"
+                     " + i * interval '53 min')) FROM generate_series(1, 10000) AS i", [expression, tz])
+        match_us[f"next_match_us_{name}"] = round(1e6 * (time.perf_counter() - started) / 10000, 1)
+    wall = (min(w for w, _ in one_off), min(w for w, _ in series))
+    cpu = (min(c for _, c in one_off), min(c for _, c in series))
+    return {"series": count, "one_off_cpu_ms_per_run": round(cpu[0], 3), "cron_cpu_ms_per_run": round(cpu[1], 3),
+            "cpu_ratio": round(cpu[1] / cpu[0], 3), "one_off_ms_per_run": round(wall[0], 3),
+            "cron_ms_per_run": round(wall[1], 3), "ratio": round(wall[1] / wall[0], 3), **match_us}
+
+
 SCENARIOS = {
     "latency": lambda conn: latency(conn, 0.0, 40),
     "timed": lambda conn: latency(conn, 0.3, 20),
@@ -190,6 +261,7 @@ SCENARIOS = {
     "reuse": lambda conn: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
+    "cron": None,  # needs the launcher: see cron()
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
 }
@@ -202,7 +274,7 @@ def main() -> None:
     args = parser.parse_args()
     chosen = args.scenario or list(SCENARIOS)
     results = []
-    with running_cluster() as cluster:
+    with throwaway_cluster() as cluster:
         floor_result = None
         cluster.create_database("bench")
         launcher = Launcher(cluster.dsn("bench")).start()
@@ -221,6 +293,8 @@ def main() -> None:
                             results.append({"scenario": name, **idle(conn, launcher)})
                         elif name == "backlog":
                             results.append({"scenario": name, **backlog(cluster)})
+                        elif name == "cron":
+                            results.append({"scenario": name, **cron(conn, launcher)})
                         else:
                             results.append({"scenario": name, **SCENARIOS[name](conn)})
                     except TimedOut as exc:

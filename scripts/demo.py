@@ -1,17 +1,13 @@
-"""`make demo`: a throw-away cluster, the real launcher and a handful of example tasks.
+"""`make demo`: a throw-away cluster (testing.postgresql), the real launcher and a handful of example tasks.
 
 Prints each task's row as it ends, then stops the launcher and removes the cluster.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from fix_cluster import Launcher, running_cluster  # noqa: E402
+from pg_task_py_testing import Launcher, throwaway_cluster
 
 EXAMPLES = [
     ("an immediate task", "INSERT INTO task (input) VALUES ('SELECT now()')"),
@@ -39,7 +35,7 @@ def show(row: tuple) -> str:
 
 
 def main() -> None:
-    with running_cluster() as cluster:
+    with throwaway_cluster() as cluster:
         print(f"cluster on {cluster.socket_dir}, port {cluster.port}")
         cluster.create_database("demo")
         launcher = Launcher(cluster.dsn("demo")).start()

@@ -11,11 +11,17 @@ The SQL sources are in two folders, by how a database gets them:
 The install script is the files of both folders in the order of their names.
 
 A `{{ a.py b.py }}` line inside a function body is replaced by those files of
-sql/plpython/, in order, followed by a call of their `main()`: each file stays a
-real, lintable Python module while the server gets one self-contained body.
-PL/Python runs a body anew on every call; the files' definitions (ctypes
-prototypes, classes, functions: about 2 ms) run only on a backend's first call,
-and later calls reuse the `main` kept in SD, with everything it refers to.
+sql/plpython/, in order, followed by a call of the last one's `main`, the entry
+point: each file stays a real, lintable Python module while the server gets one
+self-contained body.  PL/Python runs a body anew on every call; the files'
+definitions (ctypes prototypes, classes, functions: about 2 ms) run only on a
+backend's first call, and later calls reuse the `main` kept in SD, with
+everything it refers to.
+
+PL/Python gives a body `plpy`, `GD`, `SD` and the routine's arguments as
+globals.  Only the generated call reads them: `main` is passed the globals
+named as its parameters, e.g. `main(plpy, GD, SD, task_id, claimer)`, and
+passes them on, so that every file imports in plain Python as well.
 
     python3 sql/build.py install > sql/pg_task_py--1.3.sql
     python3 sql/build.py upgrade 1.2 1.3 > sql/pg_task_py--1.2--1.3.sql
@@ -27,6 +33,7 @@ CREATE OR REPLACE.  So a function is written once, and an upgraded database
 gets the same code as a fresh install (tests/test_upgrade.py checks).
 """
 
+import ast
 import pathlib
 import re
 import sys
@@ -38,6 +45,17 @@ CREATED_ONCE = HERE / "created_once"
 REPLAYED = HERE / "replayed"
 
 
+def entry_point_parameters(name: str, source: str) -> list[str]:
+    """The parameters of the file's `main`: the PL/Python globals the body passes it, by name."""
+    for node in ast.parse(source, name).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "main":
+            params = node.args
+            if params.posonlyargs or params.kwonlyargs or params.vararg or params.kwarg or params.defaults:
+                sys.exit(f"{name}: main(...) takes PL/Python's globals by their names, and nothing else")
+            return [param.arg for param in params.args]
+    sys.exit(f"{name}: the last file of a body has the entry point, main(...)")
+
+
 def python_body(match: re.Match) -> str:
     parts = ['if "pgtaskpy.main" not in SD:  # the first call in this backend defines everything']
     for name in match.group(1).split():
@@ -47,7 +65,7 @@ def python_body(match: re.Match) -> str:
         indented = "\n".join(f"    {line}" if line else "" for line in source.splitlines())
         parts.append(f"    # ---- sql/plpython/{name}\n{indented}")
     parts.append('    SD["pgtaskpy.main"] = main')
-    parts.append('return SD["pgtaskpy.main"]()')
+    parts.append(f'return SD["pgtaskpy.main"]({", ".join(entry_point_parameters(name, source))})')
     return "\n".join(parts)
 
 

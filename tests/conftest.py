@@ -1,139 +1,115 @@
-"""Fixtures: one real cluster per test session, a fresh database per test, the real launcher."""
+"""Fixtures: one real cluster per test session (pytest-postgresql), a fresh database with the
+extension per test (a copy of a template), the real launcher."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
+import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 import pytest
-from fix_cluster import Cluster, Launcher, wait_until
+from pg_task_py_testing import (
+    SETTINGS,
+    Cluster,
+    Database,
+    as_root,
+    command_line_options,
+    new_database,
+    prepare_directory,
+    programs,
+)
+from pytest_postgresql import factories
+from pytest_postgresql.executors import PostgreSQLExecutor
 
-ACTIVE_STATES = ("PLAN", "TAKE", "WORK")
+# The session cluster's own files, made by `server_files` before the server starts and removed
+# after it stopped: the socket's directory, pg_hba.conf, and (as root) the programs' wrappers.
+SERVER_FILES = Path(tempfile.gettempdir()) / f"pg_task_py-tests-{secrets.token_hex(6)}"
+# pytest-postgresql waits for the server's TCP port and makes the template database over TCP: the
+# server also listens on 127.0.0.1, where only postgres may log in, with this session's password.
+# Everything else (tests, launchers, workers) uses the socket.
+PASSWORD = secrets.token_urlsafe(18)
+HBA = "local all all trust\nhost all postgres 127.0.0.1/32 scram-sha-256\n"
+
+
+def with_extension(*, autocommit: bool, **conninfo: object) -> None:
+    """pytest-postgresql's loader of the template database that each test's database copies."""
+    with psycopg.connect(**conninfo, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+
+
+postgresql_proc = factories.postgresql_proc(
+    executable=str(programs(SERVER_FILES / "bin", make=False) / "pg_ctl"),
+    host="127.0.0.1",
+    port=None,  # any free port
+    user="postgres",
+    password=PASSWORD,
+    dbname="pg_task_py",  # the template: pg_task_py_tmpl
+    unixsocketdir=str(SERVER_FILES / "socket"),
+    postgres_options=command_line_options(
+        {**SETTINGS, "listen_addresses": "127.0.0.1", "hba_file": f"'{SERVER_FILES / 'pg_hba.conf'}'"}),
+    load=[with_extension],
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, the server runs as the postgres OS user and must reach its data directory, which
+    pytest-postgresql puts in pytest's temporary directory: the session gets a base directory of
+    its own, as every pytest run takes search permission off /tmp/pytest-of-root."""
+    if as_root() and config.option.basetemp is None:
+        basetemp = tempfile.mkdtemp(prefix="pg_task_py-pytest-")
+        config.option.basetemp = basetemp
+        config.add_cleanup(lambda: shutil.rmtree(basetemp, ignore_errors=True))
+
+
+class SessionCluster(Cluster):
+    """pytest-postgresql's server (its executor) as the tests use a cluster."""
+
+    def __init__(self, executor: PostgreSQLExecutor) -> None:
+        self.executor = executor
+        self.socket_dir = Path(executor.unixsocketdir)
+        self.port = executor.port
+        self.data = Path(executor.datadir)
+        self.log = Path(executor.logfile)
+        self.template = executor.template_dbname
+
+    def restart(self, mode: str = "fast") -> None:
+        assert mode == "fast", "pytest-postgresql stops its server with a fast shutdown"
+        self.executor.stop()
+        self.executor.start()
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster().init()
-    cluster.start()
-    # A template with the extension makes each test's database a quick file copy.
-    cluster.create_database("template_pg_task_py")
+def server_files() -> Iterator[Path]:
+    """SERVER_FILES, the server's OS user's."""
+    prepare_directory(SERVER_FILES)
+    prepare_directory(SERVER_FILES / "socket")
+    (SERVER_FILES / "pg_hba.conf").write_text(HBA)
+    programs(SERVER_FILES / "bin")
     try:
-        yield cluster
+        yield SERVER_FILES
     finally:
-        cluster.destroy()
+        shutil.rmtree(SERVER_FILES, ignore_errors=True)
 
 
-_names = itertools.count()
-
-
-@dataclass
-class Database:
-    """A test's own database with the extension, and helpers to drive it."""
-
-    cluster: Cluster
-    name: str
-    conn: psycopg.Connection
-    launchers: list[Launcher] = field(default_factory=list)
-
-    @property
-    def dsn(self) -> str:
-        return self.cluster.dsn(self.name)
-
-    def connect(self, user: str = "postgres") -> psycopg.Connection:
-        return self.cluster.connect(self.name, user)
-
-    def sql(self, query: str, params: object = None) -> list[tuple]:
-        cursor = self.conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
-
-    def value(self, query: str, params: object = None) -> object:
-        rows = self.sql(query, params)
-        return rows[0][0] if rows else None
-
-    def insert(self, input: str, **columns: object) -> int:
-        names = ["input", *columns]
-        quoted = ", ".join(f'"{name}"' for name in names)
-        marks = ", ".join(["%s"] * len(names))
-        return self.value(f"INSERT INTO task ({quoted}) VALUES ({marks}) RETURNING id",
-                          [input, *columns.values()])
-
-    def task(self, task_id: int) -> dict | None:
-        cursor = self.conn.execute("SELECT * FROM task WHERE id = %s", [task_id])
-        row = cursor.fetchone()
-        return dict(zip([d.name for d in cursor.description], row)) if row else None
-
-    def wait_done(self, task_id: int, timeout: float = 20.0) -> dict | None:
-        """The task's row once it has ended (None if it was deleted)."""
-        def ended() -> object:
-            row = self.task(task_id)
-            return ("deleted",) if row is None else (row if row["state"] not in ACTIVE_STATES else None)
-        row = wait_until(ended, timeout, message=f"task {task_id} to end; unfinished: {self.unfinished()}"
-                         f"\nlaunchers' logs:\n" + "\n".join(launcher.output()[-3000:] for launcher in self.launchers))
-        return None if row == ("deleted",) else row
-
-    def unfinished(self) -> str:
-        """What a timed-out wait reports: the unfinished tasks and the database's backends."""
-        tasks = self.sql("SELECT id, state, left(input, 20), pid, worker, plan - now(), max, hash, count, live"
-                         " FROM task WHERE state::text = ANY(%s)",
-                         [list(ACTIVE_STATES)])
-        backends = self.sql("SELECT pid, application_name, state, wait_event_type, wait_event, left(query, 80),"
-                            " pg_blocking_pids(pid), backend_xmin"
-                            " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return f"{tasks}\nbackends: {backends}"
-
-    def wait_all_done(self, timeout: float = 30.0) -> None:
-        wait_until(lambda: self.value("SELECT count(*) FROM task WHERE state::text = ANY(%s)",
-                                      [list(ACTIVE_STATES)]) == 0,
-                   timeout, interval=0.05, message=f"all tasks to end; unfinished: {self.unfinished()}"
-                   f"\nlaunchers' logs:\n" + "\n".join(launcher.output()[-3000:] for launcher in self.launchers))
-
-    def launcher(self, *args: str, wait: bool = True) -> Launcher:
-        launcher = Launcher(self.dsn, args=args).start()
-        self.launchers.append(launcher)
-        if wait:
-            launcher.wait_active()
-        return launcher
-
-
-@contextlib.contextmanager
-def new_database(cluster: Cluster) -> Iterator[Database]:
-    name = f"test_{next(_names)}"
-    with cluster.connect() as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE template_pg_task_py")
-    conn = cluster.connect(name)
-    database = Database(cluster, name, conn)
-    try:
-        yield database
-    finally:
-        for launcher in database.launchers:
-            launcher.kill()
-        conn.close()
-        # A worker of a killed launcher may be opening a session into this very
-        # database, and a backend blocked in a connection attempt cannot be
-        # forced out at once: try the DROP again for a few seconds.
-        wait_until(lambda: drop_database(cluster, name), 30, 0.5, f"DROP DATABASE {name}")
-
-
-def drop_database(cluster: Cluster, name: str) -> bool:
-    with cluster.connect() as admin:
-        try:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        except psycopg.errors.ObjectInUse:
-            return False
-    return True
+@pytest.fixture(scope="session")
+def cluster(server_files: Path, request: pytest.FixtureRequest) -> SessionCluster:
+    """The session's cluster.  The server is asked for here, so that it starts once its files are
+    there and stops before they go."""
+    return SessionCluster(request.getfixturevalue("postgresql_proc"))
 
 
 @pytest.fixture
-def db(cluster: Cluster) -> Iterator[Database]:
+def db(cluster: SessionCluster) -> Iterator[Database]:
     with new_database(cluster) as database:
         yield database
 
 
 @pytest.fixture(scope="module")
-def shared(cluster: Cluster) -> Iterator[Database]:
+def shared(cluster: SessionCluster) -> Iterator[Database]:
     """One database and launcher for a whole module of independent, quick tasks."""
     with new_database(cluster) as database:
         launcher = database.launcher()
@@ -142,7 +118,7 @@ def shared(cluster: Cluster) -> Iterator[Database]:
 
 
 @pytest.fixture
-def running(db: Database) -> Database:
+def running(db: Database) -> Iterator[Database]:
     """A database with a launcher running on it (stopped cleanly at the end of the test)."""
     launcher = db.launcher()
     yield db

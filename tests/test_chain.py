@@ -1,7 +1,7 @@
 """Workers going on with their group: a worker that ends a task claims the group's next
 due task itself (pgtaskpy.claim_next_task) under the same rules as the launcher."""
 
-from fix_cluster import most_at_once, wait_until
+from pg_task_py_testing import most_at_once, wait_until
 
 
 def test_a_busy_group_runs_in_order_through_few_workers(running):

@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from fix_cluster import Cluster, Launcher, wait_until
+from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
 
 CHAOS_SECONDS = float(os.environ.get("CHAOS_SECONDS", "30"))
 ONE_OFF_TASKS = 1500
@@ -23,15 +23,15 @@ SERIES = 10
 AUDITED = "INSERT INTO audit VALUES (current_setting('pg_task.id')::bigint); {extra}"
 
 
+pytestmark = pytest.mark.chaos
+
+
 @pytest.fixture
 def chaos_cluster():
-    cluster = Cluster().init()
-    cluster.start()
-    try:
+    """A cluster of its own (testing.postgresql): the test restarts it, fast and immediate."""
+    with throwaway_cluster() as cluster:
         cluster.create_database("chaos")
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 def connect(cluster):

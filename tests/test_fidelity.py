@@ -4,7 +4,7 @@ byte for byte what the server log prints for the same input (log_error_verbosity
 import re
 
 import pytest
-from fix_cluster import wait_until
+from pg_task_py_testing import wait_until
 
 # Each input fails with other fields: a position, DETAIL/HINT, several CONTEXT lines, an
 # internal query with its position, lines broken inside the message and the statement.
@@ -59,3 +59,24 @@ def test_error_is_what_the_server_log_prints(shared, cluster, input):
 def test_syntax_error_names_its_position(shared):
     row = shared.wait_done(shared.insert("SELEC 1"))
     assert row["error"] == 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
+
+
+@pytest.mark.parametrize("remote", ["application_name", "host=localhost port", "postgresql://[::1"])
+def test_a_malformed_remote_connects_nowhere(shared, remote):
+    row = shared.wait_done(shared.insert("SELECT 1", remote=remote))
+    assert row["state"] == "FAIL" and row["pid"] is None
+    assert row["error"].startswith("ERROR:  PQconninfoParse failed\nDETAIL:  ")
+    assert row["error"].endswith("\nSTATEMENT:  SELECT 1")
+    if remote == "application_name":
+        assert 'DETAIL:  missing "=" after "application_name" in connection info string' in row["error"]
+
+
+@pytest.mark.parametrize("group", ["reports", "it's \\ \"quoted\""])
+def test_a_task_sees_its_group_and_its_children_join_it(shared, group):
+    parent = shared.insert("SELECT current_setting('pg_task.group');"
+                           " INSERT INTO task (input, delete) VALUES ('SELECT 2', false)",
+                           group=group, delete=False)
+    row = shared.wait_done(parent)
+    assert row["output"] == f"{group}\nINSERT 0 1"
+    child = shared.value('SELECT id FROM task WHERE parent = %s', [parent])
+    assert shared.wait_done(child)["group"] == group

@@ -4,9 +4,9 @@ launcher keeps running (hypothesis)."""
 from datetime import timedelta
 
 import psycopg
-from fix_cluster import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pg_task_py_testing import wait_until
 
 # Errors a user may get from a bad value: data exceptions, constraint violations, privileges.
 CLEAR_ERROR_CLASSES = ("22", "23", "42")

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from fix_cluster import Launcher, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pg_task_py_testing import Launcher, wait_until
 
 SCHEDULER_COLUMNS = {"start": "now()", "stop": "now()", "pid": "1", "worker": "1", "output": "'x'",
                      "error": "'x'", "notice": "'x'"}
@@ -215,6 +215,7 @@ def test_a_bad_output_limit_fails_the_databases_tasks_cleanly(running):
     assert "worker failed" not in running.launchers[0].output()
 
 
+@pytest.mark.slow
 def test_retention_is_read_afresh_and_covers_stop_rows(db):
     db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention = '0'")
     launcher = db.launcher()  # its session starts with the setting

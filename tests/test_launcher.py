@@ -1,16 +1,18 @@
 """The real launcher against a real server: states, wake-up, groups, stop, reconnect, bad setup."""
 
 import json
-import logging
 import os
 import re
 import signal
 import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
-from fix_cluster import LAUNCHER, REPO, Launcher, most_at_once, wait_until
+from pg_task_py_testing import LAUNCHER, Launcher, extension_version, most_at_once, wait_until
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def state_of(db, task_id):
@@ -35,6 +37,7 @@ def test_invalid_sql_fails_with_the_parser_error(running):
     assert row["error"] == 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
 
 
+@pytest.mark.slow
 def test_insert_wakes_an_idle_launcher_at_once(running):
     """Each task starts far sooner than any one-second poll would allow."""
     time.sleep(1.5)  # let the launcher go idle
@@ -54,8 +57,6 @@ def test_planned_task_never_starts_early(running):
     row = running.wait_done(task_id)
     late = (row["start"] - row["plan"]).total_seconds()
     assert 0 <= late < 0.5, late
-
-
 
 
 def test_max_limits_concurrency_per_group(running):
@@ -212,6 +213,7 @@ def test_libpq_environment_without_dsn(cluster, db):
         assert process.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_config_file_sets_run_per_database(tmp_path, db):
     config = tmp_path / "pg_task.json"
     config.write_text(json.dumps([{"dsn": db.dsn, "run": 1}]))
@@ -232,6 +234,7 @@ def test_bad_config_file_is_a_clear_error(tmp_path):
     assert "expected a JSON list" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_tasks_wait_for_free_connections_instead_of_failing(running, cluster):
     """Each running task needs two backends; when the server has none to spare, tasks wait."""
     free = running.value("SELECT current_setting('max_connections')::int - count(*) FROM pg_stat_activity"
@@ -340,6 +343,7 @@ def log_time(line):
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 
 
+@pytest.mark.slow
 def test_stopping_logs_the_wait_every_5_seconds_and_the_cancel_in_words(db):
     launcher = db.launcher("--grace", "5.5")
     task_id = db.insert("SELECT pg_sleep(60)", delete=False)
@@ -354,48 +358,13 @@ def test_stopping_logs_the_wait_every_5_seconds_and_the_cancel_in_words(db):
     assert not [line for line in output.splitlines() if "{" in line], output
 
 
-def test_end_line_carries_the_first_line_of_the_error(caplog):
-    from pg_task_py.launcher import log_event  # here: a stale installed launcher fails this test, not the module
-
-    caplog.set_level(logging.INFO, logger="pg_task_py")
-    log_event("app@/run:5432", {"event": "end", "id": 42, "state": "FAIL", "seconds": 0.0123,
-                                "error": "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0"})
-    log_event("app@/run:5432", {"event": "end", "id": 43, "state": "DONE", "seconds": 0.5})
-    log_event("app@/run:5432", {"event": "end", "id": 44, "state": "FAIL", "seconds": 1, "error": None})
-    assert caplog.messages == ["app@/run:5432: task 42 FAIL in 0.012s: ERROR:  division by zero",
-                               "app@/run:5432: task 43 DONE in 0.500s",
-                               "app@/run:5432: task 44 FAIL in 1.000s"]
-    assert caplog.records[0].fields["error"].startswith("ERROR:  division by zero")  # --log-json keeps it all
-
-
-def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
-    from pg_task_py.launcher import log_event
-
-    caplog.set_level(logging.INFO, logger="pg_task_py")
-    log_event("db", {"event": "cancel", "id": 42, "cancelled": True})
-    log_event("db", {"event": "cancel", "id": 43, "cancelled": False})
-    log_event("db", {"event": "retry", "id": 7, "attempt": 2, "message": 'could not "connect"', "ok": None})
-    log_event("db", {"event": "start", "worker": "w1"})  # a known event without its id
-    assert caplog.messages == [
-        "db: task 42 cancelled (grace period over)",
-        "db: could not cancel task 43",
-        'db: retry: id=7 attempt=2 message="could not \\"connect\\"" ok=null',
-        "db: start: worker=w1",
-    ]
-    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING", "INFO", "INFO"]
-
-
-def control_version():
-    text = (REPO / "pg_task_py.control").read_text()
-    return re.search(r"^default_version\s*=\s*'([^']+)'", text, re.MULTILINE).group(1)
-
-
 def test_version_is_the_extension_version_it_belongs_to(running):
     result = run_launcher("--version")
     assert result.returncode == 0
     name, version = result.stdout.split()
     assert name == "pg_task_py"
-    assert version.rsplit(".", 1)[0] == control_version(), (version, control_version())
+    control = extension_version(REPO / "pg_task_py.control")
+    assert version.rsplit(".", 1)[0] == control, (version, control)
     output = running.launchers[0].output()
     assert f"pg_task_py {version} starting: 1 database(s)" in output
     assert "ALTER EXTENSION" not in output  # the database has the control file's version
@@ -422,13 +391,3 @@ def test_older_extension_is_one_warning_to_update_and_still_runs(cluster, db):
     finally:
         with cluster.connect() as admin:
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
-@pytest.mark.parametrize(("installed", "older"), [
-    ("1.2", True), ("1.0", True), ("1.3", False), ("1.4", False), ("2.0", False), ("1.3beta", False), (None, False),
-])
-def test_version_comparison_is_numeric(installed, older):
-    from pg_task_py.launcher import is_older
-
-    assert is_older(installed, "1.3.0") is older
-    assert is_older("1.9", "1.10.0")  # as numbers, not text

@@ -1,4 +1,4 @@
-"""Output and error text, byte for byte as SPEC.md §3 (pg_task's formats)."""
+"""Output and error text, byte for byte as pg_task writes them (README: Table `task`)."""
 
 import pytest
 

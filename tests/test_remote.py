@@ -2,23 +2,19 @@
 
 import psycopg
 import pytest
-from fix_cluster import Cluster, wait_until
+from pg_task_py_testing import throwaway_cluster, wait_until
 
 PASSWORD = "s3cret pw"
 
 
 @pytest.fixture(scope="module")
 def remote():
-    """A second cluster (another port) that asks for passwords, with a database and a role."""
-    cluster = Cluster(hba="local all postgres trust\nlocal all all scram-sha-256\n").init()
-    cluster.start()
-    try:
+    """A second cluster (testing.postgresql, another port) that asks for passwords, with a database and a role."""
+    with throwaway_cluster(hba="local all postgres trust\nlocal all all scram-sha-256\n") as cluster:
         with cluster.connect() as conn:
             conn.execute("CREATE DATABASE remotedb")
             conn.execute(f"CREATE ROLE remote_user LOGIN PASSWORD '{PASSWORD}'")
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 def conninfo(remote, password=PASSWORD):
@@ -94,7 +90,9 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
 
 def test_malformed_remote_conninfo_fails_the_task(running):
     row = run(running, "SELECT 1", remote="host=x port")
-    assert row["state"] == "FAIL" and "could not open the task's session" in row["error"]
+    assert row["state"] == "FAIL" and row["error"] == (
+        'ERROR:  PQconninfoParse failed\nDETAIL:  missing "=" after "port" in connection info string\n'
+        "STATEMENT:  SELECT 1")
 
 
 def test_remote_tasks_are_their_own_group(running, remote):

@@ -4,7 +4,7 @@ pauses, priority, worker reuse, STOP, and tasks of dead backends."""
 import signal
 from datetime import timedelta
 
-from fix_cluster import wait_until
+from pg_task_py_testing import wait_until
 
 
 def state_of(db, task_id):

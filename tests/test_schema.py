@@ -4,7 +4,7 @@ import subprocess
 
 import psycopg
 import pytest
-from fix_cluster import PG_BIN
+from pg_task_py_testing import PG_BIN
 
 PG_TASK_COLUMNS = {
     "id": "bigint", "parent": "bigint", "plan": "timestamp with time zone",

@@ -2,7 +2,7 @@
 
 import psycopg
 import pytest
-from fix_cluster import Launcher, most_at_once, wait_until
+from pg_task_py_testing import Launcher, most_at_once, wait_until
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """What SQL a task can run, what it sees, and how its results are kept (README: What SQL can a task run?)."""
 
 import pytest
-from fix_cluster import wait_until
+from pg_task_py_testing import wait_until
 
 
 def run(db, input, **columns):

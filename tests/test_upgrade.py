@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import new_database
-from fix_cluster import Cluster
+from pg_task_py_testing import Cluster, extension_version, new_database
 from psycopg import sql
 
 REPO = Path(__file__).resolve().parent.parent
-CURRENT = "1.3"
+CURRENT = extension_version(REPO / "pg_task_py.control")  # the version in development
 RELEASED = ["1.0", "1.1", "1.2"]
 
 # Everything an extension consists of, as text: routines with their code and

@@ -2,17 +2,24 @@
 
 from importlib import metadata
 
-# The launcher's version; its major.minor is the extension version it belongs to
-# (pg_task_py.control's default_version).  Keep equal to python/pyproject.toml.
-RELEASE = "1.3.0"
 
+def _version() -> str:
+    """The launcher's version: its major.minor is the extension version it belongs to.
 
-def _installed_version() -> str:
-    """The installed distribution's version; RELEASE when run from a source tree."""
+    Installed, the distribution's (python/setup.py makes it from pg_task_py.control's
+    default_version); run from a source tree, the control file's default_version, X.Y.0."""
     try:
         return metadata.version("pg_task_py")
     except metadata.PackageNotFoundError:
-        return RELEASE
+        import re
+        from pathlib import Path
+
+        control = Path(__file__).resolve().parent.parent.parent / "pg_task_py.control"
+        try:
+            match = re.search(r"^default_version\s*=\s*'(\d+\.\d+)'", control.read_text(), re.MULTILINE)
+        except OSError:
+            match = None
+        return f"{match.group(1)}.0" if match else "0+unknown"
 
 
-__version__ = _installed_version()
+__version__ = _version()

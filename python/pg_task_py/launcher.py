@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import select
 import threading
 import time
 from dataclasses import dataclass
@@ -78,12 +77,11 @@ class Scheduler:
                     self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
                     self._check_role(conn)
                     self._check_extension(conn)
-                    waiter = NotifyWaiter(conn)
                     conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(wake_channel(conn))))
                     log.info("%s: scheduling (active)", self.name)
                     backoff = 0.5
-                    self._loop(conn, waiter)
-                    self._drain(conn, waiter)
+                    self._loop(conn)
+                    self._drain(conn)
                     return
             except psycopg.errors.InsufficientPrivilege as exc:
                 # The role lost SUPERUSER (or EXECUTE) while running: retrying cannot fix it.
@@ -132,12 +130,12 @@ class Scheduler:
             log_event(self.name, event)
         return wake_in, running
 
-    def _loop(self, conn: psycopg.Connection, waiter: NotifyWaiter) -> None:
+    def _loop(self, conn: psycopg.Connection) -> None:
         while not self.stopping.is_set():
             wake_in, _ = self._dispatch(conn, self.settings.run)
-            waiter.wait(wake_in)
+            wait_for_wake(conn, wake_in)
 
-    def _drain(self, conn: psycopg.Connection, waiter: NotifyWaiter) -> None:
+    def _drain(self, conn: psycopg.Connection) -> None:
         """Graceful stop: claim nothing more, let running tasks end, then cancel the rest.
 
         The announcement of the cancel comes before the turn that cancels, so that the
@@ -157,45 +155,27 @@ class Scheduler:
             elif now - logged_at >= WAITING_LOG_EVERY:
                 log.info("%s: stopping, waiting for %d running task(s)", self.name, running)
                 logged_at = now
-            waiter.wait(0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
+            wait_for_wake(conn, 0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
             _, running = self._dispatch(conn, 0, cancel=cancel)
             cancelled = cancelled or cancel
         log.info("%s: stopped", self.name)
 
 
-class NotifyWaiter:
-    """Sleeps until a notification on the wake channel arrives or a timeout passes.
+def wait_for_wake(conn: psycopg.Connection, timeout: float) -> None:
+    """Sleep until a notification on the wake channel arrives or `timeout` seconds pass.
 
-    Notifications that arrive while a query runs are taken by psycopg and
-    handed to notify handlers, so a handler remembers them; between queries
-    the socket is watched directly.
+    psycopg keeps the notifications that arrive while a turn's query runs and
+    hands them out first, so a task inserted during a turn ends the next wait
+    at once.  Once woken, the rest are read without waiting: the next turn
+    serves them all.
     """
-
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self.conn = conn
-        self.pending = False
-        conn.add_notify_handler(self._on_notify)
-
-    def _on_notify(self, _notify: psycopg.Notify) -> None:
-        self.pending = True
-
-    def _drain(self) -> bool:
-        got = False
-        while self.conn.pgconn.notifies() is not None:
-            got = True
-        return got
-
-    def wait(self, timeout: float) -> None:
-        if self.pending or self._drain() or timeout <= 0:
-            self.pending = False
-            return
-        try:
-            ready, _, _ = select.select([self.conn.pgconn.socket], [], [], timeout)
-        except (OSError, ValueError) as exc:  # the socket is gone (-1 or closed)
-            raise psycopg.OperationalError(f"connection lost: {exc}") from None
-        if ready:
-            self.conn.pgconn.consume_input()  # raises if the connection broke
-            self._drain()
+    woken = False
+    if timeout > 0:
+        for _ in conn.notifies(timeout=timeout, stop_after=1):
+            woken = True
+    if woken or timeout <= 0:
+        for _ in conn.notifies(timeout=0):
+            pass
 
 
 def wake_channel(conn: psycopg.Connection) -> str:

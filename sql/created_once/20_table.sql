@@ -34,8 +34,11 @@ CREATE TABLE @extschema@.task (
     save        boolean NOT NULL DEFAULT pgtaskpy.setting_default('save', false),
     owner       name NOT NULL DEFAULT current_user,
     worker      integer,
-    notice      text
-    -- Impossible values are rejected by the trigger task_check (sql/src/20_triggers.sql).
+    notice      text,
+    cron        text,
+    tz          text NOT NULL DEFAULT pgtaskpy.setting_default('tz', 'UTC'::text),
+    key         text
+    -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
 COMMENT ON TABLE @extschema@.task IS 'pg_task_py: insert SQL into input, read output/error/state back';
@@ -43,6 +46,9 @@ COMMENT ON COLUMN @extschema@.task.owner IS 'role the task runs as (its session 
 COMMENT ON COLUMN @extschema@.task.worker IS 'pid of the local backend that claimed (TAKE) or supervises (WORK) the task';
 COMMENT ON COLUMN @extschema@.task.notice IS 'NOTICE and WARNING messages the task raised, one a line';
 COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET) for the next task of a reused worker session';
+COMMENT ON COLUMN @extschema@.task.cron IS 'cron expression (pg_cron syntax): each run''s end inserts the next run at its next match';
+COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
+COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.
@@ -52,6 +58,10 @@ CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state
 CREATE INDEX task_hash_running ON @extschema@.task (hash) WHERE state IN ('TAKE', 'WORK');
 CREATE INDEX task_parent ON @extschema@.task (parent) WHERE parent IS NOT NULL;
 CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
+-- Named series: one waiting run per owner and key, and its running run found
+-- at once (a series' runs never overlap).
+CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
+CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
 
 -- pg_dump keeps users' tasks (the extension's objects are recreated by CREATE EXTENSION).
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.task', '');

@@ -12,7 +12,8 @@ launcher wakes (NOTIFY, a planned time, or a second passing):
 5. close workers idle too long; say when to wake up next.
 
 Worker backends are this session's dblink connections; their state lives in
-GD, which lasts as long as the session.
+GD, which lasts as long as the session (and across ALTER EXTENSION UPDATE:
+see POOL_LAYOUT).
 """
 
 import json
@@ -21,7 +22,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
 
 if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
-    from plans import name_of, run
+    from plans import Context
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
@@ -34,9 +35,9 @@ def quote_conninfo(value):
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def worker_conninfo():
+def worker_conninfo(ctx):
     """A loopback connection to this database as the launcher's own role."""
-    row = run(
+    row = ctx.run(
         "conninfo",
         "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
         " current_setting('port') AS port, current_database() AS dbname, current_user AS usr",
@@ -46,7 +47,7 @@ def worker_conninfo():
         "port": row["port"],
         "dbname": row["dbname"],
         "user": row["usr"],
-        "application_name": name_of("worker"),
+        "application_name": ctx.name_of("worker"),
         # The worker is a superuser session: it resolves nothing through a
         # schema that others could create objects in.
         "options": "-c search_path=pg_catalog,pg_temp",
@@ -54,49 +55,53 @@ def worker_conninfo():
     return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
 
 
-POOL_LAYOUT = 2  # of the dict below; a pool of another layout was left by the code before an update
+# The layout of the pool below and of what its workers keep in GD (sessions.py).  A
+# pool of another layout was left by the code before an update, and so were its workers'
+# sessions: the new code starts afresh.  (3: workers keep a TaskSessions object.)
+POOL_LAYOUT = 3
 
 
-def state():
-    pool = GD.get("pgtaskpy.pool")
+def state(ctx):
+    pool = ctx.GD.get("pgtaskpy.pool")
     if pool is not None and pool.get("layout") != POOL_LAYOUT:
         # ALTER EXTENSION ... UPDATE under a running launcher: close the old
         # code's workers (a busy one still records its task's end) and start afresh.
         for name in list(pool["workers"]):
-            disconnect(pool, name)
+            disconnect(ctx, pool, name)
         pool = None
     if pool is None:
-        pool = GD["pgtaskpy.pool"] = {"layout": POOL_LAYOUT, "workers": {}, "serial": 0, "housekeeping_at": 0.0,
-                                      "name": None, "pid": run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
+        pool = ctx.GD["pgtaskpy.pool"] = {"layout": POOL_LAYOUT, "workers": {}, "serial": 0, "housekeeping_at": 0.0,
+                                          "name": None, "pid": ctx.run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
     return pool
 
 
-def set_session_name(pool, name):
+def set_session_name(ctx, pool, name):
     if pool["name"] != name:
-        run("name", "SELECT set_config('application_name', $1, false)", ["text"], [name])
+        ctx.run("name", "SELECT set_config('application_name', $1, false)", ["text"], [name])
         pool["name"] = name
 
 
-def disconnect(pool, name):
+def disconnect(ctx, pool, name):
     pool["workers"].pop(name, None)
     try:
-        run("disconnect", "SELECT dblink.dblink_disconnect($1)", ["text"], [name])
-    except plpy.SPIError:
+        ctx.run("disconnect", "SELECT dblink.dblink_disconnect($1)", ["text"], [name])
+    except ctx.plpy.SPIError:
         pass  # already gone
 
 
-def collect(pool, name, worker, events):
+def collect(ctx, pool, name, worker, events):
     """Read the returned CALL's report; if the worker failed, end what it was running."""
     report, error = None, None
     try:
-        rows = run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)",
-                   ["text"], [name])
+        rows = ctx.run("get_result", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)",
+                       ["text"], [name])
         report = json.loads(rows[0]["report"]) if rows and rows[0]["report"] else None
-        run("get_end", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)", ["text"], [name])
-        message = run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
+        ctx.run("get_end", "SELECT * FROM dblink.dblink_get_result($1, false) AS r(report jsonb)", ["text"],
+                [name])
+        message = ctx.run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
         if message and message != "OK":
             error = message.strip()
-    except plpy.SPIError as exc:
+    except ctx.plpy.SPIError as exc:
         error = str(exc)
     first_task = worker["task"]
     worker["task"] = None
@@ -105,28 +110,29 @@ def collect(pool, name, worker, events):
     if first_task != WARM_UP:
         # A task it was given but found not claimed (stopped or deleted meanwhile,
         # or an error before it took the row) is left to be claimed again.
-        run("unclaim_first", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], pg_backend_pid())", ["bigint"], [first_task])
+        ctx.run("unclaim_first", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], pg_backend_pid())", ["bigint"],
+                [first_task])
     if report:
         for task_id in report["started"]:
             events.append({"event": "start", "id": task_id, "worker": name})
         for ended in report["ended"]:
             events.append({"event": "end", **ended})
         for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
-            limit_concurrency(pool)
+            limit_concurrency(ctx, pool)
             events.append({"event": "postponed", "id": task_id})
     if error and first_task == WARM_UP:
-        disconnect(pool, name)
+        disconnect(ctx, pool, name)
         events.append({"event": "spare_failed", "message": error})
     elif error:
-        disconnect(pool, name)
-        worker_failed(worker, first_task, error, events)
+        disconnect(ctx, pool, name)
+        worker_failed(ctx, worker, first_task, error, events)
 
 
-def worker_failed(worker, first_task, error, events):
+def worker_failed(ctx, worker, first_task, error, events):
     """The worker's CALL failed (its backend was terminated, say): the task it was
     running ends FAIL (it may have run in part), tasks it had only claimed wait again."""
-    run("unclaim_failed", "SELECT pgtaskpy.unclaim_tasks(NULL, $1)", ["integer"], [worker["pid"]])
-    failed = run(
+    ctx.run("unclaim_failed", "SELECT pgtaskpy.unclaim_tasks(NULL, $1)", ["integer"], [worker["pid"]])
+    failed = ctx.run(
         "worker_failed",
         "SELECT t.id FROM {ext}.task AS t WHERE t.state = 'WORK' AND t.worker = $1"
         " AND pgtaskpy.end_task_safely(t.id, 'FAIL', $2, '{WORK}')",
@@ -137,14 +143,14 @@ def worker_failed(worker, first_task, error, events):
         events.append({"event": "worker_error", "id": task_id, "message": error, "failed": bool(failed)})
 
 
-def is_busy(name):
+def is_busy(ctx, name):
     try:
-        return run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"] == 1
-    except plpy.SPIError:
+        return ctx.run("is_busy", "SELECT dblink.dblink_is_busy($1) AS b", ["text"], [name])[0]["b"] == 1
+    except ctx.plpy.SPIError:
         return False  # a broken connection: collect() records the failure
 
 
-def reap(pool, events):
+def reap(ctx, pool, events):
     """Collect every worker whose CALL has returned.
 
     Returns True when a worker has no task left but has not answered yet (it
@@ -153,7 +159,7 @@ def reap(pool, events):
     busy = {name: w for name, w in pool["workers"].items() if w["task"] is not None}
     if not busy:
         return False
-    working = run(
+    working = ctx.run(
         "working",
         "SELECT array_agg(worker) AS pids, array_agg(id) AS ids FROM {ext}.task"
         " WHERE state IN ('TAKE', 'WORK') AND (worker = ANY($1) OR id = ANY($2))",
@@ -167,16 +173,16 @@ def reap(pool, events):
         # moment, so that the next task of a reusable session finds it idle.
         finishing = worker["task"] != WARM_UP and worker["pid"] not in pids and worker["task"] not in ids
         patience = time.monotonic() + (ANSWER_WAIT if finishing else 0)
-        while is_busy(name) and time.monotonic() < patience:
+        while is_busy(ctx, name) and time.monotonic() < patience:
             time.sleep(0.0002)
-        if is_busy(name):
+        if is_busy(ctx, name):
             answering = answering or finishing
             continue
-        collect(pool, name, worker, events)
+        collect(ctx, pool, name, worker, events)
     return answering
 
 
-def limit_concurrency(pool):
+def limit_concurrency(ctx, pool):
     """The server has no connection to spare: run no more tasks at once than now.
 
     Every running task holds two backends (its worker and its session), and
@@ -187,19 +193,19 @@ def limit_concurrency(pool):
     pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
     for name, worker in list(pool["workers"].items()):
         if worker["task"] is None:
-            disconnect(pool, name)  # an idle worker holds a backend a task's session could use
+            disconnect(ctx, pool, name)  # an idle worker holds a backend a task's session could use
 
 
-def housekeeping(pool, events):
+def housekeeping(ctx, pool, events, run_limit):
     pool["housekeeping_at"] = time.monotonic() + HOUSEKEEPING_EVERY
     if pool.get("cap") is not None:
         pool["cap"] += 1
         if pool["cap"] >= run_limit:
             pool["cap"] = None
-    recovered = run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
-    expired = run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
-    misconfigured = run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
-    deleted = run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    recovered = ctx.run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
+    expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
+    deleted = ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
     if misconfigured:
         events.append({"event": "misconfigured", "count": misconfigured})
     if deleted:
@@ -210,7 +216,7 @@ def housekeeping(pool, events):
         events.append({"event": "expired", "count": expired})
 
 
-def pick_worker(pool, task):
+def pick_worker(ctx, pool, task):
     """An idle worker for the task: the one holding its reusable session, else any."""
     idle = [(name, w) for name, w in pool["workers"].items() if w["task"] is None]
     key = [task["owner"], task["remote"], task["hash"]]
@@ -219,28 +225,29 @@ def pick_worker(pool, task):
             return name
     if idle:  # prefer one without a kept session, which it would have to close
         return min(idle, key=lambda item: item[1]["key"] is not None)[0]
-    return new_worker(pool)
+    return new_worker(ctx, pool)
 
 
-def new_worker(pool):
+def new_worker(ctx, pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
-    run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo()])
-    pid = run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
-              ["text"], [name])[0]["p"]
+    ctx.run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo(ctx)])
+    pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
+                  ["text"], [name])[0]["p"]
     pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
     return name
 
 
-def start(pool, task, claimer, events):
+def start(ctx, pool, task, claimer, events):
     try:
-        name = pick_worker(pool, task)
-        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+        name = pick_worker(ctx, pool, task)
+        ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
             [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)"])
-    except plpy.SPIError as exc:
+    except ctx.plpy.SPIError as exc:
         # No backend for it now (max_connections?): the task waits for the next turn.
-        run("unclaim", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], $2)", ["bigint", "integer"], [task["id"], claimer])
-        limit_concurrency(pool)
+        ctx.run("unclaim", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], $2)", ["bigint", "integer"],
+                [task["id"], claimer])
+        limit_concurrency(ctx, pool)
         events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
         return
     worker = pool["workers"][name]
@@ -249,7 +256,7 @@ def start(pool, task, claimer, events):
     events.append({"event": "start", "id": task["id"], "worker": name})
 
 
-def close_idle_workers(pool, keep_spare):
+def close_idle_workers(ctx, pool, keep_spare):
     """Close idle workers past their keep time, but one spare worker without a
     session when `keep_spare`; return seconds until the next one is due."""
     now = time.monotonic()
@@ -264,13 +271,13 @@ def close_idle_workers(pool, keep_spare):
         keep = KEEP_IDLE_SESSION if worker["key"] is not None else KEEP_IDLE_WORKER
         due = worker["idle_since"] + keep
         if due <= now:
-            disconnect(pool, name)
+            disconnect(ctx, pool, name)
         elif next_due is None or due - now < next_due:
             next_due = due - now
     return next_due
 
 
-def ensure_spare_worker(pool, events):
+def ensure_spare_worker(ctx, pool, events, run_limit):
     """Keep one idle worker with PL/Python loaded, so the next task pays neither a
     backend start nor PL/Python's start (about 100 ms together) before it runs."""
     if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
@@ -278,18 +285,18 @@ def ensure_spare_worker(pool, events):
     if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:
         return  # no spare while the server is short of connections
     try:
-        name = new_worker(pool)
-        run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+        name = new_worker(ctx, pool)
+        ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
             [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
         pool["workers"][name]["task"] = WARM_UP
-    except plpy.SPIError as exc:
+    except ctx.plpy.SPIError as exc:
         events.append({"event": "spare_failed", "message": str(exc)})
 
 
-def cancel_running_tasks(pool, events):
+def cancel_running_tasks(ctx, pool, events):
     """Cancel the tasks this launcher's workers run (graceful stop past its grace period)."""
     pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
-    for row in run(
+    for row in ctx.run(
         "cancel",
         "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
         " WHERE worker = ANY($1) AND state = 'WORK'",
@@ -299,26 +306,28 @@ def cancel_running_tasks(pool, events):
         events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
 
 
-def main():
-    pool = state()
+def main(plpy, GD, SD, run_limit, cancel_running):
+    """The entry point: sql/build.py passes PL/Python's globals of these names."""
+    ctx = Context(plpy, GD, SD)
+    pool = state(ctx)
     events = []
     # Workers go on with their group's tasks only while their launcher's session
     # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
-    set_session_name(pool, name_of("launcher" if run_limit > 0 else "stopping launcher"))
+    set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))
     housekeeping_due = time.monotonic() >= pool["housekeeping_at"]
     if cancel_running or housekeeping_due:
         # Before any row (see lock_scheduling).  Other turns leave it to
         # claim_due_tasks, which takes it only when it may claim something:
         # while it is held, no worker can go on with its group.
-        run("lock", "SELECT pgtaskpy.lock_scheduling()")
+        ctx.run("lock", "SELECT pgtaskpy.lock_scheduling()")
     if cancel_running:
-        cancel_running_tasks(pool, events)
+        cancel_running_tasks(ctx, pool, events)
     if housekeeping_due:
-        housekeeping(pool, events)
+        housekeeping(ctx, pool, events, run_limit)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
-    claimed = run(
+    claimed = ctx.run(
         "claim",
         "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
         ["integer", "integer"],
@@ -327,24 +336,24 @@ def main():
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.
-    answering = reap(pool, events)
+    answering = reap(ctx, pool, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
     if not claimed:  # else the next turn, in 10 ms, looks
-        next_plan = run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
+        next_plan = ctx.run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
         if next_plan is not None:
             waits.append(next_plan)
     if answering:
         waits.append(0.05)  # its worker notifies when it is idle; this is the fallback
-    idle_due = close_idle_workers(pool, keep_spare=run_limit > 0)
+    idle_due = close_idle_workers(ctx, pool, keep_spare=run_limit > 0)
     if idle_due is not None:
         waits.append(idle_due)
     if claimed:
         # Started last: each worker waits for this transaction's commit to take
         # its task, so nothing slow (a new spare's connection) may follow.
         for task in claimed:
-            start(pool, task, claimer, events)
+            start(ctx, pool, task, claimer, events)
         waits.append(0.01)  # the next turn replaces the spare these may have used
     elif run_limit > 0 and not answering:
-        ensure_spare_worker(pool, events)
+        ensure_spare_worker(ctx, pool, events, run_limit)
     running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     return json.dumps(events), max(0.0, min(waits)), running

@@ -116,10 +116,8 @@ class ConnectError(Exception):
     """The task's session could not be opened: libpq's message."""
 
 
-# PL/Python runs this body anew on every call, defining new classes each time,
-# while sessions kept in GD raise the class of the call that made them: one
-# class for the life of the backend keeps `except ConnectError` catching both.
-ConnectError = GD.setdefault("pgtaskpy.ConnectError", ConnectError)
+class MalformedConninfo(ConnectError):
+    """A conninfo that libpq cannot parse (PQconninfoParse's message): nothing was connected."""
 
 
 def conninfo_options(conninfo):
@@ -130,7 +128,7 @@ def conninfo_options(conninfo):
         message = _text(error.value) if error.value else "out of memory"
         if error.value:
             PQfreemem(error)
-        raise ConnectError((message or "invalid connection string").strip())
+        raise MalformedConninfo((message or "invalid connection string").strip())
     try:
         found = {}
         i = 0

@@ -1,4 +1,9 @@
-"""Prepared plans and names shared by the PL/Python entry points (pasted first into each body).
+"""What a PL/Python entry point passes to the code it calls (pasted first into each body).
+
+PL/Python gives a routine's body `plpy`, `GD` and `SD` and the routine's
+arguments as globals; sql/build.py passes them to the entry point, `main`,
+which hands a Context on.  So no module here reads a PL/Python global, and
+each imports in plain Python (tests/unit/test_plpython_imports.py).
 
 Queries name the extensions' schemas as `{ext}.` (pg_task_py) and `dblink.`:
 the schemas are looked up at run time rather than pasted in by CREATE
@@ -6,36 +11,50 @@ EXTENSION, where a schema name that needs quotes would break the Python source.
 """
 
 
-def schema_of(extension):
-    """The schema an extension lives in, quoted, looked up once per backend."""
-    key = "schema:" + extension
-    if key not in SD:
-        SD[key] = plpy.execute(
-            "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
-            " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
-            " WHERE e.extname = " + plpy.quote_literal(extension)
-        )[0]["s"]
-    return SD[key]
+class Context:
+    """One call's PL/Python: `plpy`; `GD`, the backend's dict, shared by every
+    PL/Python routine and kept across ALTER EXTENSION UPDATE; `SD`, this
+    routine's, which lives as long as the routine's code in this backend and
+    holds the plans prepared once per backend."""
 
+    __slots__ = ("plpy", "GD", "SD")
 
-def prepared(name, query, types=()):
-    """A plan prepared once per backend (SD lives as long as it)."""
-    if name not in SD:
-        query = query.replace("{ext}.", schema_of("pg_task_py") + ".")
-        if "dblink." in query:
-            query = query.replace("dblink.", schema_of("dblink") + ".")
-        SD[name] = plpy.prepare(query, list(types))
-    return SD[name]
+    def __init__(self, plpy, GD, SD):
+        self.plpy = plpy
+        self.GD = GD
+        self.SD = SD
 
+    def schema_of(self, extension):
+        """The schema an extension lives in, quoted, looked up once per backend."""
+        key = "schema:" + extension
+        if key not in self.SD:
+            self.SD[key] = self.plpy.execute(
+                "SELECT pg_catalog.quote_ident(n.nspname) AS s FROM pg_catalog.pg_extension AS e"
+                " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
+                " WHERE e.extname = " + self.plpy.quote_literal(extension)
+            )[0]["s"]
+        return self.SD[key]
 
-def run(name, query, types=(), args=()):
-    return plpy.execute(prepared(name, query, types), list(args))
+    def prepared(self, name, query, types=()):
+        """A plan prepared once per backend (SD lives as long as it)."""
+        if name not in self.SD:
+            query = query.replace("{ext}.", self.schema_of("pg_task_py") + ".")
+            if "dblink." in query:
+                query = query.replace("dblink.", self.schema_of("dblink") + ".")
+            self.SD[name] = self.plpy.prepare(query, list(types))
+        return self.SD[name]
 
+    def run(self, name, query, types=(), args=()):
+        """Run the plan `name`, prepared from `query` on its first use in this backend."""
+        return self.plpy.execute(self.prepared(name, query, types), list(args))
 
-def name_of(what):
-    """A name other processes see (the NOTIFY channel, a kind of backend's application_name),
-    from its one home, pgtaskpy.name_of, once per backend."""
-    key = "name:" + what
-    if key not in SD:
-        SD[key] = run(key, "SELECT pgtaskpy.name_of($1) AS n", ["text"], [what])[0]["n"]
-    return SD[key]
+    def commit(self):
+        self.plpy.commit()
+
+    def name_of(self, what):
+        """A name other processes see (the NOTIFY channel, a kind of backend's application_name),
+        from its one home, pgtaskpy.name_of, once per backend."""
+        key = "name:" + what
+        if key not in self.SD:
+            self.SD[key] = self.run(key, "SELECT pgtaskpy.name_of($1) AS n", ["text"], [what])[0]["n"]
+        return self.SD[key]

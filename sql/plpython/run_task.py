@@ -10,12 +10,12 @@ error, and commits the end state.
 In the same transaction as that end, the worker claims its group's next due
 task if the group has room (pgtaskpy.claim_next_task) and goes on with it,
 for up to CHAIN_SECONDS: a busy group costs no launcher turn a task.  When
-the next task's session is at hand, that transaction also marks it WORK: one
-commit and two updates a task.  The
-session is kept in GD for the next task of the same owner, remote and group
-when `count`/`live` allow reuse; otherwise each task gets a new session,
-started ahead of need (FRESH_AHEAD) so that a backend's start-up runs while
-the task before it does.
+the next task's session is ready, that transaction also marks it WORK: one
+commit and two updates a task.
+
+Which session a task runs in (the one kept for reuse under `count`/`live`,
+one started ahead of need, or a new one) is sessions.py's to decide; the
+changes of task rows are task_rows.py's.
 """
 
 import json
@@ -23,7 +23,7 @@ import time
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
 
-if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
+if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from libpq import (
         PGRES_COMMAND_OK,
         PGRES_COPY_BOTH,
@@ -35,430 +35,254 @@ if TYPE_CHECKING:  # assembled with libpq.py and output.py by sql/build.py
         PQTRANS_INERROR,
         PQTRANS_INTRANS,
         ConnectError,
-        Session,
-        conninfo_options,
+        MalformedConninfo,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
-    from plans import name_of, prepared
+    from plans import Context
+    from sessions import TaskSessions, reuses_sessions
+    from task_rows import claim_next_task, finish_task, start_task, take_task, task_error, unclaim_task, wake_launchers
 
 
-SESSION_KEY = "pgtaskpy.session"
-FRESH_KEY = "pgtaskpy.fresh_sessions"
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
 FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
-LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
+WARM_UP = 0  # the "task id" of the launcher's call that loads PL/Python in a new spare worker
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
 
 
-# What a worker reads of the task it runs, from the row it took or claimed.
-TASK_COLUMNS = (
-    "id, state::text AS state, worker, input, owner, remote, hash, timeout, count, live, save,"
-    " header, string, delimiter, quote, escape, \"null\","
-    " extract(epoch FROM timeout)::float8 AS timeout_s,"
-    " extract(epoch FROM live)::float8 AS live_s"
-)
-
-
-def take_task(task_id, claimer):
-    """The task's row, locked, if it is still claimed by `claimer` (the launcher's session).
-
-    Locked by id alone: the launcher's claim may not have committed yet, and a
-    row lock waits for it, where a snapshot would show the row still in PLAN.
-    """
-    rows = plpy.execute(
-        prepared("take", f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = $1 FOR UPDATE", ["bigint"]),
-        [task_id],
-    )
-    if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
-        return None
-    return rows[0]
-
-
-def loopback_keywords(owner):
-    """Connection keywords of a session in this database, logged in as `owner`."""
-    if "pgtaskpy.loopback" not in GD:  # fixed for a backend's life: read once
-        GD["pgtaskpy.loopback"] = plpy.execute(
-            "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
-            "       current_setting('port') AS port, current_database() AS dbname"
-        )[0]
-    settings = GD["pgtaskpy.loopback"]
-    return {
-        "host": settings["host"].strip() or "localhost",
-        "port": settings["port"],
-        "dbname": settings["dbname"],
-        "user": owner,
-        "application_name": name_of("task"),
-    }
-
-
-def session_key(task):
-    return (task["owner"], task["remote"], task["hash"])
-
-
-def reusable(kept, task):
-    """Whether the kept session may run this task (`count`/`live`, same owner, remote and group)."""
-    return (
-        kept is not None
-        and kept["key"] == session_key(task)
-        and kept["session"].ok
-        and (task["count"] <= 0 or kept["runs"] < task["count"])
-        and (task["live_s"] <= 0 or time.monotonic() < kept["born"] + task["live_s"])
-        and (task["count"] > 0 or task["live_s"] > 0)
-    )
-
-
-def reset_done(kept):
-    """Wait for the reset sent when the session's last task ended; False if it failed."""
-    if kept.pop("resetting", False):
-        try:
-            kept["session"].collect()
-        except ConnectError:
-            return False
-    return True
-
-
-def settle_reset():
-    """Read the answer to the reset sent when the task ended (it ran while the end was written).
-
-    Read before the claim: from the claim to the commit, the scheduling lock is
-    held, and no wait for another process may lengthen that.
-    """
-    kept = GD.get(SESSION_KEY)
-    if kept is not None and not reset_done(kept):
-        close_session()
-
-
-def ready_fresh_entry(task):
-    """The first session opened ahead for the task's owner, if the task takes a new session
-    and that one has connected (not failed, nor closed after a failure); else None."""
-    if task["remote"] is not None or task["count"] > 0 or task["live_s"] > 0:
-        return None
-    fresh = [entry for entry in GD.get(FRESH_KEY) or [] if entry["owner"] == task["owner"]]
-    if not fresh:
-        return None
-    try:
-        ready = fresh[0]["session"].advance() and fresh[0]["session"].ok
-    except ConnectError:
-        return None
-    return fresh[0] if ready else None
-
-
-def session_at_hand(task):
-    """Whether the task's session is ready now: kept for reuse, or opened ahead and connected."""
-    return reusable(GD.get(SESSION_KEY), task) or ready_fresh_entry(task) is not None
-
-
-def open_session(task):
-    """The task's session: the kept one when it may be reused, else a new one."""
-    kept = GD.get(SESSION_KEY)
-    if reusable(kept, task) and reset_done(kept):
-        return kept
-    close_session()
-    if task["remote"] is not None:
-        session = open_remote_session(task)
-    else:
-        session = take_fresh_session(task["owner"]) or Session(loopback_keywords(task["owner"]))
-    kept = {"key": session_key(task), "session": session, "runs": 0, "born": time.monotonic()}
-    GD[SESSION_KEY] = kept
-    return kept
-
-
-def owner_is_superuser(task):
-    rows = plpy.execute(
-        prepared("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", ["name"]),
-        [task["owner"]],
-    )
-    return bool(rows and rows[0]["rolsuper"])
-
-
-def open_remote_session(task):
-    """The session on `remote`, under dblink's rule for roles that are not superusers:
-    `remote` must carry a password of its own, and the server must ask for it.
-
-    Otherwise a role could reach servers, this one included, through trust or
-    peer authentication or the server OS user's ~/.pgpass, as someone else.
-    """
-    checked = not owner_is_superuser(task)
-    if checked and not conninfo_options(task["remote"]).get("password"):
-        raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
-                           "password= in its conninfo")
-    session = Session({"dbname": task["remote"], "fallback_application_name": name_of("task")})
-    if checked and not session.used_password:
-        session.close()
-        raise ConnectError("password is required: the remote server did not ask for the password given")
-    return session
-
-
-def login_fingerprint(owner):
-    """What a new session of `owner` would start with: the role's and database's
-    settings (ALTER ROLE/DATABASE ... SET) and the role's login rights."""
-    return plpy.execute(
-        prepared(
-            "fingerprint",
-            "SELECT md5(concat_ws('|',"
-            " (SELECT string_agg(s.setdatabase || ':' || s.setrole || ':' || s.setconfig::text, ','"
-            "   ORDER BY s.setdatabase, s.setrole)"
-            "  FROM pg_catalog.pg_db_role_setting AS s"
-            "  WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))"
-            "    AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1))),"
-            " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
-            "  FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1))) AS f",
-            ["name"],
-        ),
-        [owner],
-    )[0]["f"]
-
-
-def take_fresh_session(owner):
-    """A session opened ahead for this owner, if a new one would be the same; else None."""
-    fresh = GD.get(FRESH_KEY) or []
-    fingerprint = login_fingerprint(owner) if fresh else None
-    while fresh:
-        entry = fresh.pop(0)
-        if entry["owner"] == owner and entry["fingerprint"] == fingerprint and entry["session"].ok:
-            try:
-                entry["session"].wait_connected()
-                return entry["session"]
-            except ConnectError:
-                continue  # a failed attempt ahead of need is no task's failure: open one now
-        entry["session"].close()
-    return None
-
-
-def start_fresh_sessions(owner, ahead):
-    """Start new sessions for `owner` until `ahead` are starting or ready: the next
-    tasks on this worker then find a backend that has started while this one ran."""
-    fresh = GD.setdefault(FRESH_KEY, [])
-    if any(entry["owner"] != owner for entry in fresh):
-        return  # those of another owner are taken or dropped first
-    fingerprint = None
-    while len(fresh) < ahead:
-        fingerprint = fingerprint or login_fingerprint(owner)
-        try:
-            session = Session(loopback_keywords(owner), wait=False)
-            session.advance()  # sends the startup packet: the server starts the backend now
-        except ConnectError:
-            return  # the next task opens its own, and reports what goes wrong
-        fresh.append({"owner": owner, "fingerprint": fingerprint, "session": session})
-
-
-def advance_fresh_sessions():
-    """Take the sessions being opened ahead a step on, without waiting."""
-    for entry in GD.get(FRESH_KEY) or []:
-        try:
-            entry["session"].advance()
-        except ConnectError:
-            entry["session"].close()  # not ok any more: take_fresh_session drops it
-
-
-def close_session():
-    kept = GD.pop(SESSION_KEY, None)
-    if kept is not None:
-        kept["session"].close()
-
-
-def is_string_type(oid):
-    """Whether values of this type are strings (category S), for the `string` flag."""
-    known = GD.setdefault("pgtaskpy.string_types", {})
-    if oid not in known:
-        rows = plpy.execute(
-            prepared("typcategory",
-                     "SELECT typcategory = 'S' AS s FROM pg_catalog.pg_type WHERE oid = $1", ["oid"]),
-            [oid],
-        )
-        known[oid] = bool(rows and rows[0]["s"])
-    return known[oid]
+def main(plpy, GD, SD, task_id, claimer):
+    """The entry point: sql/build.py passes PL/Python's globals of these names."""
+    report = WorkerCall(Context(plpy, GD, SD), claimer).run(task_id)
+    return (json.dumps(report),)
 
 
 class SettingError(Exception):
     """A scheduler setting that cannot be used; the message names it and where it was set."""
 
 
-def output_limit():
-    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB.
+class WorkerCall:
+    """One CALL of run_task: the task the launcher gave, then the group's next ones.
 
-    Read again after SETTING_FRESH seconds (reading the configuration files
-    costs more than a short task).  A value that is not a whole number raises
-    SettingError: the tasks of this database fail with it, nothing else does.
+    `report` goes back to the launcher: the tasks started and ended, those that
+    wait again, and the key of the session kept for reuse.
     """
-    cached = GD.get("pgtaskpy.output_limit")
-    if cached is None or time.monotonic() >= cached[2]:
-        row = plpy.execute(prepared(
-            "limit",
-            "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v,"
-            " pgtaskpy.scheduler_setting_source('pg_task_py.output_limit') AS source", []))[0]
-        cached = GD["pgtaskpy.output_limit"] = (row["v"], row["source"], time.monotonic() + SETTING_FRESH)
-    value, source, _ = cached
-    if not value:
-        return 100 * 1024 * 1024
-    if not value.strip().isdigit():
-        raise SettingError(f'invalid value for setting "pg_task_py.output_limit" of {source}: "{value}"')
-    return int(value)
 
+    def __init__(self, ctx, claimer):
+        self.ctx = ctx
+        self.claimer = claimer  # the launcher's session, which claimed the first task
+        self.sessions = TaskSessions.of_worker(ctx)
+        self.limit = None  # pg_task_py.output_limit
+        self.report = {"started": [], "ended": [], "postponed": [], "key": None}
 
-def serve_interrupts(session):
-    """Let this backend act on interrupts while it waits for the task's session.
+    def run(self, task_id):
+        task = take_task(self.ctx, task_id, self.claimer)
+        if task is None and task_id == WARM_UP:  # a new spare worker: have a session ready for the next task
+            self.sessions.start_ahead(self.ctx.plpy.execute("SELECT current_user AS u")[0]["u"], 1)
+        # Read before any WORK is committed: from then on a cancel of this worker (task_cancel
+        # of a remote task) is meant for the task's query, which serve_interrupts passes on.
+        try:
+            self.limit = output_limit(self.ctx) if task is not None else None
+        except SettingError as exc:
+            self.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
+                                "DATABASE ... SET or in postgresql.conf.")
+            task = None
+        chain_ends = time.monotonic() + CHAIN_SECONDS
+        kept = None  # the session a claimed task is WORK in already
+        while task is not None:  # else stopped, or taken over after this worker's launcher died
+            task, kept = self.run_one(task, kept, go_on=time.monotonic() < chain_ends)
+            if task is not None:
+                self.report["started"].append(task["id"])
+        kept = self.sessions.kept
+        self.report["key"] = list(kept.key) if kept is not None else None
+        return self.report
 
-    A backend blocked in a C call acts on no signal: not on a cancel or a
-    terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
-    from every backend (a task dropping a database would wait forever).  Any
-    SPI call checks for interrupts.  A cancel of this backend (task_cancel of
-    a remote task) is passed on to the task's query, which then ends with the
-    server's cancel error.  The commit drops the snapshot that SPI calls leave
-    to this procedure's transaction, so that this backend holds back neither
-    VACUUM nor CREATE INDEX CONCURRENTLY (which waits for older snapshots:
-    the task's own) while the task runs.
-    """
-    try:
-        plpy.execute(prepared("interrupts", "SELECT", []))
-    except plpy.spiexceptions.QueryCanceled:
-        session.cancel()
-    plpy.commit()
+    def run_one(self, task, kept, go_on):
+        """Run a taken task to its end; return the group's next task, claimed, when going on with
+        it, and its session when the claim made it WORK in that session already.
+
+        The transaction that took the task (and ended the one before) is still open:
+        it commits with WORK, unless the session has to be waited for first.
+        """
+        if kept is None:
+            kept = self.start_in_session(task)
+            if kept is None:
+                return None, None
+        try:
+            send_prepare(kept.session, task)
+        except ConnectError as exc:
+            self.session_failed(task, exc)
+            return None, None
+        self.ctx.commit()  # WORK, start and pid are visible while the input runs
+        started = time.monotonic()
+        if task["remote"] is None and not reuses_sessions(task):
+            # The next tasks' new sessions start while this one runs.
+            self.sessions.start_ahead(task["owner"], FRESH_AHEAD if go_on else 1)
+        output, error, notices = self.run_input(kept.session, task)
+        ended = self.end_task(task, started, output, error, notices)
+        # The next task takes this one's slot in its group, if this one still held it.
+        next_task, next_kept = self.claim_next(task) if go_on and ended is not None else (None, None)
+        if next_task is None:
+            wake_launchers(self.ctx)  # a slot and this worker are free
+            self.ctx.commit()
+        return next_task, next_kept
+
+    def end_task(self, task, started, output, error, notices):
+        """Write the task's end, not committed yet (the claim of the group's next task joins
+        the transaction); return its end state, or None if it had ended already."""
+        self.sessions.release(task)  # a kept session's reset runs while the end is written
+        self.sessions.advance_ahead()
+        ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=False)
+        self.sessions.settle_reset()
+        if ended is not None:
+            if ended == "FAIL" and not error:
+                error = task_error(self.ctx, task["id"])
+            self.record_end(task, ended, round(time.monotonic() - started, 6), error)
+        return ended
+
+    def start_in_session(self, task):
+        """The task's session, with the task WORK in it (not committed yet); None when the
+        task did not start (its end, or its wait for a connection, is recorded)."""
+        choice = self.sessions.choose(task)
+        if not choice.ready:
+            self.ctx.commit()  # hold neither the scheduling lock nor rows while a backend starts
+        try:
+            kept = self.sessions.take(task, choice)
+        except ConnectError as exc:
+            self.session_failed(task, exc)
+            return None
+        if not start_task(self.ctx, task, kept.session.pid):
+            wake_launchers(self.ctx)
+            self.ctx.commit()
+            return None  # not this worker's to run any more; its session stays clean for the next
+        return kept
+
+    def claim_next(self, task):
+        """The group's next task, claimed by this worker (not yet committed), or None; and the
+        session it is WORK in already, when the session a task like `task` would take is ready
+        and suits it."""
+        offer = self.sessions.choose(task)
+        next_task = claim_next_task(self.ctx, task, self.claimer, offer.session.pid if offer.ready else None)
+        if next_task is None:
+            return None, None
+        if next_task["state"] != "WORK":
+            return next_task, None
+        # WORK in the offered session already: one commit for this task's end and the next's start.
+        return next_task, self.sessions.take(next_task, offer)
+
+    def run_input(self, session, task):
+        """Run the input in the task's session; return (output, error, notices)."""
+        try:
+            session.collect()  # the answer to send_prepare
+            return self.send_input(session, task)
+        except ConnectError as exc:  # the session broke outside the input itself
+            return None, format_message(str(exc), task["input"]), None
+
+    def send_input(self, session, task):
+        """Send the input as one top-level query; return (output, error, notices)."""
+        writer = OutputWriter(task, lambda oid: is_string_type(self.ctx, oid), self.limit)
+        error = None
+        session.notices.clear()
+        session.send(task["input"])
+        try:
+            for result in session.results(on_wait=lambda: self.serve_interrupts(session),
+                                          wait_step=INTERRUPT_EVERY):
+                with result:
+                    status = result.status
+                    if error is not None:
+                        continue  # drain what is left after an error of ours
+                    if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
+                        writer.rows(result.columns(), result.rows())
+                        if status == PGRES_TUPLES_OK:
+                            writer.end_rows()
+                    elif status == PGRES_COMMAND_OK:
+                        writer.command(result.command_tag())
+                    elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
+                        direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
+                        error = format_message(
+                            f"COPY {direction} is not supported", task["input"],
+                            hint="COPY to or from a server file works; a task has no client to stream to.")
+                        session.finish_copy(status)
+                    elif status == PGRES_FATAL_ERROR:
+                        error = format_error(result, task["input"], session.error_message())
+        except OutputTooLarge as exc:
+            session.cancel()
+            for result in session.results():
+                result.__exit__()
+            error = format_message(str(exc), task["input"],
+                                   hint="Raise pg_task_py.output_limit or make the task return less.")
+        except self.ctx.plpy.SPIError:
+            # This worker was cancelled or terminated: stop the task's query too.
+            session.cancel()
+            self.sessions.close_kept()
+            raise
+        if session.transaction_status == PQTRANS_INTRANS:
+            # pg_task ends a transaction the input left open, and says so.
+            session.execute("COMMIT")
+            writer.command("COMMIT")
+        elif session.transaction_status == PQTRANS_INERROR:
+            session.execute("ROLLBACK")
+        return writer.text(), error, "\n".join(session.notices) or None
+
+    def serve_interrupts(self, session):
+        """Let this backend act on interrupts while it waits for the task's session.
+
+        A backend blocked in a C call acts on no signal: not on a cancel or a
+        terminate, and not on the ProcSignalBarrier that DROP DATABASE waits for
+        from every backend (a task dropping a database would wait forever).  Any
+        SPI call checks for interrupts.  A cancel of this backend (task_cancel of
+        a remote task) is passed on to the task's query, which then ends with the
+        server's cancel error.  The commit drops the snapshot that SPI calls leave
+        to this procedure's transaction, so that this backend holds back neither
+        VACUUM nor CREATE INDEX CONCURRENTLY (which waits for older snapshots:
+        the task's own) while the task runs.
+        """
+        try:
+            self.ctx.run("interrupts", "SELECT")
+        except self.ctx.plpy.spiexceptions.QueryCanceled:
+            session.cancel()
+        self.ctx.commit()
+
+    def session_failed(self, task, exc):
+        """The task's session could not be opened or used: the task waits for a connection
+        slot when the server is full, else it fails with the reason (committed; no next task)."""
+        self.sessions.close_kept()
+        if any(reason in str(exc) for reason in BUSY_SERVER):
+            unclaim_task(self.ctx, task["id"])  # it never started: it waits for a connection slot, not FAIL
+            wake_launchers(self.ctx)
+            self.ctx.commit()
+            self.report["postponed"].append(task["id"])
+        elif isinstance(exc, MalformedConninfo):  # pg_task's words
+            self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc))
+        else:
+            self.fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task))
+
+    def fail_unstarted(self, task, message, hint, detail=None):
+        """End a task that never started FAIL with an error of the scheduler's own."""
+        error = format_message(message, task["input"], hint, detail)
+        state = finish_task(self.ctx, task["id"], "FAIL", None, error)
+        self.ctx.commit()
+        self.record_end(task, state or "FAIL", None, error)
+
+    def record_end(self, task, state, seconds, error):
+        """A task's end, as the launcher logs it: with the first line of its error."""
+        entry = {"id": task["id"], "state": state, "seconds": seconds}
+        if error:
+            entry["error"] = error.split("\n", 1)[0]
+        self.report["ended"].append(entry)
 
 
 def send_prepare(session, task):
-    """What the task sees of itself: pg_task.id, and its timeout as statement_timeout.
+    """What the task sees of itself, as in pg_task: pg_task.id, pg_task.group (so that tasks it
+    inserts join its group and name it their parent), and its timeout as statement_timeout.
     Only sent: the answer is read (session.collect) after the WORK commit it overlaps."""
     session.send(
         "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
-        "       pg_catalog.set_config('statement_timeout', $2, false)",
-        [task["id"], f"{int(task['timeout_s'] * 1000)}ms"],
-    )
-
-
-def run_input(session, task, limit):
-    """Send the input as one top-level query; return (output, error, notices)."""
-    writer = OutputWriter(task, is_string_type, limit)
-    error = None
-    session.notices.clear()
-    session.send(task["input"])
-    try:
-        for result in session.results(on_wait=lambda: serve_interrupts(session), wait_step=INTERRUPT_EVERY):
-            with result:
-                status = result.status
-                if error is not None:
-                    continue  # drain what is left after an error of ours
-                if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
-                    writer.rows(result.columns(), result.rows())
-                    if status == PGRES_TUPLES_OK:
-                        writer.end_rows()
-                elif status == PGRES_COMMAND_OK:
-                    writer.command(result.command_tag())
-                elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
-                    direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
-                    error = format_message(
-                        f"COPY {direction} is not supported", task["input"],
-                        hint="COPY to or from a server file works; a task has no client to stream to.")
-                    session.finish_copy(status)
-                elif status == PGRES_FATAL_ERROR:
-                    error = format_error(result, task["input"], session.error_message())
-    except OutputTooLarge as exc:
-        session.cancel()
-        for result in session.results():
-            result.__exit__()
-        error = format_message(str(exc), task["input"],
-                               hint="Raise pg_task_py.output_limit or make the task return less.")
-    except plpy.SPIError:
-        # This worker was cancelled or terminated: stop the task's query too.
-        session.cancel()
-        close_session()
-        raise
-    if session.transaction_status == PQTRANS_INTRANS:
-        # pg_task ends a transaction the input left open, and says so.
-        session.execute("COMMIT")
-        writer.command("COMMIT")
-    elif session.transaction_status == PQTRANS_INERROR:
-        session.execute("ROLLBACK")
-    return writer.text(), error, "\n".join(session.notices) or None
-
-
-def release_or_reset(kept, task, reused_next):
-    """Keep the session for the next task (reset unless `save`) or close it.
-    The reset runs in the session while this worker ends the task and claims the next."""
-    kept["runs"] += 1
-    if not reused_next or not kept["session"].ok:
-        close_session()
-        return
-    try:  # only sent: the answer is read (reset_done) when the session is taken again
-        kept["session"].send("RESET statement_timeout; RESET pg_task.id" if task["save"] else "DISCARD ALL")
-        kept["resetting"] = True
-    except ConnectError:
-        close_session()
-
-
-def mark_working(task, session):
-    """TAKE -> WORK; False if the task is no longer this worker's claim (stopped, or taken
-    over by a launcher, while its session opened outside the claim's transaction)."""
-    return plpy.execute(
-        prepared("work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"]),
-        [task["id"], task["worker"], session.pid],
-    )[0]["id"] is not None
-
-
-def finish(task_id, state, output, error, notices=None, wake=True):
-    """Record the task's end; its end state (FAIL when what follows it failed), or
-    None if it had ended already (recovered by a launcher)."""
-    return plpy.execute(
-        prepared(
-            "finish",
-            "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6)::text AS s",
-            ["bigint", "text", "text", "text", "text", "boolean"],
-        ),
-        [task_id, state, output, error, notices, wake],
-    )[0]["s"]
-
-
-def session_offer(task):
-    """The session a next task like `task` (same owner, remote, count and live) would run in, if it
-    is ready now: the kept one, or one opened ahead and connected.  (kept entry, fresh entry)."""
-    kept = GD.get(SESSION_KEY)
-    if reusable(kept, task):
-        return kept, None
-    entry = ready_fresh_entry(task)
-    if entry is None or entry["fingerprint"] != login_fingerprint(task["owner"]):
-        return None, None
-    return {"key": session_key(task), "session": entry["session"], "runs": 0, "born": time.monotonic()}, entry
-
-
-def claim_next(task):
-    """The group's next task, claimed by this worker (not yet committed), or None; and the
-    session it is already WORK in, when the session this worker offered suits it."""
-    offered, fresh_entry = session_offer(task)
-    look = time.monotonic() >= GD.get("pgtaskpy.launcher_look_at", 0.0)
-    if look:
-        GD["pgtaskpy.launcher_look_at"] = time.monotonic() + LAUNCHER_LOOK_EVERY
-    rows = plpy.execute(
-        prepared(
-            "next",
-            f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
-            ["integer", "integer", "integer", "name", "text", "integer", "interval"],
-        ),
-        [task["hash"], claimer if look else None, offered["session"].pid if offered else None, task["owner"],
-         task["remote"], task["count"], task["live"]],
-    )
-    if not rows:
-        return None, None
-    if rows[0]["state"] != "WORK":
-        return rows[0], None
-    if fresh_entry is not None:  # it becomes the worker's session
-        GD[FRESH_KEY].remove(fresh_entry)
-        close_session()
-        GD[SESSION_KEY] = offered
-    return rows[0], offered
-
-
-def wake_launchers():
-    plpy.execute(prepared("wake", "SELECT pgtaskpy.wake_launchers()", []))
-
-
-def postpone(task_id):
-    plpy.execute(
-        prepared("postpone", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], NULL)", ["bigint"]),
-        [task_id],
+        "       pg_catalog.set_config('pg_task.group', $2, false),"
+        "       pg_catalog.set_config('statement_timeout', $3, false)",
+        [task["id"], task["group"], f"{int(task['timeout_s'] * 1000)}ms"],
     )
 
 
@@ -471,106 +295,33 @@ def connect_failure_hint(task):
     )
 
 
-def session_failed(task, exc, report):
-    """The task's session could not be opened or used: the task waits for a connection
-    slot when the server is full, else it fails with the reason.  (No next task.)"""
-    close_session()
-    if any(reason in str(exc) for reason in BUSY_SERVER):
-        postpone(task["id"])  # it never started: it waits for a connection slot, not FAIL
-        wake_launchers()
-        plpy.commit()
-        report["postponed"].append(task["id"])
-        return None, None
-    fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task), report)
-    return None, None
+def is_string_type(ctx, oid):
+    """Whether values of this type are strings (category S), for the `string` flag."""
+    known = ctx.GD.setdefault("pgtaskpy.string_types", {})
+    if oid not in known:
+        rows = ctx.run("typcategory", "SELECT typcategory = 'S' AS s FROM pg_catalog.pg_type WHERE oid = $1",
+                       ["oid"], [oid])
+        known[oid] = bool(rows and rows[0]["s"])
+    return known[oid]
 
 
-def fail_unstarted(task, message, hint, report):
-    """End a task that never started FAIL with an error of the scheduler's own."""
-    error = format_message(message, task["input"], hint)
-    state = finish(task["id"], "FAIL", None, error)
-    plpy.commit()
-    report["ended"].append(ended_entry(task["id"], state or "FAIL", None, error))
+def output_limit(ctx):
+    """pg_task_py.output_limit (database or server level; a task cannot raise it), else 100 MB.
 
-
-def ended_entry(task_id, state, seconds, error):
-    """A task's end, as the launcher logs it: with the first line of its error."""
-    entry = {"id": task_id, "state": state, "seconds": seconds}
-    if error:
-        entry["error"] = error.split("\n", 1)[0]
-    return entry
-
-
-def run_one(task, kept, go_on, limit, report):
-    """Run a taken task to its end; return the group's next task, claimed, when going on with
-    it, and its session when the claim made it WORK in that session already.
-
-    The transaction that took the task (and ended the one before) is still open:
-    it commits with WORK, unless the session has to be waited for first.
+    Read again after SETTING_FRESH seconds (reading the configuration files
+    costs more than a short task).  A value that is not a whole number raises
+    SettingError: the tasks of this database fail with it, nothing else does.
     """
-    reuse = task["count"] > 0 or task["live_s"] > 0
-    if kept is None:
-        if not session_at_hand(task):
-            plpy.commit()  # hold neither the scheduling lock nor rows while a backend starts
-        try:
-            kept = open_session(task)
-        except ConnectError as exc:
-            return session_failed(task, exc, report)
-        if not mark_working(task, kept["session"]):
-            wake_launchers()
-            plpy.commit()
-            return None, None  # not this worker's to run any more; its session stays clean for the next
-    session = kept["session"]
-    try:
-        send_prepare(session, task)
-    except ConnectError as exc:
-        return session_failed(task, exc, report)
-    plpy.commit()  # WORK, start and pid are visible while the input runs
-    started = time.monotonic()
-    if task["remote"] is None and not reuse:
-        start_fresh_sessions(task["owner"], FRESH_AHEAD if go_on else 1)
-
-    try:
-        session.collect()
-        output, error, notices = run_input(session, task, limit)
-    except ConnectError as exc:  # the session broke outside the input itself
-        output, error, notices = None, format_message(str(exc), task["input"]), None
-    release_or_reset(kept, task, reuse)
-    advance_fresh_sessions()
-    ended = finish(task["id"], "FAIL" if error else "DONE", output, error, notices, wake=False)
-    settle_reset()
-    if ended is not None:
-        if ended == "FAIL" and not error:
-            error = plpy.execute(prepared("error", "SELECT error FROM {ext}.task WHERE id = $1", ["bigint"]),
-                                 [task["id"]])[0]["error"]
-        report["ended"].append(ended_entry(task["id"], ended, round(time.monotonic() - started, 6), error))
-    # The next task takes this one's slot in its group, if this one still held it.
-    next_task, next_kept = claim_next(task) if go_on and ended is not None else (None, None)
-    if next_task is None:
-        wake_launchers()  # a slot and this worker are free
-        plpy.commit()
-    return next_task, next_kept
-
-
-def main():
-    report = {"started": [], "ended": [], "postponed": [], "key": None}
-    task = take_task(task_id, claimer)
-    if task is None and task_id == 0:  # the launcher's warm-up call for a spare worker
-        start_fresh_sessions(plpy.execute("SELECT current_user AS u")[0]["u"], 1)
-    # Read before any WORK is committed: from then on a cancel of this worker (task_cancel
-    # of a remote task) is meant for the task's query, which serve_interrupts passes on.
-    try:
-        limit = output_limit() if task is not None else None
-    except SettingError as exc:
-        fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER DATABASE ... SET "
-                       "or in postgresql.conf.", report)
-        task = None
-    chain_ends = time.monotonic() + CHAIN_SECONDS
-    kept = None  # the session a claimed task is WORK in already
-    while task is not None:  # else stopped, or taken over after this worker's launcher died
-        task, kept = run_one(task, kept, time.monotonic() < chain_ends, limit, report)
-        if task is not None:
-            report["started"].append(task["id"])
-    kept = GD.get(SESSION_KEY)
-    report["key"] = list(kept["key"]) if kept is not None else None
-    return (json.dumps(report),)
+    cached = ctx.GD.get("pgtaskpy.output_limit")
+    if cached is None or time.monotonic() >= cached[2]:
+        row = ctx.run(
+            "limit",
+            "SELECT pgtaskpy.scheduler_setting('pg_task_py.output_limit') AS v,"
+            " pgtaskpy.scheduler_setting_source('pg_task_py.output_limit') AS source")[0]
+        cached = ctx.GD["pgtaskpy.output_limit"] = (row["v"], row["source"], time.monotonic() + SETTING_FRESH)
+    value, source, _ = cached
+    if not value:
+        return 100 * 1024 * 1024
+    if not value.strip().isdigit():
+        raise SettingError(f'invalid value for setting "pg_task_py.output_limit" of {source}: "{value}"')
+    return int(value)

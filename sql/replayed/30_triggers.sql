@@ -28,7 +28,35 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     violated text;
+    problem text;
 BEGIN
+    -- cron and tz: the error names the field and the token that cannot be
+    -- read.  A cron task whose plan is left at its default (now()) waits for
+    -- the first match; so does a waiting one whose cron or tz changes while
+    -- its plan does not.
+    IF NEW.tz IS DISTINCT FROM 'UTC' THEN  -- (the default needs no check)
+        problem := pgtaskpy.tz_problem(NEW.tz);
+        IF problem IS NOT NULL THEN
+            violated := 'task.tz must be a time zone PostgreSQL knows';
+            RAISE EXCEPTION 'invalid task.tz "%": %', NEW.tz, problem
+                USING ERRCODE = 'check_violation', CONSTRAINT = violated, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                      HINT = 'Use a name of pg_timezone_names, such as ''Europe/Berlin'' or ''UTC''.';
+        END IF;
+    END IF;
+    IF NEW.cron IS NOT NULL THEN
+        IF pgtaskpy.cron_parse(NEW.cron, false) IS NULL THEN
+            violated := 'task.cron must be a cron expression that matches';
+            RAISE EXCEPTION 'invalid task.cron "%": %', NEW.cron, pgtaskpy.cron_problem(NEW.cron)
+                USING ERRCODE = 'check_violation', CONSTRAINT = violated, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                      HINT = 'Five fields (minute hour day-of-month month day-of-week), a macro such as @daily, '
+                             'or ''N seconds''; try one with task_next_runs(cron).';
+        END IF;
+        IF NEW.state = 'PLAN'
+           AND ((TG_OP = 'INSERT' AND NEW.plan = now())
+                OR (TG_OP = 'UPDATE' AND NEW.plan = OLD.plan AND (NEW.cron, NEW.tz) IS DISTINCT FROM (OLD.cron, OLD.tz))) THEN
+            NEW.plan := pgtaskpy.cron_next(NEW.cron, NEW.tz, clock_timestamp());
+        END IF;
+    END IF;
     -- (NULL passes, as in a CHECK constraint: NOT NULL rejects it.)
     violated := CASE
         WHEN NOT (isfinite(NEW.plan) AND NEW.plan >= timestamptz '1900-01-01 00:00+00'
@@ -37,6 +65,7 @@ BEGIN
         WHEN NOT NEW.active > interval '0' THEN 'task.active must be a positive interval'
         WHEN NOT NEW.live >= interval '0' THEN 'task.live must not be negative'
         WHEN NOT NEW.repeat >= interval '0' THEN 'task.repeat must not be negative'
+        WHEN NEW.cron IS NOT NULL AND NEW.repeat > interval '0' THEN 'task.cron and task.repeat must not both be set'
         WHEN NOT NEW.timeout >= interval '0' THEN 'task.timeout must not be negative'
         WHEN NOT (pgtaskpy.interval_is_sane(NEW.active) AND pgtaskpy.interval_is_sane(NEW.live)
                   AND pgtaskpy.interval_is_sane(NEW.repeat))
@@ -76,7 +105,8 @@ END
 $$;
 
 CREATE TRIGGER task_check
-    BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner
+    BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
+        cron, tz
     ON @extschema@.task
     FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_task();
 
@@ -152,7 +182,11 @@ CREATE TRIGGER task_guard_update
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once
 -- instead of at the next poll.  Identical notifications of one transaction are
--- delivered once, so a bulk INSERT sends one.
+-- delivered once, so a bulk INSERT sends one.  The next run of a repeating task
+-- planned 2 s or more ahead wakes nobody (follow_task marks its insert with
+-- pgtaskpy.next_run): a launcher looks at the table at least once a second and
+-- plans its sleep by what it finds, and the scheduler's transaction commits at
+-- once; a wake-up a run would cost more than the run (bench: cron).
 CREATE FUNCTION pgtaskpy.notify_launchers() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -164,7 +198,9 @@ $$;
 
 CREATE TRIGGER task_notify_insert
     AFTER INSERT ON @extschema@.task
-    FOR EACH ROW WHEN (NEW.state = 'PLAN')
+    FOR EACH ROW WHEN (NEW.state = 'PLAN'
+                       AND (NEW.plan < pg_catalog.clock_timestamp() + interval '2 s'
+                            OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'))
     EXECUTE FUNCTION pgtaskpy.notify_launchers();
 
 CREATE TRIGGER task_notify_update

@@ -53,6 +53,16 @@ AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
           '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
           pg_catalog.hashtext(owner) OPERATOR(pg_catalog.|) 1) $$;
 
+-- Serializes the changes of one named series (owner, key): task_schedule,
+-- and the end of one of its runs, which looks whether the series was
+-- replaced meanwhile.  Hashed to keys 2 mod 4, apart from the two above.
+CREATE FUNCTION pgtaskpy.lock_series(owner name, key text) RETURNS void
+LANGUAGE sql
+AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
+          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
+          (pg_catalog.hashtext(owner::pg_catalog.text OPERATOR(pg_catalog.||) E'\x1f' OPERATOR(pg_catalog.||) key)
+           OPERATOR(pg_catalog.&) -4) OPERATOR(pg_catalog.|) 2) $$;
+
 -- pg_task's max, the one rule of who may start: a group with `running` tasks
 -- running has room for its rank-th waiting task (rank 1: the next) while at
 -- most max + 1 run at once; negative max: one at a time (finish_task makes
@@ -136,6 +146,13 @@ BEGIN
             SELECT t.id, t.hash, t.max, t.owner
             FROM @extschema@.task AS t
             WHERE t.state = 'PLAN' AND t.hash = w.hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+              -- A task of a named series starts only while no other run of
+              -- the series (owner, key) is claimed or running: its runs never
+              -- overlap, also when task_schedule replaced the waiting run
+              -- while one ran.  (The same in claim_next_task.)
+              AND (t.key IS NULL OR NOT EXISTS (
+                       SELECT FROM @extschema@.task AS k
+                       WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
             ORDER BY t.max DESC, t.id
             LIMIT least(claim_limit,
                         greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
@@ -202,6 +219,9 @@ BEGIN
     SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+      AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
+               SELECT FROM @extschema@.task AS k
+               WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
     ORDER BY t.max DESC, t.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED;
@@ -354,15 +374,19 @@ BEGIN
 END
 $$;
 
--- The next planned time of a repeating task: old plan + k * repeat, the first
--- such time in the future, or stop + repeat when the task drifts.
+-- The next planned time of a repeating task.  cron: the first match after
+-- the old plan that is in the future (missed matches are skipped; drift does
+-- not apply).  repeat: old plan + k * repeat, the first such time in the
+-- future, or stop + repeat when the task drifts.
 CREATE FUNCTION pgtaskpy.next_plan(task @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k bigint;  -- (plan and repeat are bounded, so that k * repeat stays exact)
 BEGIN
-    IF task.drift THEN
+    IF task.cron IS NOT NULL THEN
+        RETURN pgtaskpy.cron_next(task.cron, task.tz, greatest(task.plan, clock_timestamp()));
+    ELSIF task.drift THEN
         RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
     END IF;
     -- Estimate k with arithmetic, a little short (months and days have no
@@ -410,7 +434,7 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    IF t.repeat > interval '0' OR t.max < 0 THEN
+    IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 THEN
         BEGIN
             PERFORM pgtaskpy.follow_task(t);
         EXCEPTION WHEN OTHERS THEN
@@ -432,20 +456,47 @@ BEGIN
 END
 $$;
 
--- What follows the end of task t: its next run when it repeats, and the
--- pause of its group when max is negative.
+-- What follows the end of task t: its next run when it repeats (repeat or
+-- cron), and the pause of its group when max is negative.
 CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    waiting bigint;
 BEGIN
-    IF t.repeat > interval '0' THEN
-        INSERT INTO @extschema@.task (
-            parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
-            string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner)
-        VALUES (
-            t.id, pgtaskpy.next_plan(t), t.active, t.live, t.repeat, t.timeout, t.count,
-            t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
-            t.data, t."group", t.input, t."null", t.remote, t.save, t.owner);
+    IF t.repeat > interval '0' OR t.cron IS NOT NULL THEN
+        IF t.key IS NOT NULL THEN
+            -- A named series that got a waiting run while this one ran (the
+            -- series replaced by task_schedule) goes on with that run, moved
+            -- past the matches it missed meanwhile.  (SKIP LOCKED: a user
+            -- stopping it right now has the last word; nobody waits here for
+            -- a row while holding the series.)
+            PERFORM pgtaskpy.lock_series(t.owner, t.key);
+            SELECT w.id INTO waiting FROM @extschema@.task AS w
+            WHERE w.state = 'PLAN' AND w.owner = t.owner AND w.key = t.key;
+            IF FOUND THEN
+                UPDATE @extschema@.task AS w
+                SET parent = t.id,
+                    plan = CASE WHEN w.cron IS NOT NULL AND w.plan < clock_timestamp()
+                                THEN pgtaskpy.cron_next(w.cron, w.tz, clock_timestamp()) ELSE w.plan END
+                WHERE w.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = waiting AND l.state = 'PLAN'
+                              FOR UPDATE SKIP LOCKED);
+            END IF;
+        END IF;
+        IF waiting IS NULL THEN
+            -- (planned 2 s or more ahead, it wakes no launcher: see task_notify_insert)
+            PERFORM set_config('pgtaskpy.next_run', 'on', true);
+            INSERT INTO @extschema@.task (
+                parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
+                string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
+                cron, tz, key)
+            VALUES (
+                t.id, pgtaskpy.next_plan(t), t.active, t.live, t.repeat, t.timeout, t.count,
+                t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
+                t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
+                t.cron, t.tz, t.key);
+            PERFORM set_config('pgtaskpy.next_run', 'off', true);
+        END IF;
     END IF;
 
     IF t.max < 0 THEN

@@ -10,7 +10,7 @@
 CREATE PROCEDURE pgtaskpy.run_task(task_id bigint, claimer integer, INOUT report jsonb DEFAULT NULL)
 LANGUAGE plpython3u
 AS $python$
-{{ plans.py libpq.py output.py run_task.py }}
+{{ plans.py libpq.py output.py sessions.py task_rows.py run_task.py }}
 $python$;
 
 -- One turn of the scheduler, in the launcher's session.

@@ -1,4 +1,5 @@
--- Functions for users: enqueue a task, wait for its result, cancel it.
+-- Functions for users: enqueue a task, wait for its result, cancel it; named
+-- series (task_schedule, task_unschedule) and the view of the series.
 
 -- INSERT with only the given columns; the others take their defaults.
 CREATE FUNCTION @extschema@.task_enqueue(
@@ -115,8 +116,8 @@ BEGIN
         UPDATE @extschema@.task SET state = 'STOP', worker = NULL WHERE id = task_id;
         RETURN true;
     END IF;
-    IF stop_series THEN  -- the run's end inserts the next run only while repeat > 0
-        UPDATE @extschema@.task SET repeat = interval '0' WHERE id = task_id;
+    IF stop_series THEN  -- the run's end inserts the next run only while repeat > 0 or cron is set
+        UPDATE @extschema@.task SET repeat = interval '0', cron = NULL WHERE id = task_id;
     END IF;
     IF t.remote IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
@@ -130,6 +131,150 @@ BEGIN
 END
 $$;
 
+-- A named series, as pg_cron's cron.schedule(name, schedule, command): the
+-- caller's series `key` runs `input` at every match of `cron` in zone `tz`.
+-- Creates the series, or gives an existing one the new definition: its
+-- waiting run is changed in place (its plan moves to the new expression's
+-- first match, unless expression and zone are unchanged); while a run is in
+-- progress, the new definition waits beside it (the series' runs never
+-- overlap), and that run's end inserts no other.  Unset arguments take the
+-- column defaults (settings pg_task.tz, pg_task."group", ...), also when
+-- replacing; the other columns of a waiting run keep their values.  Returns
+-- the id of the series' waiting run.  Row-level security and `owner =
+-- current_user`: a role names only its own series.
+CREATE FUNCTION @extschema@.task_schedule(
+    key text, cron text, input text, tz text DEFAULT NULL, "group" text DEFAULT NULL,
+    max integer DEFAULT NULL, timeout interval DEFAULT NULL, remote text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    zone text := COALESCE(tz, pgtaskpy.setting_default('tz', 'UTC'::text));
+    group_name text := COALESCE("group", pgtaskpy.setting_default('group', 'group'::text));
+    group_max integer := COALESCE(max, pgtaskpy.setting_default('max', 0));
+    statement_timeout interval := COALESCE(timeout, pgtaskpy.setting_default('timeout', interval '0 sec'));
+    task_id bigint;
+BEGIN
+    IF key IS NULL OR cron IS NULL OR input IS NULL THEN
+        RAISE EXCEPTION 'task_schedule needs a key, a cron expression and an input'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM pgtaskpy.lock_series(current_user, key);  -- one change of a series at a time
+    UPDATE @extschema@.task AS t
+    SET cron = task_schedule.cron, tz = zone, input = task_schedule.input, "group" = group_name,
+        max = group_max, timeout = statement_timeout, remote = task_schedule.remote, repeat = interval '0'
+    WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN'
+    RETURNING t.id INTO task_id;
+    IF NOT FOUND THEN
+        INSERT INTO @extschema@.task AS t (key, cron, tz, input, "group", max, timeout, remote)
+        VALUES (task_schedule.key, task_schedule.cron, zone, task_schedule.input, group_name, group_max,
+                statement_timeout, task_schedule.remote)
+        RETURNING t.id INTO task_id;
+    END IF;
+    RETURN task_id;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_schedule IS 'create or replace the named cron series key; returns its waiting task''s id';
+
+-- The privileged half of task_unschedule: the runs of the series (owner,
+-- key) in progress get no next run (cron NULL, repeat 0: what task_cancel's
+-- stop_series does).  A run whose row is locked right now (its worker is
+-- ending it) is left alone and counted in `busy`: the caller looks again once
+-- that end has committed, with the next run it may have inserted.  SECURITY
+-- DEFINER, since a task author may not write a running task; so the
+-- caller's right to the series is checked here, for its session user.
+CREATE FUNCTION pgtaskpy.end_series(series_owner name, series_key text, OUT ended integer, OUT busy integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT (pg_has_role(session_user, series_owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied to end the series "%" of role "%"', series_key, series_owner
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    WITH marked AS (
+        UPDATE @extschema@.task AS t SET cron = NULL, repeat = interval '0'
+        WHERE t.id IN (SELECT r.id FROM @extschema@.task AS r
+                       WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
+                         AND (r.cron IS NOT NULL OR r.repeat > interval '0')
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING 1)
+    SELECT count(*) INTO ended FROM marked;
+    busy := (SELECT count(*) FROM @extschema@.task AS r
+             WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
+               AND (r.cron IS NOT NULL OR r.repeat > interval '0'));
+END
+$$;
+
+-- End the caller's series `key`, as pg_cron's cron.unschedule(name): its
+-- waiting run becomes STOP, a run in progress finishes and gets no next run.
+-- Returns whether there was such a series.
+CREATE FUNCTION @extschema@.task_unschedule(key text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found_series boolean := false;
+    ended integer;
+    busy integer;
+    deadline timestamptz := clock_timestamp() + interval '10 s';
+BEGIN
+    IF key IS NULL THEN
+        RETURN false;
+    END IF;
+    -- Until nothing of the series would go on: a run ending right now may
+    -- insert the next run as its end commits, and a waiting run may start
+    -- between two of these statements.
+    LOOP
+        SELECT e.ended, e.busy INTO ended, busy FROM pgtaskpy.end_series(current_user, key) AS e;
+        UPDATE @extschema@.task AS t SET state = 'STOP'
+        WHERE t.owner = current_user AND t.key = task_unschedule.key AND t.state = 'PLAN';
+        found_series := found_series OR FOUND OR ended > 0 OR busy > 0;
+        EXIT WHEN busy = 0 AND NOT EXISTS (
+            SELECT FROM @extschema@.task AS r
+            WHERE r.state IN ('TAKE', 'WORK') AND r.owner = current_user AND r.key = task_unschedule.key
+              AND (r.cron IS NOT NULL OR r.repeat > interval '0'));
+        IF clock_timestamp() > deadline THEN
+            RAISE EXCEPTION 'task_unschedule: a run of the series "%" is still ending', key
+                USING ERRCODE = 'lock_not_available', HINT = 'Try again.';
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+    RETURN found_series;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_unschedule IS 'end the named series key: its waiting run STOP, a running one gets no next run';
+
+-- The series of repeating tasks (cron or repeat), one row each: a named
+-- series by its owner and key, an unnamed one by its current task.  The
+-- current task is the waiting run, else the run in progress; next_plan is
+-- the waiting run's plan, or what the next run's would be if the run in
+-- progress ended now; the last run is the one in progress, else the run
+-- before the waiting one (NULL when its row is gone: deleted as it produced
+-- nothing, see `delete`).  security_invoker: each role sees its own series.
+CREATE OR REPLACE VIEW @extschema@.task_series WITH (security_invoker = true) AS
+SELECT DISTINCT ON (t.owner, t.key, CASE WHEN t.key IS NULL THEN t.id END)
+       t.key, t.owner, t.id, t.state, t.cron, t.repeat, t.tz,
+       CASE WHEN t.state = 'PLAN' THEN t.plan ELSE pgtaskpy.next_plan(t) END AS next_plan,
+       CASE WHEN running.id IS NOT NULL THEN running.state ELSE previous.state END AS last_state,
+       CASE WHEN running.id IS NOT NULL THEN running.start ELSE previous.start END AS last_start,
+       CASE WHEN running.id IS NOT NULL THEN running.stop ELSE previous.stop END AS last_stop,
+       t."group", t.input
+FROM @extschema@.task AS t
+LEFT JOIN LATERAL (
+    SELECT r.id, r.state, r.start, r.stop FROM @extschema@.task AS r
+    WHERE r.state IN ('TAKE', 'WORK')
+      AND (r.id = t.id OR (t.key IS NOT NULL AND r.owner = t.owner AND r.key = t.key))
+    ORDER BY r.id DESC LIMIT 1) AS running ON true
+LEFT JOIN @extschema@.task AS previous
+    ON previous.id = t.parent AND previous.owner = t.owner AND previous.key IS NOT DISTINCT FROM t.key
+   AND previous.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+   AND (previous.cron IS NOT NULL OR previous.repeat > interval '0' OR previous.key IS NOT NULL)
+WHERE t.state IN ('PLAN', 'TAKE', 'WORK') AND (t.cron IS NOT NULL OR t.repeat > interval '0')
+ORDER BY t.owner, t.key, CASE WHEN t.key IS NULL THEN t.id END, t.state = 'PLAN' DESC, t.id DESC;
+COMMENT ON VIEW @extschema@.task_series IS 'the caller''s repeating series (cron or repeat): next plan and last run';
+
 -- Task authors get them through pgtaskpy_user (and PUBLIC, unless a DBA revokes it).
 GRANT EXECUTE ON FUNCTION @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text),
-    @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean) TO pgtaskpy_user;
+    @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean),
+    @extschema@.task_schedule(text, text, text, text, text, integer, interval, text),
+    @extschema@.task_unschedule(text) TO pgtaskpy_user;
+GRANT SELECT ON @extschema@.task_series TO pgtaskpy_user;

@@ -1,0 +1,300 @@
+"""A worker's task sessions, and which one each task runs in.
+
+A task runs in a session of its own, opened with libpq and logged in as its
+owner (or to `remote`).  A worker keeps sessions for the tasks to come:
+
+- the kept session: the one the last task ran in, kept for the next task of
+  the same owner, remote and group while `count`/`live` allow.  Its reset
+  (DISCARD ALL, unless `save`) is only sent when a task ends: it runs in the
+  session while the worker writes the end, and its answer is read before the
+  claim of the next task (settle_reset);
+- sessions started ahead: new sessions of the owner of a task without
+  `count`/`live`, started while that task runs, so that a backend's start-up
+  is off the next task's path.  One is used only if a new session would start
+  the same: the owner's and database's settings and login rights have not
+  changed since (login_fingerprint).
+
+TaskSessions.choose decides, once per task, which session it runs in and
+whether that one is ready now; TaskSessions.take hands it over.
+"""
+
+import time
+
+TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
+
+if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
+    from libpq import ConnectError, Session, conninfo_options
+
+# Where a worker keeps its TaskSessions in GD: they outlive the call that opened them.
+# (Code of 1.2 kept its sessions under other keys; dispatch's POOL_LAYOUT drops its workers.)
+SESSIONS_KEY = "pgtaskpy.task_sessions"
+
+
+def session_key(task):
+    """The tasks a kept session may run: those of the same owner, remote and group."""
+    return (task["owner"], task["remote"], task["hash"])
+
+
+def reuses_sessions(task):
+    """Whether the task's session may run further tasks of its group (`count`/`live`)."""
+    return task["count"] > 0 or task["live_s"] > 0
+
+
+class KeptSession:
+    """The session a task runs or ran in, kept for the next task of its owner, remote and group."""
+
+    __slots__ = ("key", "session", "runs", "born", "resetting")
+
+    def __init__(self, key, session):
+        self.key = key
+        self.session = session
+        self.runs = 0  # tasks run in it
+        self.born = time.monotonic()
+        self.resetting = False  # a reset is sent and its answer not read yet
+
+    def may_run(self, task):
+        """Whether `count`/`live` let the task run in this session."""
+        return (
+            self.key == session_key(task)
+            and self.session.ok
+            and (task["count"] <= 0 or self.runs < task["count"])
+            and (task["live_s"] <= 0 or time.monotonic() < self.born + task["live_s"])
+            and reuses_sessions(task)
+        )
+
+    def reset_done(self):
+        """Read the answer to the reset sent when the last task ended; False if it failed."""
+        if self.resetting:
+            self.resetting = False
+            try:
+                self.session.collect()
+            except ConnectError:
+                return False
+        return True
+
+
+class AheadSession:
+    """A new session of `owner`, started before a task needed it, with the owner's
+    login_fingerprint of that moment."""
+
+    __slots__ = ("owner", "fingerprint", "session")
+
+    def __init__(self, owner, fingerprint, session):
+        self.owner = owner
+        self.fingerprint = fingerprint
+        self.session = session
+
+    def connected(self):
+        """Whether it has connected (not failed, nor closed after a failure); never waits."""
+        try:
+            return self.session.advance() and self.session.ok
+        except ConnectError:
+            return False
+
+
+class SessionChoice:
+    """Which session a task runs in: the kept one, one started ahead, or (neither) a new one;
+    and whether it is ready now.  `fingerprint`: the owner's, when choosing read it."""
+
+    __slots__ = ("kept", "ahead", "ready", "fingerprint")
+
+    def __init__(self, kept=None, ahead=None, ready=False, fingerprint=None):
+        self.kept = kept
+        self.ahead = ahead
+        self.ready = ready
+        self.fingerprint = fingerprint
+
+    @property
+    def session(self):
+        return self.kept.session if self.kept is not None else self.ahead.session
+
+
+class TaskSessions:
+    """The kept session and the sessions started ahead of one worker backend."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx  # of the call that made this; every call of this code has the same plpy, GD, SD
+        self.kept = None  # KeptSession
+        self.ahead = []  # AheadSession, all of one owner, in the order they were started
+        self.loopback = None  # this server's socket directory, port and database: read once
+
+    @classmethod
+    def of_worker(cls, ctx):
+        """This backend's TaskSessions, made by this very code.
+
+        Sessions that other code left in GD (the code before ALTER EXTENSION
+        UPDATE, or before this procedure was replaced) are closed, by that
+        code, and never used: no session, nor an exception its code raises,
+        crosses from one code to another.
+        """
+        sessions = ctx.GD.get(SESSIONS_KEY)
+        if type(sessions) is not cls:
+            if sessions is not None:
+                sessions.close()
+            sessions = ctx.GD[SESSIONS_KEY] = cls(ctx)
+        return sessions
+
+    def choose(self, task):
+        """Which session the task runs in, and whether it is ready now.
+
+        The kept session when `count`/`live` allow (ready).  Else, for a local
+        task without `count`/`live`, the first session started ahead for its
+        owner: ready when it has connected and a new session would start the
+        same.  Else a new session (not ready): take opens it, unless it finds
+        one started ahead after all.
+        """
+        if self.kept is not None and self.kept.may_run(task):
+            return SessionChoice(kept=self.kept, ready=True)
+        if task["remote"] is not None or reuses_sessions(task):
+            return SessionChoice()
+        ahead = next((entry for entry in self.ahead if entry.owner == task["owner"]), None)
+        if ahead is None or not ahead.connected():
+            return SessionChoice()
+        fingerprint = self.login_fingerprint(task["owner"])
+        return SessionChoice(ahead=ahead, ready=ahead.fingerprint == fingerprint, fingerprint=fingerprint)
+
+    def take(self, task, choice):
+        """The task's session, as chosen, kept from now on for the tasks after it;
+        ConnectError if a new one cannot be opened."""
+        if choice.kept is not None and choice.kept.reset_done():
+            return choice.kept
+        self.close_kept()
+        if task["remote"] is not None:
+            session = self.open_remote(task)
+        elif choice.ahead is not None and choice.ready:
+            self.ahead.remove(choice.ahead)
+            session = choice.ahead.session
+        else:
+            session = (self.take_ahead(task["owner"], choice.fingerprint)
+                       or Session(self.loopback_keywords(task["owner"])))
+        self.kept = KeptSession(session_key(task), session)
+        return self.kept
+
+    def release(self, task):
+        """The task in the kept session has ended: keep the session for the group's next
+        task, or close it.  The reset is only sent: it runs while the worker writes the end."""
+        kept = self.kept
+        kept.runs += 1
+        if not reuses_sessions(task) or not kept.session.ok:
+            self.close_kept()
+            return
+        try:
+            kept.session.send("RESET statement_timeout; RESET pg_task.id" if task["save"] else "DISCARD ALL")
+            kept.resetting = True
+        except ConnectError:
+            self.close_kept()
+
+    def settle_reset(self):
+        """Read the answer to the reset sent when the task ended (it ran while the end was written).
+
+        Read before the claim: from the claim to the commit, the scheduling lock is
+        held, and no wait for another process may lengthen that.
+        """
+        if self.kept is not None and not self.kept.reset_done():
+            self.close_kept()
+
+    def close_kept(self):
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.session.close()
+
+    def close(self):
+        """Close every session: when other code finds these in GD (of_worker)."""
+        self.close_kept()
+        ahead, self.ahead = self.ahead, []
+        for entry in ahead:
+            entry.session.close()
+
+    def start_ahead(self, owner, count):
+        """Start new sessions for `owner` until `count` are starting or ready: the next
+        tasks on this worker then find a backend that has started while this one ran."""
+        if any(entry.owner != owner for entry in self.ahead):
+            return  # those of another owner are taken or dropped first
+        fingerprint = None
+        while len(self.ahead) < count:
+            fingerprint = fingerprint or self.login_fingerprint(owner)
+            try:
+                session = Session(self.loopback_keywords(owner), wait=False)
+                session.advance()  # sends the startup packet: the server starts the backend now
+            except ConnectError:
+                return  # the next task opens its own, and reports what goes wrong
+            self.ahead.append(AheadSession(owner, fingerprint, session))
+
+    def advance_ahead(self):
+        """Take the sessions being started ahead a step on, without waiting."""
+        for entry in self.ahead:
+            try:
+                entry.session.advance()
+            except ConnectError:
+                entry.session.close()  # not ok any more: take_ahead drops it
+
+    def take_ahead(self, owner, fingerprint=None):
+        """A session started ahead for `owner`, if a new one would start the same; else None.
+        Those passed over (another owner's, failed, or started with other settings) are closed."""
+        while self.ahead:
+            entry = self.ahead.pop(0)
+            if entry.owner == owner and entry.session.ok:
+                fingerprint = fingerprint or self.login_fingerprint(owner)
+                if entry.fingerprint == fingerprint:
+                    try:
+                        entry.session.wait_connected()
+                        return entry.session
+                    except ConnectError:
+                        continue  # a failed attempt ahead of need is no task's failure: open one now
+            entry.session.close()
+        return None
+
+    def login_fingerprint(self, owner):
+        """What a new session of `owner` would start with: the role's and database's
+        settings (ALTER ROLE/DATABASE ... SET) and the role's login rights."""
+        return self.ctx.run(
+            "fingerprint",
+            "SELECT md5(concat_ws('|',"
+            " (SELECT string_agg(s.setdatabase || ':' || s.setrole || ':' || s.setconfig::text, ','"
+            "   ORDER BY s.setdatabase, s.setrole)"
+            "  FROM pg_catalog.pg_db_role_setting AS s"
+            "  WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))"
+            "    AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1))),"
+            " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
+            "  FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1))) AS f",
+            ["name"],
+            [owner],
+        )[0]["f"]
+
+    def loopback_keywords(self, owner):
+        """Connection keywords of a session in this database, logged in as `owner`."""
+        if self.loopback is None:  # fixed for a backend's life: read once
+            self.loopback = self.ctx.plpy.execute(
+                "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
+                "       current_setting('port') AS port, current_database() AS dbname"
+            )[0]
+        return {
+            "host": self.loopback["host"].strip() or "localhost",
+            "port": self.loopback["port"],
+            "dbname": self.loopback["dbname"],
+            "user": owner,
+            "application_name": self.ctx.name_of("task"),
+        }
+
+    def open_remote(self, task):
+        """The session on `remote`, under dblink's rule for roles that are not superusers:
+        `remote` must carry a password of its own, and the server must ask for it.
+
+        Otherwise a role could reach servers, this one included, through trust or
+        peer authentication or the server OS user's ~/.pgpass, as someone else.
+        """
+        options = conninfo_options(task["remote"])  # a malformed one connects nowhere, not even as a dbname
+        checked = not self.owner_is_superuser(task["owner"])
+        if checked and not options.get("password"):
+            raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
+                               "password= in its conninfo")
+        session = Session({"dbname": task["remote"], "fallback_application_name": self.ctx.name_of("task")})
+        if checked and not session.used_password:
+            session.close()
+            raise ConnectError("password is required: the remote server did not ask for the password given")
+        return session
+
+    def owner_is_superuser(self, owner):
+        rows = self.ctx.run("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1",
+                            ["name"], [owner])
+        return bool(rows and rows[0]["rolsuper"])

@@ -1,0 +1,85 @@
+"""A worker's changes of task rows: each one call of the SQL function of that
+transition (sql/replayed/40_scheduling.sql), through a plan prepared once per
+backend.  None commits: the worker decides when (run_task.py).
+"""
+
+import time
+
+LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
+
+# What a worker reads of the task it runs, from the row it took or claimed.
+TASK_COLUMNS = (
+    "id, state::text AS state, worker, input, owner, remote, \"group\", hash, timeout, count, live, save,"
+    " header, string, delimiter, quote, escape, \"null\","
+    " extract(epoch FROM timeout)::float8 AS timeout_s,"
+    " extract(epoch FROM live)::float8 AS live_s"
+)
+
+
+def take_task(ctx, task_id, claimer):
+    """The task's row, locked, if it is still claimed by `claimer` (the launcher's session).
+
+    Locked by id alone: the launcher's claim may not have committed yet, and a
+    row lock waits for it, where a snapshot would show the row still in PLAN.
+    """
+    rows = ctx.run("take", f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = $1 FOR UPDATE", ["bigint"],
+                   [task_id])
+    if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
+        return None
+    return rows[0]
+
+
+def start_task(ctx, task, session_pid):
+    """TAKE -> WORK in the session whose backend is `session_pid`; False if the task is no
+    longer this worker's claim (stopped, or taken over by a launcher, while its session
+    opened outside the claim's transaction)."""
+    return ctx.run(
+        "work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"],
+        [task["id"], task["worker"], session_pid],
+    )[0]["id"] is not None
+
+
+def finish_task(ctx, task_id, state, output, error, notices=None, wake=True):
+    """Record the task's end; its end state (FAIL when what follows it failed), or
+    None if it had ended already (recovered by a launcher)."""
+    return ctx.run(
+        "finish",
+        "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6)::text AS s",
+        ["bigint", "text", "text", "text", "text", "boolean"],
+        [task_id, state, output, error, notices, wake],
+    )[0]["s"]
+
+
+def task_error(ctx, task_id):
+    """The error a task ended with (finish_task's own, when what follows the task failed)."""
+    return ctx.run("error", "SELECT error FROM {ext}.task WHERE id = $1", ["bigint"], [task_id])[0]["error"]
+
+
+def claim_next_task(ctx, task, launcher, session_pid):
+    """The group's next task after `task`, claimed by this worker (not yet committed), or None.
+    WORK already in the session of `session_pid` (ready for a task like `task`) when it
+    suits the claimed task, else TAKE.
+
+    Whether the launcher (`launcher`, its session's pid) still accepts work is looked at
+    every LAUNCHER_LOOK_EVERY seconds only: that look costs more than the rest of the claim.
+    """
+    look = time.monotonic() >= ctx.GD.get("pgtaskpy.launcher_look_at", 0.0)
+    if look:
+        ctx.GD["pgtaskpy.launcher_look_at"] = time.monotonic() + LAUNCHER_LOOK_EVERY
+    rows = ctx.run(
+        "next",
+        f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
+        ["integer", "integer", "integer", "name", "text", "integer", "interval"],
+        [task["hash"], launcher if look else None, session_pid, task["owner"], task["remote"], task["count"],
+         task["live"]],
+    )
+    return rows[0] if rows else None
+
+
+def unclaim_task(ctx, task_id):
+    """TAKE -> PLAN: the task was not started (its session found no free connection)."""
+    ctx.run("postpone", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], NULL)", ["bigint"], [task_id])
+
+
+def wake_launchers(ctx):
+    ctx.run("wake", "SELECT pgtaskpy.wake_launchers()")

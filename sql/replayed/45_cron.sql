@@ -1,0 +1,395 @@
+-- Cron schedules (columns cron and tz): the parser and the next-match rule.
+--
+-- PL/pgSQL over PostgreSQL's own time-zone rules (AT TIME ZONE), so that any
+-- zone name the server accepts works, with the server's time-zone data.  An
+-- expression is read into bit masks (pgtaskpy.cron_parse), and the next match
+-- is found field by field on local wall-clock time (cron_next_local), then
+-- placed on the time line with the daylight-saving rule (cron_instant):
+--   - a local time that does not exist (spring forward) runs once, at the
+--     first instant after the gap;
+--   - a local time that occurs twice (fall back) runs once, at its first
+--     occurrence.
+-- Syntax: pg_cron's (Vixie cron's), see README "Schedules".
+
+-- The lowest bit of mask at or above bit `low` (-1: none).  Plain SQL without
+-- SET: inlined into its callers' expressions.
+CREATE FUNCTION pgtaskpy.cron_next_bit(mask bigint, low integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN mask >> low = 0 THEN -1
+                ELSE low + pg_catalog.bit_count((((mask >> low) & -(mask >> low)) - 1)::bit(64))::integer END
+$$;
+
+-- A value of a cron field: a number, or a month or day name (NULL: neither).
+CREATE FUNCTION pgtaskpy.cron_value(token text, field integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN token ~ '^[0-9]+$' THEN CASE WHEN length(token) > 4 THEN 9999 ELSE token::integer END
+        WHEN field = 4 THEN pg_catalog.array_position('{jan,feb,mar,apr,may,jun,jul,aug,sep,oct,nov,dec}'::text[], token)
+        WHEN field = 5 THEN pg_catalog.array_position('{sun,mon,tue,wed,thu,fri,sat}'::text[], token) - 1
+    END
+$$;
+
+-- A cron expression read into bit masks: {minutes, hours, days of month (bit
+-- 0: "$", the last day), months, days of week (bit 0: Sunday), flags (1: the
+-- day-of-month field starts with "*", 2: the day-of-week field does), seconds
+-- of a 'N seconds' interval (0: a cron expression)}.  A bad expression raises
+-- invalid_parameter_value with a message naming the field and the token, or,
+-- with raise_error false, returns NULL (no exception block on any path).
+CREATE FUNCTION pgtaskpy.cron_parse(expr text, raise_error boolean DEFAULT true) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    field_names CONSTANT text[] := '{minute,hour,"day of month",month,"day of week"}';
+    lows CONSTANT integer[] := '{0,0,1,1,0}';
+    highs CONSTANT integer[] := '{59,23,31,12,7}';
+    spec bigint[] := '{0,0,0,0,0,0,0}';
+    source text := btrim(expr, E' \t\r\n');
+    cron text := lower(source);
+    fields text[];
+    part text;
+    m text[];
+    f integer;
+    lo integer;
+    hi integer;
+    step integer;
+    e integer;
+    mask bigint;
+    problem text;
+BEGIN
+    <<parse>>
+    BEGIN
+        IF cron ~ '^[0-9]+\s*seconds?$' THEN  -- pg_cron's interval form
+            step := pgtaskpy.cron_value(substring(cron FROM '^[0-9]+'), 0);
+            IF step NOT BETWEEN 1 AND 59 THEN
+                problem := format('cron interval "%s": the seconds must be from 1 to 59', source);
+                EXIT parse;
+            END IF;
+            spec[7] := step;
+            RETURN spec;
+        ELSIF left(cron, 1) = '@' THEN
+            cron := CASE cron
+                WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *'
+                WHEN '@monthly' THEN '0 0 1 * *' WHEN '@weekly' THEN '0 0 * * 0'
+                WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
+                WHEN '@hourly' THEN '0 * * * *' END;
+            IF cron IS NULL THEN
+                problem := format('cron macro "%s" is unknown: use @yearly, @annually, @monthly, @weekly, '
+                                  '@daily, @midnight or @hourly', source);
+                EXIT parse;
+            END IF;
+        END IF;
+        fields := regexp_split_to_array(cron, '\s+');
+        IF cardinality(fields) <> 5 OR cron = '' THEN
+            problem := format('cron expression "%s" has %s fields: expected 5 (minute hour day-of-month month '
+                              'day-of-week), a macro such as @daily, or ''N seconds''',
+                              source, CASE WHEN cron = '' THEN 0 ELSE cardinality(fields) END);
+            EXIT parse;
+        END IF;
+        FOR f IN 1..5 LOOP
+            mask := 0;
+            FOREACH part IN ARRAY string_to_array(fields[f], ',') LOOP
+                m := regexp_match(part, '^(?:(\*)|([a-z0-9]+|\$)(?:-([a-z0-9]+))?)(?:/([0-9]+))?$');
+                IF m IS NULL THEN
+                    problem := format('cron field "%s": "%s" is not a value, a range or a step', field_names[f], part);
+                    EXIT parse;
+                ELSIF m[1] IS NOT NULL THEN
+                    lo := lows[f];
+                    hi := highs[f];
+                ELSIF m[2] = '$' THEN
+                    IF f <> 3 THEN
+                        problem := format('cron field "%s": "$" (the last day of the month) belongs in the '
+                                          'day-of-month field', field_names[f]);
+                        EXIT parse;
+                    ELSIF m[3] IS NOT NULL OR m[4] IS NOT NULL THEN
+                        problem := format('cron field "day of month": "%s": "$" takes no range or step', part);
+                        EXIT parse;
+                    END IF;
+                    mask := mask | 1;
+                    CONTINUE;
+                ELSE
+                    FOREACH e IN ARRAY ARRAY[2, 3] LOOP  -- the range's two ends, m[2] and m[3]
+                        CONTINUE WHEN m[e] IS NULL;
+                        hi := pgtaskpy.cron_value(m[e], f);
+                        IF hi IS NULL THEN
+                            problem := format('cron field "%s": "%s" is not a number%s', field_names[f], m[e],
+                                              CASE f WHEN 4 THEN ' or a month name (jan-dec)'
+                                                     WHEN 5 THEN ' or a day name (sun-sat)' ELSE '' END);
+                            EXIT parse;
+                        ELSIF hi NOT BETWEEN lows[f] AND highs[f] THEN
+                            problem := format('cron field "%s": %s is out of range %s-%s',
+                                              field_names[f], m[e], lows[f], highs[f]);
+                            EXIT parse;
+                        END IF;
+                        IF e = 2 THEN
+                            lo := hi;
+                        END IF;
+                    END LOOP;
+                    IF m[3] IS NULL AND m[4] IS NOT NULL THEN
+                        problem := format('cron field "%s": "%s": a step needs a range or "*" (%s-%s/%s)',
+                                          field_names[f], part, m[2], highs[f], m[4]);
+                        EXIT parse;
+                    ELSIF hi < lo THEN
+                        problem := format('cron field "%s": range %s-%s runs backwards', field_names[f], m[2], m[3]);
+                        EXIT parse;
+                    END IF;
+                END IF;
+                step := coalesce(pgtaskpy.cron_value(m[4], 0), 1);
+                IF step NOT BETWEEN 1 AND highs[f] - lows[f] + 1 THEN
+                    problem := format('cron field "%s": step %s is out of range 1-%s',
+                                      field_names[f], m[4], highs[f] - lows[f] + 1);
+                    EXIT parse;
+                ELSIF step = 1 THEN
+                    mask := mask | (((1::bigint << (hi + 1)) - 1) & ~((1::bigint << lo) - 1));
+                ELSE
+                    FOR v IN lo..hi BY step LOOP
+                        mask := mask | (1::bigint << v);
+                    END LOOP;
+                END IF;
+            END LOOP;
+            IF f = 5 AND mask & 128 <> 0 THEN
+                mask := (mask | 1) & 127;  -- 7 is Sunday too
+            END IF;
+            spec[f] := mask;
+            IF f IN (3, 5) AND left(fields[f], 1) = '*' THEN
+                spec[6] := spec[6] | CASE f WHEN 3 THEN 1 ELSE 2 END;
+            END IF;
+        END LOOP;
+        -- A day matches when both day fields match if either starts with "*",
+        -- else when either does (Vixie cron's rule, pg_cron's).  Then every
+        -- weekday comes round on every date over the years: the expression can
+        -- match unless the days of month it needs are missing from its months.
+        IF spec[6] <> 0 AND spec[3] & 1 = 0
+           AND NOT ((spec[4] & 5546 <> 0 AND spec[3] <> 0)                    -- months of 31 days
+                    OR (spec[4] & 2640 <> 0 AND spec[3] & 2147483646 <> 0)    -- of 30 days
+                    OR (spec[4] & 4 <> 0 AND spec[3] & 1073741822 <> 0)) THEN  -- February, 29 days
+            problem := format('cron expression "%s" never matches: none of its months has that day', source);
+        END IF;
+    END;
+    IF problem IS NULL THEN
+        RETURN spec;
+    ELSIF raise_error THEN
+        RAISE EXCEPTION '%', problem USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'A cron expression is five fields (minute hour day-of-month month day-of-week), a macro such '
+                   'as @daily, or ''N seconds''; try one with task_next_runs(cron).';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Why an expression cannot be read (NULL: it can).
+CREATE FUNCTION pgtaskpy.cron_problem(expr text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.cron_parse(expr);
+    RETURN NULL;
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN SQLERRM;
+END
+$$;
+
+-- Why PostgreSQL does not accept a time zone name (NULL: it does).
+CREATE FUNCTION pgtaskpy.tz_problem(tz text) RETURNS text
+LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
+    RETURN NULL;
+EXCEPTION WHEN invalid_parameter_value OR feature_not_supported THEN
+    RETURN SQLERRM;
+END
+$$;
+
+-- The first local wall-clock time at or after `start` (a whole minute) that
+-- the parsed expression matches; NULL past the year 9999.  Field by field,
+-- jumping over whole months, days and hours that cannot match.
+CREATE FUNCTION pgtaskpy.cron_next_local(spec bigint[], start timestamp) RETURNS timestamp
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    minutes bigint := spec[1];
+    hours bigint := spec[2];
+    doms bigint := spec[3];
+    months bigint := spec[4];
+    dows bigint := spec[5];
+    both_days boolean := spec[6] <> 0;
+    y integer := extract(year FROM start);
+    mo integer := extract(month FROM start);
+    d integer := extract(day FROM start);
+    h integer := extract(hour FROM start);
+    mi integer := extract(minute FROM start);
+    n integer;
+    last_day integer;
+    w integer;
+    week bigint;
+    days bigint;
+BEGIN
+    LOOP
+        IF y > 9999 THEN
+            RETURN NULL;
+        END IF;
+        n := pgtaskpy.cron_next_bit(months, mo);
+        IF n < 0 THEN
+            y := y + 1; mo := 1; d := 1; h := 0; mi := 0;
+            CONTINUE;
+        ELSIF n > mo THEN
+            mo := n; d := 1; h := 0; mi := 0;
+        END IF;
+        -- The month's matching days as bits 1-31.
+        last_day := CASE WHEN mo = 2 THEN CASE WHEN y % 4 = 0 AND (y % 100 <> 0 OR y % 400 = 0) THEN 29 ELSE 28 END
+                         WHEN mo IN (4, 6, 9, 11) THEN 30 ELSE 31 END;
+        w := extract(dow FROM make_date(y, mo, 1));  -- weekday of the 1st
+        week := ((dows >> w) | (dows << (7 - w))) & 127;  -- bit j: day j + 1 of a week from the 1st
+        days := (week | (week << 7) | (week << 14) | (week << 21) | (week << 28)) << 1;
+        days := CASE WHEN both_days THEN days & ((doms & ~1) | ((doms & 1) << last_day))
+                     ELSE days | (doms & ~1) | ((doms & 1) << last_day) END
+                & ((1::bigint << (last_day + 1)) - 2);
+        n := pgtaskpy.cron_next_bit(days, d);
+        IF n < 0 THEN
+            mo := mo + 1; d := 1; h := 0; mi := 0;
+            IF mo > 12 THEN
+                y := y + 1; mo := 1;
+            END IF;
+            CONTINUE;
+        ELSIF n > d THEN
+            d := n; h := 0; mi := 0;
+        END IF;
+        n := pgtaskpy.cron_next_bit(hours, h);
+        IF n < 0 THEN
+            d := d + 1; h := 0; mi := 0;
+            CONTINUE;
+        ELSIF n > h THEN
+            h := n; mi := 0;
+        END IF;
+        n := pgtaskpy.cron_next_bit(minutes, mi);
+        IF n < 0 THEN
+            h := h + 1; mi := 0;
+            CONTINUE;
+        END IF;
+        RETURN make_timestamp(y, mo, d, h, n, 0);
+    END LOOP;
+END
+$$;
+
+-- The instant a local wall-clock time of zone tz stands for, by the
+-- daylight-saving rule: a time that occurs twice (fall back) is its first
+-- occurrence; a time that does not exist (spring forward) is the first
+-- instant after the gap.  (PostgreSQL itself reads both as standard time.)
+CREATE FUNCTION pgtaskpy.cron_instant(local_time timestamp, tz text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    guess timestamptz;
+    earlier interval;  -- the zone's UTC offsets two days before and after
+    later interval;
+    first timestamptz;
+    second timestamptz;
+    lo bigint;
+    hi bigint;
+    mid bigint;
+BEGIN
+    IF tz = 'UTC' THEN
+        RETURN local_time AT TIME ZONE 'UTC';
+    END IF;
+    guess := local_time AT TIME ZONE tz;
+    -- (hours, not days: a day of timestamptz arithmetic follows the session's zone)
+    earlier := ((guess - interval '48 hours') AT TIME ZONE tz) - ((guess - interval '48 hours') AT TIME ZONE 'UTC');
+    later := ((guess + interval '48 hours') AT TIME ZONE tz) - ((guess + interval '48 hours') AT TIME ZONE 'UTC');
+    IF earlier = later THEN
+        RETURN guess;  -- no change of offset near: the one reading
+    END IF;
+    first := (local_time - earlier) AT TIME ZONE 'UTC';
+    second := (local_time - later) AT TIME ZONE 'UTC';
+    IF (first AT TIME ZONE tz) = local_time THEN
+        IF (second AT TIME ZONE tz) = local_time THEN
+            RETURN least(first, second);  -- twice: the first occurrence
+        END IF;
+        RETURN first;
+    ELSIF (second AT TIME ZONE tz) = local_time THEN
+        RETURN second;
+    END IF;
+    -- In the gap: the first instant whose local time is past it.  Between
+    -- `second` (still before the change) and `first` (after it); offsets
+    -- change at whole seconds.
+    lo := extract(epoch FROM least(first, second));
+    hi := extract(epoch FROM greatest(first, second));
+    WHILE hi - lo > 1 LOOP
+        mid := (lo + hi) / 2;
+        IF (to_timestamp(mid) AT TIME ZONE tz) >= local_time THEN
+            hi := mid;
+        ELSE
+            lo := mid;
+        END IF;
+    END LOOP;
+    RETURN to_timestamp(hi);
+END
+$$;
+
+-- The first match of a parsed expression strictly after `after`, in zone tz.
+CREATE FUNCTION pgtaskpy.cron_next_spec(spec bigint[], tz text, after timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    local_time timestamp;
+    candidate timestamptz;
+BEGIN
+    IF spec[7] > 0 THEN  -- 'N seconds': every N seconds of the clock, whatever the zone
+        RETURN to_timestamp((floor(extract(epoch FROM after) / spec[7]) + 1) * spec[7]);
+    END IF;
+    local_time := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
+    LOOP
+        local_time := pgtaskpy.cron_next_local(spec, local_time);
+        IF local_time IS NULL THEN
+            RAISE EXCEPTION 'cron expression has no match after % before the year 10000', after
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        candidate := pgtaskpy.cron_instant(local_time, tz);
+        -- (a local time whose first occurrence has passed, while a fall-back
+        -- hour repeats, is not run again)
+        IF candidate > after THEN
+            RETURN candidate;
+        END IF;
+        local_time := local_time + interval '1 minute';
+    END LOOP;
+END
+$$;
+
+-- The first match of a cron expression strictly after `after`, in zone tz
+-- (NULL: UTC).  What the scheduler plans a cron task's runs by.
+CREATE FUNCTION pgtaskpy.cron_next(cron text, tz text, after timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT pgtaskpy.cron_next_spec(pgtaskpy.cron_parse(cron), COALESCE(tz, 'UTC'), after) $$;
+
+-- For users: the next n runs of a cron expression, to check one before
+-- scheduling it.  tz NULL: the default a task would get (pg_task.tz, else UTC).
+CREATE FUNCTION @extschema@.task_next_runs(
+    cron text, tz text DEFAULT NULL, n integer DEFAULT 5, after timestamptz DEFAULT now())
+RETURNS SETOF timestamptz
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    spec bigint[] := pgtaskpy.cron_parse(cron);
+    zone text := COALESCE(tz, pgtaskpy.setting_default('tz', 'UTC'::text));
+    problem text := pgtaskpy.tz_problem(zone);
+    t timestamptz := after;
+BEGIN
+    IF cron IS NULL OR after IS NULL THEN
+        RAISE EXCEPTION 'task_next_runs needs a cron expression and a time to start after'
+            USING ERRCODE = 'null_value_not_allowed';
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'tz "%": %', zone, problem USING ERRCODE = 'invalid_parameter_value';
+    ELSIF n NOT BETWEEN 0 AND 100000 THEN
+        RAISE EXCEPTION 'task_next_runs: n must be from 0 to 100000, not %', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 1..n LOOP
+        t := pgtaskpy.cron_next_spec(spec, zone, t);
+        RETURN NEXT t;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_next_runs IS 'the next n times a cron expression matches, in a time zone';
+
+GRANT EXECUTE ON FUNCTION @extschema@.task_next_runs(text, text, integer, timestamptz) TO pgtaskpy_user;

@@ -1,0 +1,489 @@
+"""Cron schedules (columns cron and tz), named series (key, task_schedule, task_unschedule) and the
+view task_series: the parser and the next-match rule against an independent reference (croniter
+for the matches, zoneinfo for daylight saving), then series through the real launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+from croniter import croniter
+from pg_task_py_testing import most_at_once, new_database, wait_until
+from psycopg import sql
+
+UTC = timezone.utc
+SECOND = timedelta(seconds=1)
+
+# pg_cron's syntax: fields, lists, ranges, steps, names, both Sunday numbers, "$", macros.
+EXPRESSIONS = [
+    "* * * * *", "*/5 * * * *", "0 * * * *", "15,45 * * * *", "0-10/3 9-17 * * *", "1-30/7 * * * *",
+    "*/7 * * * *", "23 0-20/2 * * *", "*/15 */6 * * *", "0 0 * * *", "30 2 * * *", "0 12 1 * *",
+    "0 0 1 1 *", "0 0 29 2 *", "0 0 31 * *", "0 0 30 * *", "0 4 8-14 * *", "*/10 * 10-15 * *",
+    "0 9 * * mon-fri", "0 9 * * 1-5", "0 22 * * MON-FRI", "0 0 * * 0", "0 0 * * 7", "0 0 * * 5-7",
+    "0 0 * * 6-7", "0 0 * * sun", "5 4 * * sun", "0 0 * * sat,sun", "0 0 * * */2", "0 8 * jan,jul *",
+    "0 8 1 jan-mar *", "0 0 * feb *", "0 0,12 1 */2 *", "0 8 1 JAN *", "0\t0  *\t*  *",
+    "0 0 13 * fri", "0 0 1,15 * mon", "0 0 1-7 * 1",  # both day fields restricted: either matches
+    "0 0 $ * *", "0 12 $ feb *", "0 0 1,$ * *", "59 23 $ * *", "0 0 $ * fri",
+    "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly",
+]
+AFTER = ["2024-02-28 23:59:30+00", "2023-12-31 23:59:59+00", "2025-06-15 12:34:56.5+00",
+         "2100-02-27 00:00+00", "2024-03-31 00:00+00"]
+
+
+def next_runs(db, cron: str, tz: str | None, n: int, after: str | datetime) -> list[datetime]:
+    return [row[0] for row in db.sql("SELECT task_next_runs(%s, %s, %s, %s::timestamptz)", [cron, tz, n, after])]
+
+
+def croniter_runs(cron: str, n: int, after: datetime) -> list[datetime]:
+    matches = croniter(cron.replace("$", "L"), after)  # croniter's "last day of the month" is L
+    return [matches.get_next(datetime) for _ in range(n)]
+
+
+def test_next_matches_agree_with_croniter(db):
+    for cron in EXPRESSIONS:
+        for after in AFTER:
+            expected = croniter_runs(cron, 25, datetime.fromisoformat(after))
+            assert next_runs(db, cron, "UTC", 25, after) == expected, (cron, after)
+
+
+def test_day_fields_follow_vixie_cron(db):
+    """A day matches both day fields when either starts with "*" (so "*/2" restricts with AND, as in
+    pg_cron; croniter differs here), and either field when both are restricted."""
+    after = datetime(2023, 12, 31, tzinfo=UTC)
+    odd_mondays = next_runs(db, "0 0 */2 * mon", "UTC", 12, after)
+    assert all(run.weekday() == 0 and run.day % 2 == 1 for run in odd_mondays)
+    assert odd_mondays[:3] == [datetime(2024, 1, d, tzinfo=UTC) for d in (1, 15, 29)]
+    either = next_runs(db, "0 0 1-31/2 * mon", "UTC", 40, after)
+    assert either == croniter_runs("0 0 1-31/2 * mon", 40, after)  # no "*": odd days or Mondays
+    assert {run.weekday() for run in either if run.day % 2 == 0} == {0}
+    # Sunday is 0 and 7; the macros are their five fields.
+    assert next_runs(db, "0 0 * * 7", "UTC", 5, after) == next_runs(db, "0 0 * * 0", "UTC", 5, after)
+    assert next_runs(db, "@weekly", "UTC", 5, after) == next_runs(db, "0 0 * * sun", "UTC", 5, after)
+    # "$" is the last day of each month, leap years included.
+    assert [r.date().isoformat() for r in next_runs(db, "0 12 $ * *", "UTC", 3, "2100-01-15+00")] == \
+        ["2100-01-31", "2100-02-28", "2100-03-31"]
+    assert [r.date().isoformat() for r in next_runs(db, "0 12 $ 2 *", "UTC", 3, "2023-06-01+00")] == \
+        ["2024-02-29", "2025-02-28", "2026-02-28"]
+
+
+def test_seconds_intervals_are_on_the_clock(db):
+    """pg_cron's 'N seconds' (1-59): every N seconds of the clock, in any zone."""
+    assert next_runs(db, "5 seconds", "Europe/Berlin", 3, "2024-01-15 00:00:03.5+00") == [
+        datetime(2024, 1, 15, 0, 0, s, tzinfo=UTC) for s in (5, 10, 15)]
+    assert next_runs(db, "1 second", None, 2, "2024-01-15 00:00:03+00") == [
+        datetime(2024, 1, 15, 0, 0, s, tzinfo=UTC) for s in (4, 5)]
+    runs = next_runs(db, " 59 SECONDS ", None, 3, "2024-01-15 00:00:00+00")  # on the epoch's 59 s grid
+    assert [b - a for a, b in zip(runs, runs[1:])] == [59 * SECOND] * 2
+    assert runs[0].timestamp() % 59 == 0 and runs[0] - datetime(2024, 1, 15, tzinfo=UTC) <= 59 * SECOND
+
+
+# --- daylight saving -------------------------------------------------------------------------
+
+def instant_of(local: datetime, zone: ZoneInfo) -> datetime:
+    """The rule, computed with zoneinfo: a wall time that occurs twice is its first occurrence; one
+    that does not exist is the first instant whose wall time is past it (the end of the gap)."""
+    first = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    if first.astimezone(zone).replace(tzinfo=None) == local:
+        return first  # fold=0: the earlier of two occurrences (PEP 495)
+    instant = min(first, local.replace(tzinfo=zone, fold=1).astimezone(UTC))
+    while instant.astimezone(zone).replace(tzinfo=None) < local:
+        instant += timedelta(minutes=1)
+    return instant
+
+
+def reference_runs(cron: str, tz: str, n: int, after: datetime) -> list[datetime]:
+    """croniter for the wall times that match, instant_of to place them on the time line."""
+    zone = ZoneInfo(tz)
+    matches = croniter(cron, after.astimezone(zone).replace(tzinfo=None) - timedelta(hours=3))
+    runs: set[datetime] = set()
+    while len(runs) < n:
+        instant = instant_of(matches.get_next(datetime), zone)
+        if instant > after:
+            runs.add(instant)
+    return sorted(runs)[:n]
+
+
+# (zone, the day before a spring-forward change, the day before a fall-back change)
+TRANSITIONS = [
+    ("America/New_York", "2024-03-09", "2024-11-02"),   # north: 02:00 -> 03:00, 02:00 -> 01:00
+    ("Europe/Berlin", "2024-03-30", "2024-10-26"),      # north: 02:00 -> 03:00, 03:00 -> 02:00
+    ("Australia/Sydney", "2024-10-05", "2024-04-06"),   # south: 02:00 -> 03:00, 03:00 -> 02:00
+    ("America/Santiago", "2024-09-07", "2024-04-06"),   # south, at midnight: 00:00 -> 01:00, 00:00 -> 23:00
+    ("Australia/Lord_Howe", "2024-10-05", "2024-04-06"),  # half an hour: 02:00 -> 02:30, 02:00 -> 01:30
+]
+DST_EXPRESSIONS = ["30 2 * * *", "0 2 * * *", "0 3 * * *", "30 1 * * *", "0 0 * * *", "45 23 * * *",
+                   "*/15 * * * *", "*/20 0-3 * * *", "0 * * * *", "10,40 2 * * *"]
+
+
+@pytest.mark.parametrize(("tz", "spring", "fall"), TRANSITIONS)
+def test_daylight_saving_runs_once(db, tz, spring, fall):
+    for day in (spring, fall):
+        for hour in (0, 12, 22):
+            after = datetime.fromisoformat(day).replace(hour=hour, tzinfo=ZoneInfo(tz)).astimezone(UTC)
+            for cron in DST_EXPRESSIONS:
+                runs = next_runs(db, cron, tz, 120, after)
+                assert runs == reference_runs(cron, tz, 120, after), (tz, cron, after)
+                assert len(set(runs)) == len(runs)
+
+
+def test_daylight_saving_examples(db):
+    """The rule in the README, north and south."""
+    def utc(text: str) -> datetime:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    # New York springs forward on 10 March 2024 at 02:00: 02:30 does not exist, the run is at 03:00 EDT.
+    assert next_runs(db, "30 2 * * *", "America/New_York", 3, "2024-03-09 12:00+00") == \
+        [utc("2024-03-10 07:00"), utc("2024-03-11 06:30"), utc("2024-03-12 06:30")]
+    # Every 15 minutes through the gap: one run at 03:00 EDT for the four that do not exist.
+    assert next_runs(db, "*/15 * * * *", "America/New_York", 3, "2024-03-10 06:40+00") == \
+        [utc("2024-03-10 06:45"), utc("2024-03-10 07:00"), utc("2024-03-10 07:15")]
+    # It falls back on 3 November at 02:00: 01:30 comes twice, the run is at the first (EDT).
+    assert next_runs(db, "30 1 * * *", "America/New_York", 2, "2024-11-02 12:00+00") == \
+        [utc("2024-11-03 05:30"), utc("2024-11-04 06:30")]
+    # Sydney springs forward on 6 October 2024 at 02:00 and falls back on 7 April at 03:00.
+    assert next_runs(db, "30 2 * * *", "Australia/Sydney", 2, "2024-10-05 00:00+00") == \
+        [utc("2024-10-05 16:00"), utc("2024-10-06 15:30")]
+    assert next_runs(db, "30 2 * * *", "Australia/Sydney", 2, "2024-04-06 00:00+00") == \
+        [utc("2024-04-06 15:30"), utc("2024-04-07 16:30")]
+    # 03:00 in New York is 03:00 local on every day of the year, whatever the offset.
+    zone = ZoneInfo("America/New_York")
+    year = next_runs(db, "0 3 * * *", "America/New_York", 366, "2024-01-01 00:00-05")
+    assert [run.astimezone(zone).strftime("%H:%M") for run in year] == ["03:00"] * 366
+    assert len({run.astimezone(zone).date() for run in year}) == 366
+    assert {run.astimezone(zone).utcoffset() for run in year} == {timedelta(hours=-5), timedelta(hours=-4)}
+
+
+def test_tz_default_from_setting(db):
+    assert db.task(db.insert("SELECT 1"))["tz"] == "UTC"
+    db.sql("SET pg_task.tz = 'Asia/Tokyo'")
+    row = db.task(db.insert("SELECT 1", cron="0 9 * * *"))
+    assert row["tz"] == "Asia/Tokyo"
+    assert row["plan"] == next_runs(db, "0 9 * * *", None, 1, row["plan"] - timedelta(days=1))[0]
+    assert row["plan"].astimezone(ZoneInfo("Asia/Tokyo")).strftime("%H:%M") == "09:00"
+    db.sql("SET pg_task.tz = 'Mars/Olympus_Mons'")
+    with pytest.raises(psycopg.errors.CheckViolation, match='invalid task.tz "Mars/Olympus_Mons"'):
+        db.insert("SELECT 1")
+
+
+def test_insert_plans_the_first_match_unless_a_plan_is_given(db):
+    before = db.value("SELECT clock_timestamp()")
+    first = db.task(db.insert("SELECT 1", cron="0 3 * * *", tz="Europe/Berlin"))
+    after = db.value("SELECT clock_timestamp()")
+    assert first["plan"] in {next_runs(db, "0 3 * * *", "Europe/Berlin", 1, t)[0] for t in (before, after)}
+    assert first["plan"].astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M") == "03:00"
+    explicit = db.value("SELECT now() + interval '90 s'")
+    assert db.task(db.insert("SELECT 1", cron="0 3 * * *", plan=explicit))["plan"] == explicit
+    # A waiting task whose expression or zone changes moves to the new first match; its plan stays
+    # when the plan is given in the same UPDATE.
+    db.sql("UPDATE task SET cron = '0 4 * * *' WHERE id = %s", [first["id"]])
+    assert db.task(first["id"])["plan"].astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M") == "04:00"
+    db.sql("UPDATE task SET tz = 'Asia/Tokyo' WHERE id = %s", [first["id"]])
+    assert db.task(first["id"])["plan"].astimezone(ZoneInfo("Asia/Tokyo")).strftime("%H:%M") == "04:00"
+    db.sql("UPDATE task SET cron = '0 5 * * *', plan = %s WHERE id = %s", [explicit, first["id"]])
+    assert db.task(first["id"])["plan"] == explicit
+
+
+BAD = [
+    ("0 25 * * *", 'cron field "hour": 25 is out of range 0-23'),
+    ("60 * * * *", 'cron field "minute": 60 is out of range 0-59'),
+    ("0 0 0 * *", 'cron field "day of month": 0 is out of range 1-31'),
+    ("0 0 * 13 *", 'cron field "month": 13 is out of range 1-12'),
+    ("0 0 * * 8", 'cron field "day of week": 8 is out of range 0-7'),
+    ("0 0 * foo *", 'cron field "month": "foo" is not a number or a month name (jan-dec)'),
+    ("0 0 * * funday", 'cron field "day of week": "funday" is not a number or a day name (sun-sat)'),
+    ("5/10 * * * *", 'cron field "minute": "5/10": a step needs a range or "*" (5-59/10)'),
+    ("*/0 * * * *", 'cron field "minute": step 0 is out of range 1-60'),
+    ("0 5-2 * * *", 'cron field "hour": range 5-2 runs backwards'),
+    ("0 0 1,,2 * *", 'cron field "day of month": "" is not a value, a range or a step'),
+    ("0 0 * * 1#2", 'cron field "day of week": "1#2" is not a value, a range or a step'),
+    ("$ * * * *", 'cron field "minute": "$" (the last day of the month) belongs in the day-of-month field'),
+    ("0 0 $-3 * *", 'cron field "day of month": "$-3": "$" takes no range or step'),
+    ("0 0 1-$ * *", 'cron field "day of month": "1-$" is not a value, a range or a step'),
+    ("0 0 31 2 *", 'cron expression "0 0 31 2 *" never matches'),
+    ("0 0 30,31 feb *", 'cron expression "0 0 30,31 feb *" never matches'),
+    ("* * * *", 'cron expression "* * * *" has 4 fields'),
+    ("* * * * * *", 'cron expression "* * * * * *" has 6 fields'),
+    ("", 'cron expression "" has 0 fields'),
+    ("@reboot", 'cron macro "@reboot" is unknown'),
+    ("0 seconds", 'cron interval "0 seconds": the seconds must be from 1 to 59'),
+    ("60 seconds", 'cron interval "60 seconds": the seconds must be from 1 to 59'),
+]
+
+
+@pytest.mark.parametrize(("cron", "message"), BAD)
+def test_bad_expression_is_rejected_naming_field_and_token(db, cron, message):
+    with pytest.raises(psycopg.errors.CheckViolation) as raised:
+        db.insert("SELECT 1", cron=cron)
+    assert f'invalid task.cron "{cron}": {message}' in str(raised.value)
+    assert raised.value.diag.constraint_name == "task.cron must be a cron expression that matches"
+    with pytest.raises(psycopg.errors.CheckViolation, match=re.escape(message)):
+        db.value("SELECT task_schedule('bad', %s, 'SELECT 1')", [cron])
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        next_runs(db, cron, "UTC", 1, "2024-01-01+00")
+    assert message in str(raised.value)
+    assert db.value("SELECT count(*) FROM task") == 0  # nothing inserted
+
+
+def test_bad_time_zone_and_cron_with_repeat_are_rejected(db):
+    with pytest.raises(psycopg.errors.CheckViolation) as raised:
+        db.insert("SELECT 1", cron="@daily", tz="Europe/Atlantis")
+    assert 'invalid task.tz "Europe/Atlantis": time zone "Europe/Atlantis" not recognized' in str(raised.value)
+    assert raised.value.diag.constraint_name == "task.tz must be a time zone PostgreSQL knows"
+    with pytest.raises(psycopg.errors.CheckViolation, match="Europe/Atlantis"):
+        db.value("SELECT task_schedule('nightly', '@daily', 'SELECT 1', 'Europe/Atlantis')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="Europe/Atlantis"):
+        next_runs(db, "@daily", "Europe/Atlantis", 1, "2024-01-01+00")
+    with pytest.raises(psycopg.errors.CheckViolation) as raised:
+        db.insert("SELECT 1", cron="@daily", repeat="1 hour")
+    assert raised.value.diag.constraint_name == "task.cron and task.repeat must not both be set"
+    assert db.value("SELECT count(*) FROM task") == 0
+    # An UPDATE to a bad value changes nothing.
+    task_id = db.insert("SELECT 1", cron="@daily", tz="Europe/Berlin")
+    before = db.task(task_id)
+    for column, value in (("cron", "0 0 * * 9"), ("tz", "Nowhere/Land"), ("repeat", "1 min")):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            db.sql(sql.SQL("UPDATE task SET {} = %s WHERE id = %s").format(sql.Identifier(column)), [value, task_id])
+    assert db.task(task_id) == before
+    # Any name PostgreSQL accepts: zone names, abbreviations, POSIX zones.
+    for tz in ("UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires", "EST5EDT", "PST", "UTC+3"):
+        assert db.task(db.insert("SELECT 1", cron="@daily", tz=tz))["tz"] == tz
+
+
+# --- through the launcher --------------------------------------------------------------------
+
+CHAIN = ("WITH RECURSIVE s AS (SELECT * FROM task WHERE id = %s"
+         " UNION ALL SELECT t.* FROM task t JOIN s ON t.parent = s.id)")
+
+
+def series(db, first: int) -> list[dict]:
+    """The runs of a series, first run first, following parent."""
+    cursor = db.conn.execute(
+        f"{CHAIN} SELECT id, parent, plan, start, stop, state::text AS state, input, cron, tz, key FROM s ORDER BY id",
+        [first])
+    return [dict(zip([d.name for d in cursor.description], row)) for row in cursor.fetchall()]
+
+
+def ended(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["state"] not in ("PLAN", "TAKE", "WORK")]
+
+
+def end_all(db) -> None:
+    """Stop every waiting task until none is left (a run in progress may insert one as it ends)."""
+    def ended_all() -> bool:
+        db.sql("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
+        return db.value("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')") == 0
+    wait_until(ended_all, 30, 0.05, f"every series to end; unfinished: {db.unfinished()}")
+
+
+def assert_one_next_row_each(db) -> None:
+    assert db.value("SELECT count(*) - count(DISTINCT parent) FROM task WHERE parent IS NOT NULL") == 0
+    assert db.value("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')") <= 1
+
+
+def test_one_second_series_through_the_launcher_and_a_restart(db):
+    launcher = db.launcher()
+    first = db.insert("SELECT 1", cron="1 seconds", delete=False)
+    assert db.task(first)["plan"] > db.value("SELECT now()")  # the first whole second after the insert
+    wait_until(lambda: len(ended(series(db, first))) >= 5, 20, 0.05, "5 runs")
+    assert launcher.stop() == 0, launcher.output()
+    before_restart = len(ended(series(db, first)))
+    launcher = db.launcher()
+    wait_until(lambda: len(ended(series(db, first))) >= before_restart + 5, 20, 0.05, "5 runs after the restart")
+    assert launcher.stop() == 0, launcher.output()
+    rows = series(db, first)
+    runs = ended(rows)
+    assert all(r["state"] == "DONE" for r in runs)
+    assert all(r["plan"].microsecond == 0 for r in rows)  # on the clock's seconds
+    assert [r["parent"] for r in rows[1:]] == [r["id"] for r in rows[:-1]]  # one next row per run
+    assert_one_next_row_each(db)
+    assert len(rows) == len(runs) + 1 and rows[-1]["state"] == "PLAN"  # the series waits on
+    assert most_at_once([(r["start"], r["stop"]) for r in runs]) == 1  # runs never overlap
+    assert {(r["cron"], r["tz"]) for r in rows} == {("1 seconds", "UTC")}
+    # While a launcher runs, plans are 1 s apart and each run starts within 100 ms of its plan; the
+    # restart (no launcher for a moment) skips the matches it missed rather than running them late.
+    restart = before_restart  # the index of the first run planned after the first launcher stopped
+    for earlier, later in zip(runs, runs[1:]):
+        if runs[restart] in (earlier, later):  # (the run after the restart may have been late)
+            assert later["plan"] - earlier["plan"] >= SECOND
+        else:
+            assert later["plan"] - earlier["plan"] == SECOND, (earlier, later)
+    for run in runs:
+        if run is not runs[restart]:
+            assert run["start"] - run["plan"] < timedelta(milliseconds=100), run
+
+
+def test_missed_matches_are_skipped_and_failures_repeat(running):
+    slow = running.insert("SELECT pg_sleep(1.3)", cron="1 seconds", delete=False)
+    failing = running.insert("SELECT 1/0", cron="1 seconds", group="failing")
+    wait_until(lambda: len(ended(series(running, slow))) >= 3 and len(ended(series(running, failing))) >= 3,
+               30, 0.05, "3 runs of each series")
+    end_all(running)
+    runs = ended(series(running, slow))
+    for earlier, later in zip(runs, runs[1:]):
+        if later["state"] == "STOP":
+            continue
+        # the first match after the run ended: one run, not a burst of the missed ones
+        assert later["plan"].microsecond == 0
+        assert timedelta(0) < later["plan"] - earlier["stop"] <= SECOND + timedelta(milliseconds=50)
+        assert later["plan"] - earlier["plan"] >= 2 * SECOND
+    fails = ended(series(running, failing))
+    assert [r["state"] for r in fails[:3]] == ["FAIL"] * 3  # a failed run has its next run too
+    assert_one_next_row_each(running)
+
+
+def test_minute_cron_with_time_zone_and_key_through_the_launcher(running):
+    first = running.insert("SELECT 'tick'", cron="* * * * *", tz="Asia/Kolkata", key="ticks", delete=False,
+                           plan=running.value("SELECT now()"))  # an explicit plan: the first run now
+    done = running.wait_done(first)
+    assert done["state"] == "DONE" and done["output"] == "tick"
+    following = series(running, first)[1]
+    assert (following["cron"], following["tz"], following["key"], following["state"]) == \
+        ("* * * * *", "Asia/Kolkata", "ticks", "PLAN")
+    assert following["plan"] == next_runs(running, "* * * * *", "Asia/Kolkata", 1, done["stop"])[0]
+    assert following["plan"].second == 0 and following["plan"] - done["stop"] <= timedelta(minutes=1)
+    # The view: the series, its next plan and its last run.
+    view = running.sql("SELECT key, id, state::text, cron, tz, next_plan, last_state::text, last_stop, input"
+                       " FROM task_series")
+    assert view == [("ticks", following["id"], "PLAN", "* * * * *", "Asia/Kolkata", following["plan"], "DONE",
+                     done["stop"], "SELECT 'tick'")]
+
+
+def test_task_cancel_with_stop_series_ends_a_cron_series(running):
+    first = running.insert("SELECT pg_sleep(30)", cron="1 seconds")
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [first]) == "WORK", 20)
+    assert running.value("SELECT task_cancel(%s, true)", [first]) is True
+    assert running.wait_done(first)["state"] == "FAIL"
+    assert running.value("SELECT count(*) FROM task") == 1  # no next run
+
+
+def key_rows(db, key: str) -> list[dict]:
+    cursor = db.conn.execute("SELECT id, parent, plan, start, stop, state::text AS state, input, cron"
+                             " FROM task WHERE key = %s ORDER BY id", [key])
+    return [dict(zip([d.name for d in cursor.description], row)) for row in cursor.fetchall()]
+
+
+def test_task_schedule_replaces_and_never_duplicates(db):
+    first = db.value("SELECT task_schedule('report', '0 3 * * *', 'SELECT 1', 'Europe/Berlin')")
+    assert db.value("SELECT task_schedule('report', '0 3 * * *', 'SELECT 1', 'Europe/Berlin')") == first
+    plan = db.task(first)["plan"]
+    # A new definition: the same waiting row, with the new expression's first match.
+    assert db.value("SELECT task_schedule('report', '30 6 * * mon-fri', 'SELECT 2', \"group\" => 'reports',"
+                    " max => 1, timeout => '5 min')") == first
+    row = db.task(first)
+    assert (row["cron"], row["tz"], row["input"], row["group"], row["max"], str(row["timeout"]), row["state"]) == \
+        ("30 6 * * mon-fri", "UTC", "SELECT 2", "reports", 1, "0:05:00", "PLAN")
+    assert row["plan"] != plan and (row["plan"].hour, row["plan"].minute, row["plan"].weekday() < 5) == (6, 30, True)
+    assert db.value("SELECT count(*) FROM task") == 1
+    # A second waiting run of the key is refused, naming the key.
+    with pytest.raises(psycopg.errors.UniqueViolation, match=r"\(owner, key\)=\(postgres, report\)"):
+        db.insert("SELECT 3", key="report")
+    assert db.value("SELECT task_unschedule('report')") is True
+    assert db.task(first)["state"] == "STOP" and db.task(first)["stop"] is not None
+    assert db.value("SELECT task_unschedule('report')") is False  # nothing left
+    assert db.value("SELECT task_schedule('report', '@daily', 'SELECT 4')") != first  # a new series
+    assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 1
+
+
+def test_named_series_through_the_launcher(running):
+    """Replaced while it runs, the run finishes and the series goes on with the new definition (never
+    two runs at once); unscheduled while it runs, the run finishes and gets no next run."""
+    running.value("SELECT task_schedule('job', '1 seconds', 'SELECT pg_sleep(1.2), ''old''')")
+    wait_until(lambda: any(r["state"] == "WORK" for r in key_rows(running, "job")), 20, message="a run")
+    old_run = next(r for r in key_rows(running, "job") if r["state"] == "WORK")
+    replacement = running.value("SELECT task_schedule('job', '1 seconds', 'SELECT ''new''')")
+    assert replacement != old_run["id"] and running.task(replacement)["state"] == "PLAN"
+    assert running.wait_done(old_run["id"])["state"] == "DONE"
+    wait_until(lambda: sum(r["state"] == "DONE" and r["input"] == "SELECT 'new'"
+                           for r in key_rows(running, "job")) >= 3, 20, 0.05, "3 runs of the new definition")
+    rows = key_rows(running, "job")
+    assert running.task(replacement)["parent"] == old_run["id"]  # the series goes on from the old run
+    assert not [r for r in rows if r["parent"] == old_run["id"] and r["id"] != replacement]  # and only there
+    assert running.task(replacement)["start"] >= running.task(old_run["id"])["stop"]  # no overlap
+    assert most_at_once([(r["start"], r["stop"]) for r in rows if r["stop"]]) == 1
+    assert_one_next_row_each(running)
+
+    running.value("SELECT task_schedule('job', '1 seconds', 'SELECT pg_sleep(1.2), ''last''')")
+    wait_until(lambda: any(r["state"] == "WORK" and "last" in r["input"] for r in key_rows(running, "job")), 20,
+               message="a run of the last definition")
+    last = next(r for r in key_rows(running, "job") if r["state"] == "WORK")
+    assert running.value("SELECT task_unschedule('job')") is True
+    running.wait_all_done()
+    assert running.task(last["id"])["state"] == "DONE"
+    assert [r for r in key_rows(running, "job") if r["parent"] == last["id"]] == []  # no next run
+    assert running.value("SELECT count(*) FROM task_series") == 0
+
+
+@contextlib.contextmanager
+def roles(db, *names: str):
+    for name in names:
+        db.sql(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))  # (left by an interrupted run)
+        db.sql(sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgtaskpy_user").format(sql.Identifier(name)))
+    try:
+        yield [db.connect(name) for name in names]
+    finally:
+        for name in names:
+            db.sql(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            db.sql(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_a_role_sees_and_names_only_its_own_series(db):
+    with roles(db, "cron_alice", "cron_bob") as (alice, bob):
+        with alice, bob:
+            alice.autocommit = bob.autocommit = True
+            mine = alice.execute("SELECT task_schedule('nightly', '0 2 * * *', 'SELECT 1')").fetchone()[0]
+            assert alice.execute("SELECT key, id FROM task_series").fetchall() == [("nightly", mine)]
+            assert bob.execute("SELECT count(*) FROM task_series").fetchone()[0] == 0
+            assert bob.execute("SELECT count(*) FROM task").fetchone()[0] == 0
+            assert bob.execute("SELECT task_unschedule('nightly')").fetchone()[0] is False
+            theirs = bob.execute("SELECT task_schedule('nightly', '0 5 * * *', 'SELECT 2')").fetchone()[0]
+            assert theirs != mine  # bob's own series of the same name
+            assert db.sql("SELECT owner, cron, state::text FROM task ORDER BY id") == [
+                ("cron_alice", "0 2 * * *", "PLAN"), ("cron_bob", "0 5 * * *", "PLAN")]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                bob.execute("SELECT pgtaskpy.end_series('cron_alice', 'nightly')")
+            assert bob.execute("SELECT task_unschedule('nightly')").fetchone()[0] is True
+            assert db.sql("SELECT owner, state::text FROM task ORDER BY id") == [
+                ("cron_alice", "PLAN"), ("cron_bob", "STOP")]
+
+
+@pytest.mark.parametrize("old", ["1.0", "1.1", "1.2"])
+def test_update_keeps_repeating_tasks_running(cluster, old):
+    """ALTER EXTENSION UPDATE from a released version under a running launcher: a repeat series goes on
+    (its new runs get tz UTC and no cron), and a cron series can start."""
+    with new_database(cluster) as upgraded:
+        upgraded.sql("DROP EXTENSION pg_task_py")
+        upgraded.conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {}").format(sql.Literal(old)))
+        launcher = upgraded.launcher()
+        first = upgraded.insert("SELECT 'repeat'", repeat="0.3 s", delete=False)
+        wait_until(lambda: len(ended(series_before(upgraded, first))) >= 2, 20, 0.05, "2 runs before the update")
+        upgraded.sql("ALTER EXTENSION pg_task_py UPDATE")
+        updated_at = upgraded.value("SELECT clock_timestamp()")
+        wait_until(lambda: sum(r["plan"] > updated_at for r in ended(series(upgraded, first))) >= 2, 20, 0.05,
+                   "2 runs after the update")
+        cron = upgraded.insert("SELECT 'cron'", cron="1 seconds", delete=False)
+        assert upgraded.wait_done(cron)["output"] == "cron"
+        end_all(upgraded)
+        assert launcher.stop() == 0, launcher.output()
+        rows = series(upgraded, first)
+        assert all(r["state"] in ("DONE", "STOP") for r in rows)
+        assert {(r["cron"], r["tz"], r["key"]) for r in rows} == {(None, "UTC", None)}
+        assert_one_next_row_each(upgraded)
+
+
+def series_before(db, first: int) -> list[dict]:
+    """series() for a database of a released version (no cron, tz, key columns yet)."""
+    cursor = db.conn.execute(f"{CHAIN} SELECT id, state::text AS state FROM s ORDER BY id", [first])
+    return [dict(zip([d.name for d in cursor.description], row)) for row in cursor.fetchall()]
+
+
+def test_computing_a_next_match_costs_well_under_a_tenth_of_a_millisecond(db):
+    """The cost the scheduler pays at each run's end: parse and find the next match, in a zone with
+    daylight saving (the figure `make bench` prints)."""
+    start = time.perf_counter()
+    assert db.value("SELECT count(pgtaskpy.cron_next('*/5 9-17 * * mon-fri', 'Europe/Berlin',"
+                    " now() + i * interval '7 min')) FROM generate_series(1, 2000) AS i") == 2000
+    assert (time.perf_counter() - start) / 2000 < 0.0001

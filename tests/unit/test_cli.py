@@ -1,0 +1,80 @@
+"""The launcher's command line and config file, in process: no server."""
+
+import json
+
+import pytest
+from pg_task_py import __version__
+from pg_task_py.cli import load_settings, parse_args
+from pg_task_py.launcher import Settings, SetupError
+
+
+def test_flags():
+    args = parse_args(["run", "--dsn", "dbname=a", "--dsn", "dbname=b", "--run", "3", "--grace", "1.5",
+                       "--log-level", "debug", "--log-json"])
+    assert (args.command, args.dsn, args.run, args.grace, args.log_level, args.log_json) == \
+        ("run", ["dbname=a", "dbname=b"], 3, 1.5, "DEBUG", True)
+    assert load_settings(args) == [Settings("dbname=a", run=3, grace=1.5), Settings("dbname=b", run=3, grace=1.5)]
+
+
+def test_defaults_are_the_libpq_environment_unlimited_and_30_s():
+    args = parse_args(["run"])
+    assert (args.config, args.log_level, args.log_json) == (None, "INFO", False)
+    assert load_settings(args) == [Settings("", run=2147483647, grace=30.0)]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"pg_task_py {__version__}\n"
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run", "--run", "0"], "argument --run: must be at least 1"),
+    (["run", "--run", "two"], "argument --run: must be a whole number, at least 1"),
+    (["run", "--grace", "-1"], "argument --grace: must be a number of seconds, 0 or more"),
+    (["run", "--grace", "inf"], "argument --grace: must be a number of seconds, 0 or more"),
+    (["run", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_bad_usage_is_exit_2_with_the_reason(capsys, argv, says):
+    with pytest.raises(SystemExit) as exit:
+        parse_args(argv)
+    assert exit.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def config(tmp_path, content):
+    path = tmp_path / "pg_task.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_config_file_entries_follow_the_flags_and_take_them_as_defaults(tmp_path):
+    path = config(tmp_path, [{"dsn": "dbname=b"}, {"dsn": "dbname=c", "run": 1, "grace": 0}])
+    args = parse_args(["run", "--dsn", "dbname=a", "--run", "4", "--grace", "9", "--config", str(path)])
+    assert load_settings(args) == [Settings("dbname=a", run=4, grace=9.0), Settings("dbname=b", run=4, grace=9.0),
+                                   Settings("dbname=c", run=1, grace=0.0)]
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ('{"dsn": "not a list"}', 'expected a JSON list of objects with a "dsn"'),
+    ('[{"run": 1}]', 'expected a JSON list of objects with a "dsn"'),
+    ("[{", "cannot read config file"),
+    ([{"dsn": "dbname=a", "runs": 2}], "unknown key(s) ['runs']"),
+    ([{"dsn": "dbname=a"}, {"dsn": "dbname=b password=secret", "grace": -1}],
+     'entry 2: "grace" must be a number of seconds, 0 or more (got -1)'),
+    ([{"dsn": "dbname=a", "run": True}], 'entry 1: "run" must be a whole number, at least 1 (got true)'),
+    ([{"dsn": "dbname=a", "run": 0}], 'entry 1: "run" must be at least 1 (got 0)'),
+])
+def test_bad_config_file_says_what_and_where_never_the_dsn(tmp_path, content, says):
+    path = config(tmp_path, content)
+    with pytest.raises(SetupError) as error:
+        load_settings(parse_args(["run", "--config", str(path)]))
+    assert says in str(error.value) and str(path) in str(error.value)
+    assert "secret" not in str(error.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(SetupError, match="cannot read config file .*nothing.json"):
+        load_settings(parse_args(["run", "--config", str(tmp_path / "nothing.json")]))

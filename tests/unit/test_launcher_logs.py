@@ -1,0 +1,92 @@
+"""The launcher's log lines and version checks, in process: no server."""
+
+import logging
+
+import pytest
+from pg_task_py.launcher import describe, describe_end, display_name, is_older, log_event, version_tuple
+
+
+def test_end_line_carries_the_first_line_of_the_error(caplog):
+    caplog.set_level(logging.INFO, logger="pg_task_py")
+    log_event("app@/run:5432", {"event": "end", "id": 42, "state": "FAIL", "seconds": 0.0123,
+                                "error": "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0"})
+    log_event("app@/run:5432", {"event": "end", "id": 43, "state": "DONE", "seconds": 0.5})
+    log_event("app@/run:5432", {"event": "end", "id": 44, "state": "FAIL", "seconds": 1, "error": None})
+    assert caplog.messages == ["app@/run:5432: task 42 FAIL in 0.012s: ERROR:  division by zero",
+                               "app@/run:5432: task 43 DONE in 0.500s",
+                               "app@/run:5432: task 44 FAIL in 1.000s"]
+    assert caplog.records[0].fields["error"].startswith("ERROR:  division by zero")  # --log-json keeps it all
+
+
+def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
+    caplog.set_level(logging.INFO, logger="pg_task_py")
+    log_event("db", {"event": "cancel", "id": 42, "cancelled": True})
+    log_event("db", {"event": "cancel", "id": 43, "cancelled": False})
+    log_event("db", {"event": "retry", "id": 7, "attempt": 2, "message": 'could not "connect"', "ok": None})
+    log_event("db", {"event": "start", "worker": "w1"})  # a known event without its id
+    assert caplog.messages == [
+        "db: task 42 cancelled (grace period over)",
+        "db: could not cancel task 43",
+        'db: retry: id=7 attempt=2 message="could not \\"connect\\"" ok=null',
+        "db: start: worker=w1",
+    ]
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING", "INFO", "INFO"]
+
+
+@pytest.mark.parametrize(("event", "level", "text"), [
+    ({"event": "start", "id": 1}, logging.INFO, "task 1 started"),
+    ({"event": "start_failed", "id": 2, "message": "too many clients"}, logging.WARNING,
+     "task 2 waits: no worker backend (too many clients)"),
+    ({"event": "worker_error", "id": 3, "message": "server closed the connection"}, logging.ERROR,
+     "task 3: server closed the connection"),
+    ({"event": "postponed", "id": 4}, logging.WARNING, "task 4 waits: no free connection for its session"),
+    ({"event": "spare_failed", "message": "no"}, logging.ERROR, "cannot open a worker backend: no"),
+    ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
+    ({"event": "deleted_old", "count": 5}, logging.INFO, "deleted 5 finished task(s) past pg_task_py.retention"),
+    ({"event": "expired", "count": 1}, logging.INFO, "1 task(s) not started within active: GONE"),
+])
+def test_each_event_has_its_line_and_level(event, level, text):
+    assert describe(event) == (level, text)
+
+
+def test_an_event_without_its_fields_is_shown_whole(caplog):
+    """An event of another version, shaped otherwise: the line shows what it holds, not a traceback."""
+    caplog.set_level(logging.INFO, logger="pg_task_py")
+    log_event("db", {"event": "recovered", "tasks": [1, 2]})
+    assert caplog.messages == ["db: recovered: tasks=[1,2]"]
+
+
+@pytest.mark.parametrize(("event", "line"), [
+    ({"id": 7, "state": "DONE"}, "task 7 DONE"),
+    ({"id": 7, "state": "DONE", "seconds": 2}, "task 7 DONE in 2.000s"),
+    ({"id": 7, "state": "FAIL", "seconds": 0.25, "error": "\nERROR:  boom\nSTATEMENT:  x\n"},
+     "task 7 FAIL in 0.250s: ERROR:  boom"),
+    ({"id": 7, "state": "GONE", "error": "   "}, "task 7 GONE"),
+])
+def test_end_line(event, line):
+    assert describe_end(event) == line
+
+
+@pytest.mark.parametrize(("dsn", "shown"), [
+    ("", "(libpq environment)"),
+    ("host=/run/pg dbname=app password=secret", "dbname=app host=/run/pg"),
+    ("postgresql://alice:secret@db.example/app", "user=alice dbname=app host=db.example"),
+    ("host=x port", "(a conninfo that cannot be parsed)"),
+])
+def test_display_name_never_shows_a_password(dsn, shown):
+    assert display_name(dsn) == shown
+
+
+@pytest.mark.parametrize(("text", "parts"), [
+    ("1.3", (1, 3)), ("1.3.0", (1, 3, 0)), ("10.2", (10, 2)), ("1.3beta", None), ("", None), ("1..3", None),
+])
+def test_version_tuple(text, parts):
+    assert version_tuple(text) == parts
+
+
+@pytest.mark.parametrize(("installed", "older"), [
+    ("1.2", True), ("1.0", True), ("1.3", False), ("1.4", False), ("2.0", False), ("1.3beta", False), (None, False),
+])
+def test_version_comparison_is_numeric(installed, older):
+    assert is_older(installed, "1.3.0") is older
+    assert is_older("1.9", "1.10.0")  # as numbers, not text

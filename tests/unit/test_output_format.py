@@ -1,0 +1,146 @@
+"""sql/plpython/output.py in plain Python: how results and errors become `output` and `error`.
+
+The module is pasted into a PL/Python body after libpq.py (sql/build.py); here it is loaded by
+path, with libpq.py's PG_DIAG_* field codes as the globals it expects, and errors come from a
+small stand-in for a PGresult (`.field(code)`).  The same formats against a real server:
+tests/test_output.py and tests/test_fidelity.py."""
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PLPYTHON = Path(__file__).resolve().parents[2] / "sql" / "plpython"
+TAB = "\t"
+
+
+def field_codes() -> dict[str, int]:
+    """libpq.py's `PG_DIAG_... = ord("X")` constants, read without loading libpq."""
+    codes = {}
+    for node in ast.parse((PLPYTHON / "libpq.py").read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.startswith("PG_DIAG_"):
+            codes[node.targets[0].id] = eval(compile(ast.Expression(node.value), "libpq.py", "eval"), {"ord": ord})
+    return codes
+
+
+CODES = field_codes()
+
+
+@pytest.fixture(scope="module")
+def output():
+    spec = importlib.util.spec_from_file_location("pg_task_py_output", PLPYTHON / "output.py")
+    module = importlib.util.module_from_spec(spec)
+    module.__dict__.update(CODES)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Result:
+    """What format_error reads of a PGresult: its error fields, by libpq's codes."""
+
+    def __init__(self, **fields: str) -> None:
+        self.fields = {CODES[f"PG_DIAG_{name}"]: value for name, value in fields.items()}
+
+    def field(self, code: int) -> str | None:
+        return self.fields.get(code)
+
+
+TEXT, INT4 = 25, 23
+
+
+def task(**columns):
+    return {"delimiter": TAB, "quote": "", "escape": "", "null": "\\N", "header": True, "string": True, **columns}
+
+
+def writer(output, limit=0, **columns):
+    return output.OutputWriter(task(**columns), is_string_type=lambda oid: oid == TEXT, limit=limit)
+
+
+def test_one_column_has_no_header(output):
+    out = writer(output)
+    out.rows([("a", INT4)], [("1",), ("2",)])
+    out.end_rows()
+    assert out.text() == "1\n2"
+
+
+def test_several_results_several_columns_header_and_null(output):
+    out = writer(output)
+    out.rows([("a", INT4), ("b", TEXT)], [("1", None)])
+    out.rows([], [])  # (more rows of the same result set: no second header)
+    out.rows([("a", INT4), ("b", TEXT)], [("2", "x")])
+    out.end_rows()
+    out.command("DELETE 0")
+    out.rows([("c", INT4)], [("3",)])
+    out.end_rows()
+    assert out.text() == f"a{TAB}b\n1{TAB}\\N\n2{TAB}x\nDELETE 0\n3"
+
+
+def test_no_header_when_switched_off_and_no_rows_no_header(output):
+    out = writer(output, header=False)
+    out.rows([("a", INT4), ("b", INT4)], [("1", "2")])
+    out.end_rows()
+    out.rows([("c", INT4), ("d", INT4)], [])
+    out.end_rows()
+    assert out.text() == f"1{TAB}2"
+
+
+def test_quote_and_escape_string_values_only_unless_string_is_off(output):
+    out = writer(output, quote='"', escape="\\", delimiter=",", null="null")
+    out.rows([("s", TEXT), ("n", INT4)], [('a"b\\c', "7"), (None, "8")])
+    out.end_rows()
+    assert out.text() == '"s","n"\n"a\\"b\\\\c",7\nnull,8'
+    out = writer(output, quote="'", string=False)
+    out.rows([("n", INT4)], [("7",)])
+    out.end_rows()
+    assert out.text() == "'7'"
+
+
+def test_nothing_at_all_is_null(output):
+    assert writer(output).text() is None
+
+
+def test_output_past_the_limit_is_an_error(output):
+    out = writer(output, limit=10)
+    out.rows([("a", TEXT)], [("12345",)])
+    with pytest.raises(output.OutputTooLarge, match="task output exceeds 10 characters"):
+        out.rows([("a", TEXT)], [("67890",)])
+
+
+def test_error_is_the_message_and_the_statement(output):
+    assert output.format_error(Result(SEVERITY="ERROR", MESSAGE_PRIMARY="division by zero"), "SELECT 1/0 AS a") \
+        == "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a"
+
+
+def test_error_with_its_position(output):
+    result = Result(SEVERITY="ERROR", MESSAGE_PRIMARY='syntax error at or near "SELEC"', STATEMENT_POSITION="1")
+    assert output.format_error(result, "SELEC 1") == \
+        'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
+
+
+def test_error_fields_in_the_logs_order_with_continuation_lines_tabbed(output):
+    result = Result(SEVERITY="ERROR", MESSAGE_PRIMARY="first\nsecond", MESSAGE_DETAIL="one\ntwo",
+                    MESSAGE_HINT="try this", INTERNAL_QUERY="SELECT nosuch FROM pg_class", INTERNAL_POSITION="8",
+                    CONTEXT='PL/pgSQL function f() line 1 at PERFORM\nPL/pgSQL function g() line 1 at RETURN')
+    assert output.format_error(result, "SELECT g();\nSELECT 2") == "\n".join([
+        "ERROR:  first\n\tsecond at character 8",
+        "DETAIL:  one\n\ttwo",
+        "HINT:  try this",
+        "QUERY:  SELECT nosuch FROM pg_class",
+        "CONTEXT:  PL/pgSQL function f() line 1 at PERFORM\n\tPL/pgSQL function g() line 1 at RETURN",
+        "STATEMENT:  SELECT g();\n\tSELECT 2",
+    ])
+
+
+def test_error_without_a_message_falls_back(output):
+    assert output.format_error(Result(), "SELECT 1", fallback="server closed the connection") == \
+        "ERROR:  server closed the connection\nSTATEMENT:  SELECT 1"
+    assert output.format_error(Result(SEVERITY="FATAL"), "SELECT 1").startswith("FATAL:  ")
+
+
+def test_the_schedulers_own_errors_in_the_same_layout(output):
+    assert output.format_message("could not connect\n", "SELECT 1", hint="check pg_hba.conf",
+                                 detail='missing "=" after "x"') == \
+        'ERROR:  could not connect\nDETAIL:  missing "=" after "x"\nHINT:  check pg_hba.conf\nSTATEMENT:  SELECT 1'
+    assert output.format_message("task not active", None) == "ERROR:  task not active"
