@@ -14,7 +14,7 @@ A `{{ a.py b.py }}` line inside a function body is replaced by those files of
 sql/plpython/, in order, followed by a call of the last one's `main`, the entry
 point: each file stays a real, lintable Python module while the server gets one
 self-contained body.  PL/Python runs a body anew on every call; the files'
-definitions (ctypes prototypes, classes, functions: about 2 ms) run only on a
+definitions (ctypes prototypes, classes, functions; see bench/RESULTS.md) run only on a
 backend's first call, and later calls reuse the `main` kept in SD, with
 everything it refers to.
 

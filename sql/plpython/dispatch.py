@@ -19,7 +19,7 @@ see POOL_LAYOUT).
 import json
 import time
 
-TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
+TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
     from plans import Context
@@ -279,7 +279,7 @@ def close_idle_workers(ctx, pool, keep_spare):
 
 def ensure_spare_worker(ctx, pool, events, run_limit):
     """Keep one idle worker with PL/Python loaded, so the next task pays neither a
-    backend start nor PL/Python's start (about 100 ms together) before it runs."""
+    backend start nor PL/Python's start before it runs (bench/RESULTS.md)."""
     if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
         return  # one is idle or warming up already
     if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:

@@ -14,7 +14,7 @@ import select
 
 def _load_libpq():
     """libpq by its soname, as dblink links it.  ctypes.util only if that fails: importing
-    it costs a worker's first call 25 ms, and find_library runs ldconfig in a subprocess."""
+    it slows a worker's first call (bench/RESULTS.md), and find_library runs ldconfig in a subprocess."""
     try:
         return ctypes.CDLL("libpq.so.5")
     except OSError:

@@ -14,7 +14,7 @@ position, then DETAIL, HINT, QUERY and CONTEXT lines where present, then
 that starts with a tab.
 """
 
-TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
+TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled into one function body with libpq.py by sql/build.py
     from libpq import (

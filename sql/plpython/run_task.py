@@ -21,7 +21,7 @@ changes of task rows are task_rows.py's.
 import json
 import time
 
-TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
+TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from libpq import (

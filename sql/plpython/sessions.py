@@ -20,7 +20,7 @@ whether that one is ready now; TaskSessions.take hands it over.
 
 import time
 
-TYPE_CHECKING = False  # (not typing's: importing typing costs a worker's first call 4 ms)
+TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
     from libpq import ConnectError, Session, conninfo_options

@@ -31,7 +31,7 @@ AS $$ SELECT pg_catalog.pg_notify(pgtaskpy.name_of('channel'), '') $$;
 --
 -- The three lock functions are plain SQL without a SET clause, so that the
 -- planner inlines them into their callers' cached plans (a call with SET is
--- planned again every time: 0.1 ms on each task's claim); every name in them
+-- planned again every time, on each task's claim); every name in them
 -- is schema-qualified instead.
 CREATE FUNCTION pgtaskpy.lock_scheduling() RETURNS void
 LANGUAGE sql
