@@ -80,3 +80,10 @@ def test_a_task_sees_its_group_and_its_children_join_it(shared, group):
     assert row["output"] == f"{group}\nINSERT 0 1"
     child = shared.value('SELECT id FROM task WHERE parent = %s', [parent])
     assert shared.wait_done(child)["group"] == group
+
+
+def test_a_task_sees_the_task_table_as_in_pg_task(shared):
+    row = shared.wait_done(shared.insert(
+        "SELECT current_setting('pg_task.schema'), current_setting('pg_task.table'),"
+        " current_setting('pg_task.oid')::oid = 'task'::regclass", delete=False))
+    assert row["output"].splitlines()[-1] == "public\ttask\tt"

@@ -111,7 +111,7 @@ class WorkerCall:
             if kept is None:
                 return None, None
         try:
-            send_prepare(kept.session, task)
+            send_prepare(kept.session, task, task_table(self.ctx))
         except ConnectError as exc:
             self.session_failed(task, exc)
             return None, None
@@ -274,15 +274,31 @@ class WorkerCall:
         self.report["ended"].append(entry)
 
 
-def send_prepare(session, task):
-    """What the task sees of itself, as in pg_task: pg_task.id, pg_task.group (so that tasks it
-    inserts join its group and name it their parent), and its timeout as statement_timeout.
+def task_table(ctx):
+    """The task table's schema (unquoted), name and oid, looked up once per backend."""
+    if "pgtaskpy.task_table" not in ctx.SD:
+        ctx.SD["pgtaskpy.task_table"] = ctx.run(
+            "task_table",
+            "SELECT n.nspname AS schema, c.relname AS table, c.oid::text AS oid FROM pg_catalog.pg_class AS c"
+            " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = '{ext}.task'::regclass",
+        )[0]
+    return ctx.SD["pgtaskpy.task_table"]
+
+
+def send_prepare(session, task, table):
+    """What the task sees of itself, as pg_task's sessions do: pg_task.id, pg_task.group (so that
+    tasks it inserts join its group and name it their parent), the task table (pg_task.schema,
+    pg_task.table, pg_task.oid), and its timeout as statement_timeout.
     Only sent: the answer is read (session.collect) after the WORK commit it overlaps."""
     session.send(
         "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
         "       pg_catalog.set_config('pg_task.group', $2, false),"
-        "       pg_catalog.set_config('statement_timeout', $3, false)",
-        [task["id"], task["group"], f"{int(task['timeout_s'] * 1000)}ms"],
+        "       pg_catalog.set_config('pg_task.schema', $3, false),"
+        "       pg_catalog.set_config('pg_task.table', $4, false),"
+        "       pg_catalog.set_config('pg_task.oid', $5, false),"
+        "       pg_catalog.set_config('statement_timeout', $6, false)",
+        [task["id"], task["group"], table["schema"], table["table"], table["oid"],
+         f"{int(task['timeout_s'] * 1000)}ms"],
     )
 
 
