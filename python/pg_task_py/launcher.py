@@ -4,6 +4,7 @@ database; this module only connects, waits, logs and stops cleanly."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import re
@@ -258,12 +259,26 @@ def describe(event: dict) -> tuple[int, str]:
 
 
 def describe_end(event: dict) -> str:
-    """`task 42 FAIL in 0.012s: ERROR:  division by zero` (the error's first line, when sent)."""
+    """`task 42 FAIL in 0.012s (22012): ERROR:  division by zero` (the error's first line, when
+    sent); for a task with retries, whether and when it runs again:
+    `task 42 FAIL in 0.010s (40001), retry 2 of 5 at 12:00:03: ERROR:  ...`."""
     seconds = event.get("seconds")
     took = f" in {seconds:.3f}s" if seconds is not None else ""
+    code = f" ({event['sqlstate']})" if event.get("sqlstate") else ""
     error = str(event.get("error") or "").strip()
     reason = f": {error.splitlines()[0]}" if error else ""
-    return f"task {event['id']} {event['state']}{took}{reason}"
+    return f"task {event['id']} {event['state']}{took}{code}{describe_retry(event)}{reason}"
+
+
+def describe_retry(event: dict) -> str:
+    """`, retry 2 of 5 at 12:00:03` (the launcher's local time), `, no retry` when a task with
+    retries is not tried again, or nothing for a task without retries."""
+    if "retry" not in event:
+        return ""
+    if event["retry"] is None:
+        return ", no retry"
+    at = datetime.datetime.fromisoformat(event["retry_at"]).astimezone()
+    return f", retry {event['retry']} of {event['retries']} at {at:%H:%M:%S}"
 
 
 def describe_other(event: dict) -> str:

@@ -37,7 +37,14 @@ CREATE TABLE @extschema@.task (
     notice      text,
     cron        text,
     tz          text NOT NULL DEFAULT pgtaskpy.setting_default('tz', 'UTC'::text),
-    key         text
+    key         text,
+    retry       integer NOT NULL DEFAULT pgtaskpy.setting_default('retry', 0),
+    retry_delay interval NOT NULL DEFAULT pgtaskpy.setting_default('retry_delay', interval '10 s'),
+    retry_max   interval NOT NULL DEFAULT pgtaskpy.setting_default('retry_max', interval '1 hour'),
+    retry_on    text[] NOT NULL DEFAULT pgtaskpy.setting_default('retry_on', '{40001,40P01,55P03,08}'::text[]),
+    retry_unsafe boolean NOT NULL DEFAULT pgtaskpy.setting_default('retry_unsafe', false),
+    attempt     integer NOT NULL DEFAULT 1,
+    sqlstate    text
     -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
@@ -49,6 +56,9 @@ COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET
 COMMENT ON COLUMN @extschema@.task.cron IS 'cron expression (pg_cron syntax): each run''s end inserts the next run at its next match';
 COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
+COMMENT ON COLUMN @extschema@.task.retry IS 'most further attempts after a failure whose SQLSTATE retry_on names';
+COMMENT ON COLUMN @extschema@.task.attempt IS '1 for a first run, n + 1 for the retry of attempt n (set by the scheduler)';
+COMMENT ON COLUMN @extschema@.task.sqlstate IS 'the SQLSTATE of a FAIL''s error';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.

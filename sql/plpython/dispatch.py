@@ -135,7 +135,7 @@ def worker_failed(ctx, worker, first_task, error, events):
     failed = ctx.run(
         "worker_failed",
         "SELECT t.id FROM {ext}.task AS t WHERE t.state = 'WORK' AND t.worker = $1"
-        " AND pgtaskpy.end_task_safely(t.id, 'FAIL', $2, '{WORK}')",
+        " AND pgtaskpy.end_task_safely(t.id, 'FAIL', $2, '{WORK}', pgtaskpy.lost_run_sqlstate())",
         ["integer", "text"],
         [worker["pid"], f"ERROR:  pg_task_py worker failed: {error}"],
     )

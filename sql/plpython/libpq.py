@@ -102,6 +102,7 @@ PG_DIAG_CONTEXT = ord("W")
 PG_DIAG_STATEMENT_POSITION = ord("P")
 PG_DIAG_INTERNAL_POSITION = ord("p")
 PG_DIAG_INTERNAL_QUERY = ord("q")
+PG_DIAG_SQLSTATE = ord("C")
 
 
 def _text(pointer, length=None):

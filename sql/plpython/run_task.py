@@ -25,6 +25,7 @@ TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call
 
 if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from libpq import (
+        PG_DIAG_SQLSTATE,
         PGRES_COMMAND_OK,
         PGRES_COPY_BOTH,
         PGRES_COPY_IN,
@@ -40,7 +41,16 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from output import OutputTooLarge, OutputWriter, format_error, format_message
     from plans import Context
     from sessions import TaskSessions, reuses_sessions
-    from task_rows import claim_next_task, finish_task, start_task, take_task, task_error, unclaim_task, wake_launchers
+    from task_rows import (
+        claim_next_task,
+        finish_task,
+        retry_of,
+        start_task,
+        take_task,
+        task_error,
+        unclaim_task,
+        wake_launchers,
+    )
 
 
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
@@ -48,6 +58,12 @@ CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launch
 FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
 WARM_UP = 0  # the "task id" of the launcher's call that loads PL/Python in a new spare worker
+# The SQLSTATEs of the scheduler's own errors (a FAIL's sqlstate, which retry_on matches).
+LOST_RUN = "08006"  # the session broke while the task ran: it may have done its work (pgtaskpy.lost_run_sqlstate)
+NO_SESSION = "08001"  # the task's session could not be opened
+BAD_SETTING = "22023"  # a setting, or a remote conninfo, that cannot be used
+OUTPUT_TOO_LARGE = "54000"
+NOT_SUPPORTED = "0A000"  # COPY FROM STDIN / TO STDOUT
 # A server that cannot take the task's session now, but will: the task waits.
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
@@ -87,7 +103,7 @@ class WorkerCall:
             self.limit = output_limit(self.ctx) if task is not None else None
         except SettingError as exc:
             self.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
-                                "DATABASE ... SET or in postgresql.conf.")
+                                "DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
             task = None
         chain_ends = time.monotonic() + CHAIN_SECONDS
         kept = None  # the session a claimed task is WORK in already
@@ -120,8 +136,8 @@ class WorkerCall:
         if task["remote"] is None and not reuses_sessions(task):
             # The next tasks' new sessions start while this one runs.
             self.sessions.start_ahead(task["owner"], FRESH_AHEAD if go_on else 1)
-        output, error, notices = self.run_input(kept.session, task)
-        ended = self.end_task(task, started, output, error, notices)
+        output, error, sqlstate, notices = self.run_input(kept.session, task)
+        ended = self.end_task(task, started, output, error, sqlstate, notices)
         # The next task takes this one's slot in its group, if this one still held it.
         next_task, next_kept = self.claim_next(task) if go_on and ended is not None else (None, None)
         if next_task is None:
@@ -129,17 +145,18 @@ class WorkerCall:
             self.ctx.commit()
         return next_task, next_kept
 
-    def end_task(self, task, started, output, error, notices):
+    def end_task(self, task, started, output, error, sqlstate, notices):
         """Write the task's end, not committed yet (the claim of the group's next task joins
         the transaction); return its end state, or None if it had ended already."""
         self.sessions.release(task)  # a kept session's reset runs while the end is written
         self.sessions.advance_ahead()
-        ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=False)
+        ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=False,
+                            sqlstate=sqlstate)
         self.sessions.settle_reset()
         if ended is not None:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])
-            self.record_end(task, ended, round(time.monotonic() - started, 6), error)
+            self.record_end(task, ended, round(time.monotonic() - started, 6), error, sqlstate)
         return ended
 
     def start_in_session(self, task):
@@ -173,17 +190,17 @@ class WorkerCall:
         return next_task, self.sessions.take(next_task, offer)
 
     def run_input(self, session, task):
-        """Run the input in the task's session; return (output, error, notices)."""
+        """Run the input in the task's session; return (output, error, sqlstate, notices)."""
         try:
             session.collect()  # the answer to send_prepare
             return self.send_input(session, task)
         except ConnectError as exc:  # the session broke outside the input itself
-            return None, format_message(str(exc), task["input"]), None
+            return None, format_message(str(exc), task["input"]), LOST_RUN, None
 
     def send_input(self, session, task):
-        """Send the input as one top-level query; return (output, error, notices)."""
+        """Send the input as one top-level query; return (output, error, sqlstate, notices)."""
         writer = OutputWriter(task, lambda oid: is_string_type(self.ctx, oid), self.limit)
-        error = None
+        error = sqlstate = None
         session.notices.clear()
         session.send(task["input"])
         try:
@@ -204,15 +221,19 @@ class WorkerCall:
                         error = format_message(
                             f"COPY {direction} is not supported", task["input"],
                             hint="COPY to or from a server file works; a task has no client to stream to.")
+                        sqlstate = NOT_SUPPORTED
                         session.finish_copy(status)
                     elif status == PGRES_FATAL_ERROR:
                         error = format_error(result, task["input"], session.error_message())
+                        # (none: libpq's own error, the connection broke)
+                        sqlstate = result.field(PG_DIAG_SQLSTATE) or LOST_RUN
         except OutputTooLarge as exc:
             session.cancel()
             for result in session.results():
                 result.__exit__()
             error = format_message(str(exc), task["input"],
                                    hint="Raise pg_task_py.output_limit or make the task return less.")
+            sqlstate = OUTPUT_TOO_LARGE
         except self.ctx.plpy.SPIError:
             # This worker was cancelled or terminated: stop the task's query too.
             session.cancel()
@@ -224,7 +245,7 @@ class WorkerCall:
             writer.command("COMMIT")
         elif session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
-        return writer.text(), error, "\n".join(session.notices) or None
+        return writer.text(), error, sqlstate, "\n".join(session.notices) or None
 
     def serve_interrupts(self, session):
         """Let this backend act on interrupts while it waits for the task's session.
@@ -255,22 +276,28 @@ class WorkerCall:
             self.ctx.commit()
             self.report["postponed"].append(task["id"])
         elif isinstance(exc, MalformedConninfo):  # pg_task's words
-            self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc))
+            self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc), sqlstate=BAD_SETTING)
         else:
-            self.fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task))
+            self.fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task),
+                                sqlstate=NO_SESSION)
 
-    def fail_unstarted(self, task, message, hint, detail=None):
+    def fail_unstarted(self, task, message, hint, detail=None, sqlstate=None):
         """End a task that never started FAIL with an error of the scheduler's own."""
         error = format_message(message, task["input"], hint, detail)
-        state = finish_task(self.ctx, task["id"], "FAIL", None, error)
+        state = finish_task(self.ctx, task["id"], "FAIL", None, error, sqlstate=sqlstate)
+        self.record_end(task, state or "FAIL", None, error, sqlstate)
         self.ctx.commit()
-        self.record_end(task, state or "FAIL", None, error)
 
-    def record_end(self, task, state, seconds, error):
-        """A task's end, as the launcher logs it: with the first line of its error."""
+    def record_end(self, task, state, seconds, error, sqlstate):
+        """A task's end, as the launcher logs it: with the first line of its error, its SQLSTATE,
+        and whether and when it is tried again (a task with retries)."""
         entry = {"id": task["id"], "state": state, "seconds": seconds}
         if error:
             entry["error"] = error.split("\n", 1)[0]
+        if state == "FAIL" and sqlstate:
+            entry["sqlstate"] = sqlstate
+        if state == "FAIL" and task["retry"] > 0:
+            entry.update(retry_of(self.ctx, task["id"]))
         self.report["ended"].append(entry)
 
 

@@ -12,7 +12,7 @@ TASK_COLUMNS = (
     "id, state::text AS state, worker, input, owner, remote, \"group\", hash, timeout, count, live, save,"
     " header, string, delimiter, quote, escape, \"null\","
     " extract(epoch FROM timeout)::float8 AS timeout_s,"
-    " extract(epoch FROM live)::float8 AS live_s"
+    " extract(epoch FROM live)::float8 AS live_s, retry"
 )
 
 
@@ -39,15 +39,29 @@ def start_task(ctx, task, session_pid):
     )[0]["id"] is not None
 
 
-def finish_task(ctx, task_id, state, output, error, notices=None, wake=True):
-    """Record the task's end; its end state (FAIL when what follows it failed), or
-    None if it had ended already (recovered by a launcher)."""
+def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None):
+    """Record the task's end (its retry or next run follows in the same transaction); its end
+    state (FAIL when what follows it failed), or None if it had ended already (recovered by a
+    launcher)."""
     return ctx.run(
         "finish",
-        "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6)::text AS s",
-        ["bigint", "text", "text", "text", "text", "boolean"],
-        [task_id, state, output, error, notices, wake],
+        "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6,"
+        " task_sqlstate => $7)::text AS s",
+        ["bigint", "text", "text", "text", "text", "boolean", "text"],
+        [task_id, state, output, error, notices, wake, sqlstate],
     )[0]["s"]
+
+
+def retry_of(ctx, task_id):
+    """Whether the failed task is tried again, for the launcher's log: the retry's number,
+    of how many, and when ({"retry": None} when it is not tried again)."""
+    rows = ctx.run(
+        "retry_of",
+        "SELECT attempt - 1 AS retry, retry AS retries,"
+        " to_char(plan AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"') AS retry_at"
+        " FROM {ext}.task WHERE parent = $1 AND attempt > 1 AND state = 'PLAN'",
+        ["bigint"], [task_id])
+    return rows[0] if rows else {"retry": None}
 
 
 def task_error(ctx, task_id):

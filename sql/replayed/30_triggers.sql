@@ -23,6 +23,14 @@ AS $$
            + pg_catalog.date_part('second', value) >= 0
 $$;
 
+-- retry_on: five-character SQLSTATEs, two-character classes, or '*' (every error).
+CREATE FUNCTION pgtaskpy.retry_on_is_valid(codes text[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.array_position(codes, NULL) IS NULL
+       AND pg_catalog.array_to_string(codes, ',') OPERATOR(pg_catalog.~) '^(([0-9A-Z]{2}|[0-9A-Z]{5}|\*)(,|$))*$'
+$$;
+
 CREATE FUNCTION pgtaskpy.check_task() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -78,6 +86,12 @@ BEGIN
         WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
         WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
+        WHEN NOT NEW.retry BETWEEN 0 AND 2147483646 THEN 'task.retry must be from 0 to 2147483646'
+        WHEN NOT (NEW.retry_delay >= interval '0' AND NEW.retry_max >= interval '0'
+                  AND pgtaskpy.interval_is_sane(NEW.retry_delay) AND pgtaskpy.interval_is_sane(NEW.retry_max))
+            THEN 'task.retry_delay and retry_max must be at most 1000 years, without negative parts'
+        WHEN NOT pgtaskpy.retry_on_is_valid(NEW.retry_on)
+            THEN 'task.retry_on must hold SQLSTATEs (40001), classes (08) or *'
     END;
     IF violated IS NOT NULL THEN
         RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
@@ -106,12 +120,12 @@ $$;
 
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz
+        cron, tz, retry, retry_delay, retry_max, retry_on
     ON @extschema@.task
     FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_task();
 
 -- The columns the scheduler keeps (state, start, stop, pid, worker, output,
--- error, notice) are its own: a task author who could write them could make a
+-- error, notice, sqlstate, attempt) are its own: a task author who could write them could make a
 -- task run twice (WORK back to PLAN), hide a running one (DONE), or point
 -- task_cancel at somebody else's backend.  A task author inserts a task in
 -- PLAN or STOP, stops it while it waits (PLAN -> STOP), and changes its
@@ -148,6 +162,8 @@ BEGIN
             WHEN NEW.output IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.output END) THEN 'output'
             WHEN NEW.error IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.error END) THEN 'error'
             WHEN NEW.notice IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.notice END) THEN 'notice'
+            WHEN NEW.sqlstate IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.sqlstate END) THEN 'sqlstate'
+            WHEN NEW.attempt IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.attempt ELSE 1 END) THEN 'attempt'
         END;
         IF written IS NOT NULL THEN
             RAISE EXCEPTION 'permission denied to write task.%', written
@@ -171,7 +187,8 @@ CREATE TRIGGER task_guard_insert
     BEFORE INSERT ON @extschema@.task
     FOR EACH ROW
     WHEN (NEW.state <> 'PLAN' OR NEW.start IS NOT NULL OR NEW.stop IS NOT NULL OR NEW.pid IS NOT NULL
-          OR NEW.worker IS NOT NULL OR NEW.output IS NOT NULL OR NEW.error IS NOT NULL OR NEW.notice IS NOT NULL)
+          OR NEW.worker IS NOT NULL OR NEW.output IS NOT NULL OR NEW.error IS NOT NULL OR NEW.notice IS NOT NULL
+          OR NEW.sqlstate IS NOT NULL OR NEW.attempt <> 1)
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 CREATE TRIGGER task_guard_update

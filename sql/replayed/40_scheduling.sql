@@ -368,7 +368,8 @@ BEGIN
                   ORDER BY t.id LIMIT 1000),
             format(E'ERROR:  invalid value for setting "pg_task_py.role_running_limit" of role "%s": "%s"\n'
                    'HINT:  It must be a whole number of tasks: ALTER ROLE %s SET pg_task_py.role_running_limit = 4, '
-                   'or RESET it.', bad.rolname, bad.setting, quote_ident(bad.rolname)));
+                   'or RESET it.', bad.rolname, bad.setting, quote_ident(bad.rolname)),
+            '22023');  -- invalid_parameter_value
     END LOOP;
     RETURN failed;
 END
@@ -404,44 +405,47 @@ BEGIN
 END
 $$;
 
--- End a task: record its result, insert the next run of a repeating task
--- (exactly once: only the transaction that moves the row out of from_states
--- does it), hold back the waiting tasks of a pausing group (negative max), delete
--- a task that produced nothing when asked to, and wake the launchers (not
--- when the caller goes on with the group's next task: no slot is freed).
+-- End a task: record its result (and its error's SQLSTATE), insert what
+-- follows it (exactly once: only the transaction that moves the row out of
+-- from_states does it), delete a task that produced nothing when asked to,
+-- and wake the launchers (not when the caller goes on with the group's next
+-- task: no slot is freed).
 --
--- What follows a task's end runs in its own subtransaction (only for tasks
--- that have something to follow): if it fails (a DBA's trigger refuses the
--- next run, say), the task ends FAIL with that error, and the worker or the
+-- What follows a task's end (follow_task: its retry, its series' next run,
+-- its group's pause) runs in its own subtransaction, and only for tasks that
+-- have something to follow: if it fails (a DBA's trigger refuses the next
+-- run, say), the task ends FAIL with that error, and the worker or the
 -- launcher's turn that ended it goes on with everyone else's tasks.
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
     from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL,
-    wake boolean DEFAULT true)
+    wake boolean DEFAULT true, task_sqlstate text DEFAULT NULL)
 RETURNS @extschema@.state
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t @extschema@.task;
     failure text;
+    failure_sqlstate text;
 BEGIN
     UPDATE @extschema@.task AS task
     SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error,
-        notice = task_notice, worker = NULL
+        notice = task_notice, worker = NULL, sqlstate = CASE WHEN end_state = 'FAIL' THEN task_sqlstate END
     WHERE task.id = task_id AND task.state = ANY (from_states)
     RETURNING * INTO t;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 THEN
+    IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
         BEGIN
             PERFORM pgtaskpy.follow_task(t);
         EXCEPTION WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+            GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, failure_sqlstate = RETURNED_SQLSTATE;
             t.error := concat_ws(E'\n', t.error, 'ERROR:  what follows the task failed: ' || failure);
             t.state := 'FAIL';
-            UPDATE @extschema@.task AS task SET state = t.state, error = t.error WHERE task.id = t.id;
+            UPDATE @extschema@.task AS task SET state = t.state, error = t.error, sqlstate = failure_sqlstate
+            WHERE task.id = t.id;
         END;
     END IF;
 
@@ -456,47 +460,128 @@ BEGIN
 END
 $$;
 
--- What follows the end of task t: its next run when it repeats (repeat or
--- cron), and the pause of its group when max is negative.
-CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task) RETURNS void
+-- The SQLSTATE of a run the scheduler lost while it ran: its worker backend
+-- died, or its session's connection broke.  It may have done its work.
+CREATE FUNCTION pgtaskpy.lost_run_sqlstate() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '08006' $$;
+
+-- When failed run t is tried again, or NULL when it is not: its SQLSTATE is
+-- one retry_on names (a five-character code, its two-character class, or
+-- '*'), and it has attempts left.  Never a STOP or GONE (not failures), nor a
+-- cancel; a timeout of the task's own only when retry_on names 57014 itself.
+-- A lost run (its worker died, or its session broke while it ran) may have
+-- done its work: tried again only when the task says it is safe
+-- (retry_unsafe), and not before a minute, so that an operator can step in.
+-- The delay doubles from retry_delay with each attempt, up to retry_max, and
+-- is spread by +-10 % so that tasks failing together do not retry together.
+CREATE FUNCTION pgtaskpy.retry_plan(t @extschema@.task) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lost boolean := t.sqlstate = pgtaskpy.lost_run_sqlstate() AND t.start IS NOT NULL;
+    delay float8;
+BEGIN
+    IF t.state <> 'FAIL' OR t.attempt > t.retry OR t.sqlstate IS NULL THEN
+        RETURN NULL;
+    ELSIF lost THEN
+        IF NOT t.retry_unsafe THEN
+            RETURN NULL;
+        END IF;
+    ELSIF t.sqlstate = '57014' THEN  -- query_canceled: a timeout of its own, or a cancel
+        IF NOT ('57014' = ANY (t.retry_on) AND t.timeout > interval '0' AND t.stop - t.start >= t.timeout) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT (t.retry_on && ARRAY['*', t.sqlstate, left(t.sqlstate, 2)]) THEN
+        RETURN NULL;
+    END IF;
+    -- (seconds as float8: retry_delay * 2^60 would overflow an interval; both are at most 1000 years)
+    delay := least(extract(epoch FROM t.retry_max),
+                   extract(epoch FROM t.retry_delay) * 2.0 ^ least(t.attempt - 1, 60))
+             * (0.9 + 0.2 * random());
+    IF lost THEN
+        delay := greatest(delay, extract(epoch FROM t.retry_delay), 60);
+    END IF;
+    RETURN t.stop + make_interval(secs => delay);
+END
+$$;
+
+-- The plan of the regular run of t's series that t is an attempt of: a
+-- retry's own plan is off the series' beat (repeat without drift counts
+-- from it).  Its attempts are its parents, each one attempt back.
+CREATE FUNCTION pgtaskpy.series_plan(t @extschema@.task) RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE attempts AS (
+        SELECT t.parent AS id, t.attempt - 1 AS attempt
+        UNION ALL
+        SELECT p.parent, a.attempt - 1
+        FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.id
+        WHERE a.attempt > 1)
+    SELECT COALESCE((SELECT p.plan FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.id
+                     WHERE a.attempt = 1 AND p.attempt = 1),
+                    t.plan)  -- (the first attempt deleted meanwhile: keep the retry's beat)
+$$;
+
+-- What follows the end of task t: its retry, when it failed and retry_plan
+-- says so; else the next run of its series (repeat or cron), when the retry
+-- would not come before that run (a series never has two waiting runs; its
+-- runs keep their plan); and the pause of its group when max is negative.
+-- Returns the id of the retry, if one was inserted.
+CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    series boolean := t.repeat > interval '0' OR t.cron IS NOT NULL;
     waiting bigint;
+    retry_at timestamptz := CASE WHEN t.state = 'FAIL' AND t.attempt <= t.retry THEN pgtaskpy.retry_plan(t) END;
+    next_at timestamptz;
+    next_id bigint;
 BEGIN
-    IF t.repeat > interval '0' OR t.cron IS NOT NULL THEN
-        IF t.key IS NOT NULL THEN
-            -- A named series that got a waiting run while this one ran (the
-            -- series replaced by task_schedule) goes on with that run, moved
-            -- past the matches it missed meanwhile.  (SKIP LOCKED: a user
-            -- stopping it right now has the last word; nobody waits here for
-            -- a row while holding the series.)
-            PERFORM pgtaskpy.lock_series(t.owner, t.key);
-            SELECT w.id INTO waiting FROM @extschema@.task AS w
-            WHERE w.state = 'PLAN' AND w.owner = t.owner AND w.key = t.key;
-            IF FOUND THEN
-                UPDATE @extschema@.task AS w
-                SET parent = t.id,
-                    plan = CASE WHEN w.cron IS NOT NULL AND w.plan < clock_timestamp()
-                                THEN pgtaskpy.cron_next(w.cron, w.tz, clock_timestamp()) ELSE w.plan END
-                WHERE w.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = waiting AND l.state = 'PLAN'
-                              FOR UPDATE SKIP LOCKED);
+    IF t.key IS NOT NULL AND (series OR retry_at IS NOT NULL) THEN
+        -- A named series that got a waiting run while this one ran (the
+        -- series replaced by task_schedule, a task enqueued again under its
+        -- key) goes on with that run, moved past the cron matches it missed
+        -- meanwhile; this one is not retried.  (SKIP LOCKED: a user stopping
+        -- it right now has the last word; nobody waits here for a row while
+        -- holding the series.)
+        PERFORM pgtaskpy.lock_series(t.owner, t.key);
+        SELECT w.id INTO waiting FROM @extschema@.task AS w
+        WHERE w.state = 'PLAN' AND w.owner = t.owner AND w.key = t.key;
+        IF FOUND AND series THEN
+            UPDATE @extschema@.task AS w
+            SET parent = t.id,
+                plan = CASE WHEN w.cron IS NOT NULL AND w.plan < clock_timestamp()
+                            THEN pgtaskpy.cron_next(w.cron, w.tz, clock_timestamp()) ELSE w.plan END
+            WHERE w.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = waiting AND l.state = 'PLAN'
+                          FOR UPDATE SKIP LOCKED);
+        END IF;
+    END IF;
+
+    IF waiting IS NULL AND (series OR retry_at IS NOT NULL) THEN
+        IF series THEN
+            IF t.attempt > 1 THEN
+                t.plan := pgtaskpy.series_plan(t);
+            END IF;
+            next_at := pgtaskpy.next_plan(t);
+            IF retry_at > next_at THEN
+                retry_at := NULL;  -- the series' next run comes first
             END IF;
         END IF;
-        IF waiting IS NULL THEN
-            -- (planned 2 s or more ahead, it wakes no launcher: see task_notify_insert)
-            PERFORM set_config('pgtaskpy.next_run', 'on', true);
-            INSERT INTO @extschema@.task (
-                parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
-                string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
-                cron, tz, key)
-            VALUES (
-                t.id, pgtaskpy.next_plan(t), t.active, t.live, t.repeat, t.timeout, t.count,
-                t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
-                t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
-                t.cron, t.tz, t.key);
-            PERFORM set_config('pgtaskpy.next_run', 'off', true);
-        END IF;
+        -- (planned 2 s or more ahead, it wakes no launcher: see task_notify_insert)
+        PERFORM set_config('pgtaskpy.next_run', 'on', true);
+        INSERT INTO @extschema@.task (
+            parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
+            string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
+            cron, tz, key, retry, retry_delay, retry_max, retry_on, retry_unsafe, attempt)
+        VALUES (
+            t.id, COALESCE(retry_at, next_at), t.active, t.live, t.repeat, t.timeout, t.count,
+            t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
+            t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
+            t.cron, t.tz, t.key, t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe,
+            CASE WHEN retry_at IS NOT NULL THEN t.attempt + 1 ELSE 1 END)
+        RETURNING id INTO next_id;
+        PERFORM set_config('pgtaskpy.next_run', 'off', true);
     END IF;
 
     IF t.max < 0 THEN
@@ -511,13 +596,14 @@ BEGIN
         WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.owner = t.owner
           AND task.plan < CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0);
     END IF;
+    RETURN CASE WHEN retry_at IS NOT NULL THEN next_id END;
 END
 $$;
 
--- End waiting tasks FAIL with the same error (a bad setting, say), each in its
+-- End waiting tasks FAIL with the same error (a bad setting, say) and SQLSTATE, each in its
 -- own subtransaction so that one that cannot end does not hold back the rest
 -- nor the launcher's turn.  Returns how many ended.
-CREATE FUNCTION pgtaskpy.fail_waiting_tasks(ids bigint[], error text) RETURNS integer
+CREATE FUNCTION pgtaskpy.fail_waiting_tasks(ids bigint[], error text, error_sqlstate text) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -529,7 +615,8 @@ BEGIN
         WHERE t.id = ANY (ids) AND t.state = 'PLAN'
         FOR UPDATE SKIP LOCKED
     LOOP
-        IF pgtaskpy.end_task_safely(waiting.id, 'FAIL', error || E'\nSTATEMENT:  ' || replace(waiting.input, E'\n', E'\n\t'), '{PLAN}') THEN
+        IF pgtaskpy.end_task_safely(waiting.id, 'FAIL', error || E'\nSTATEMENT:  ' || replace(waiting.input, E'\n', E'\n\t'),
+                                    '{PLAN}', error_sqlstate) THEN
             failed := failed + 1;
         END IF;
     END LOOP;
@@ -540,12 +627,14 @@ $$;
 -- finish_task for housekeeping, which ends other roles' tasks one by one: an
 -- error ending one is logged as a warning, and the next is ended all the same.
 CREATE FUNCTION pgtaskpy.end_task_safely(
-    task_id bigint, end_state @extschema@.state, task_error text, from_states @extschema@.state[])
+    task_id bigint, end_state @extschema@.state, task_error text, from_states @extschema@.state[],
+    task_sqlstate text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN pgtaskpy.finish_task(task_id, end_state, NULL, task_error, from_states) IS NOT NULL;
+    RETURN pgtaskpy.finish_task(task_id, end_state, NULL, task_error, from_states,
+                                task_sqlstate => task_sqlstate) IS NOT NULL;
 EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'pg_task_py: could not end task % %: %', task_id, end_state, SQLERRM;
     RETURN false;
@@ -591,7 +680,7 @@ BEGIN
         IF pgtaskpy.end_task_safely(orphan.id, 'FAIL',
             E'ERROR:  task worker ended before the task finished\n'
             || E'HINT:  its backend was terminated or the server restarted; the task is not run again\n'
-            || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}') THEN
+            || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}', pgtaskpy.lost_run_sqlstate()) THEN
             recovered := recovered + 1;
         END IF;
     END LOOP;
@@ -705,11 +794,12 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name,
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean)
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_misconfigured_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;

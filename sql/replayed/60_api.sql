@@ -117,7 +117,7 @@ BEGIN
         RETURN true;
     END IF;
     IF stop_series THEN  -- the run's end inserts the next run only while repeat > 0 or cron is set
-        UPDATE @extschema@.task SET repeat = interval '0', cron = NULL WHERE id = task_id;
+        UPDATE @extschema@.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = task_id;
     END IF;
     IF t.remote IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
@@ -130,6 +130,39 @@ BEGIN
     RETURN false;  -- its backend is gone: recovery ends it
 END
 $$;
+
+-- Run an ended task again now (FAIL, GONE or STOP: redrive a dead task): a
+-- new row with its definition, parent = the task, attempt 1 (so it has its
+-- retries again).  A one-off run: it does not repeat and joins no series (the
+-- series goes on with its own next run).  Row-level security: only a task the
+-- caller sees can be run again, as the caller would insert it.
+CREATE FUNCTION @extschema@.task_retry(task_id bigint) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t @extschema@.task;
+    retry_id bigint;
+BEGIN
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task % does not exist or is not yours', task_id
+            USING ERRCODE = 'no_data_found', HINT = 'A role sees and runs again only its own tasks.';
+    ELSIF t.state NOT IN ('FAIL', 'GONE', 'STOP') THEN
+        RAISE EXCEPTION 'task % is %: only a FAIL, GONE or STOP task can be run again', task_id, t.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    INSERT INTO @extschema@.task (
+        parent, active, live, timeout, count, max, delete, drift, header, string, delimiter, escape, quote,
+        data, "group", input, "null", remote, save, owner, tz, retry, retry_delay, retry_max, retry_on, retry_unsafe)
+    VALUES (
+        t.id, t.active, t.live, t.timeout, t.count, t.max, t.delete, t.drift, t.header, t.string, t.delimiter,
+        t.escape, t.quote, t.data, t."group", t.input, t."null", t.remote, t.save, t.owner, t.tz, t.retry,
+        t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe)
+    RETURNING id INTO retry_id;
+    RETURN retry_id;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_retry IS 'run an ended (FAIL, GONE or STOP) task again now, as a new task; returns its id';
 
 -- A named series, as pg_cron's cron.schedule(name, schedule, command): the
 -- caller's series `key` runs `input` at every match of `cron` in zone `tz`.
@@ -192,7 +225,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     WITH marked AS (
-        UPDATE @extschema@.task AS t SET cron = NULL, repeat = interval '0'
+        UPDATE @extschema@.task AS t SET cron = NULL, repeat = interval '0', retry = 0
         WHERE t.id IN (SELECT r.id FROM @extschema@.task AS r
                        WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
                          AND (r.cron IS NOT NULL OR r.repeat > interval '0')
@@ -274,7 +307,7 @@ COMMENT ON VIEW @extschema@.task_series IS 'the caller''s repeating series (cron
 
 -- Task authors get them through pgtaskpy_user (and PUBLIC, unless a DBA revokes it).
 GRANT EXECUTE ON FUNCTION @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text),
-    @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean),
+    @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean), @extschema@.task_retry(bigint),
     @extschema@.task_schedule(text, text, text, text, text, integer, interval, text),
     @extschema@.task_unschedule(text) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_series TO pgtaskpy_user;

@@ -33,3 +33,27 @@ COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
 CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
 CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
+
+-- Retries (sql/created_once/20_table.sql): existing tasks are not retried
+-- (retry 0, whatever pg_task.retry says now) and count as first attempts;
+-- their errors keep no SQLSTATE.
+ALTER TABLE @extschema@.task
+    ADD COLUMN retry integer NOT NULL DEFAULT 0,
+    ADD COLUMN retry_delay interval NOT NULL DEFAULT interval '10 s',
+    ADD COLUMN retry_max interval NOT NULL DEFAULT interval '1 hour',
+    ADD COLUMN retry_on text[] NOT NULL DEFAULT '{40001,40P01,55P03,08}'::text[],
+    ADD COLUMN retry_unsafe boolean NOT NULL DEFAULT false,
+    ADD COLUMN attempt integer NOT NULL DEFAULT 1,
+    ADD COLUMN sqlstate text;
+ALTER TABLE @extschema@.task
+    ALTER COLUMN retry SET DEFAULT pgtaskpy.setting_default('retry', 0),
+    ALTER COLUMN retry_delay SET DEFAULT pgtaskpy.setting_default('retry_delay', interval '10 s'),
+    ALTER COLUMN retry_max SET DEFAULT pgtaskpy.setting_default('retry_max', interval '1 hour'),
+    ALTER COLUMN retry_on SET DEFAULT pgtaskpy.setting_default('retry_on', '{40001,40P01,55P03,08}'::text[]),
+    ALTER COLUMN retry_unsafe SET DEFAULT pgtaskpy.setting_default('retry_unsafe', false);
+COMMENT ON COLUMN @extschema@.task.retry IS 'most further attempts after a failure whose SQLSTATE retry_on names';
+COMMENT ON COLUMN @extschema@.task.attempt IS '1 for a first run, n + 1 for the retry of attempt n (set by the scheduler)';
+COMMENT ON COLUMN @extschema@.task.sqlstate IS 'the SQLSTATE of a FAIL''s error';
+
+-- finish_task takes the error's SQLSTATE.
+DROP FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean);

@@ -1,0 +1,233 @@
+"""Retries: a failed run whose SQLSTATE retry_on names is run again as a new row, after a delay
+that doubles up to retry_max; what may have run (a lost worker) is not, unless the task says
+it is safe; a series never has two waiting runs and keeps its beat; task_retry redrives."""
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from pg_task_py_testing import wait_until
+
+# Fails with `code` on its first `failures` attempts (it reads its own row: its attempt).
+FLAKY = ("DO $$ BEGIN IF (SELECT attempt FROM task WHERE id = current_setting('pg_task.id')::bigint) <= {failures}"
+         " THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '{code}'; END IF; END $$")
+
+
+def attempts(db, first_id):
+    """The rows of a task's attempts, first to last (each the parent of the next)."""
+    cursor = db.conn.execute(
+        "WITH RECURSIVE a AS (SELECT * FROM task WHERE id = %s"
+        " UNION ALL SELECT t.* FROM task AS t JOIN a ON t.parent = a.id AND t.attempt = a.attempt + 1)"
+        " SELECT id, attempt, state::text, sqlstate, plan, start, stop, error FROM a ORDER BY attempt", [first_id])
+    return [dict(zip([d.name for d in cursor.description], row)) for row in cursor.fetchall()]
+
+
+def wait_attempts(db, first_id, count, timeout=30.0):
+    """The attempts once there are `count` of them and the last has ended."""
+    def ended():
+        rows = attempts(db, first_id)
+        return rows if len(rows) == count and rows[-1]["state"] not in ("PLAN", "TAKE", "WORK") else None
+    return wait_until(ended, timeout, message=f"{count} ended attempts of task {first_id}: {attempts(db, first_id)}")
+
+
+def test_a_serialization_failure_is_retried_with_growing_delays_until_it_succeeds(running):
+    first = running.insert(FLAKY.format(failures=2, code="40001"), retry=5, retry_delay="0.5 s", delete=False)
+    rows = wait_attempts(running, first, 3)
+    assert [(r["attempt"], r["state"], r["sqlstate"]) for r in rows] == [
+        (1, "FAIL", "40001"), (2, "FAIL", "40001"), (3, "DONE", None)]
+    assert "ERROR:  flaky" in rows[0]["error"]
+    # plan = the failed run's stop + retry_delay * 2^(attempt - 1), +-10 %
+    for failed, retry, delay in ((rows[0], rows[1], 0.5), (rows[1], rows[2], 1.0)):
+        gap = (retry["plan"] - failed["stop"]).total_seconds()
+        assert 0.9 * delay - 0.001 <= gap <= 1.1 * delay + 0.001, (gap, delay)
+        assert retry["start"] >= retry["plan"]
+
+
+def test_retry_max_caps_the_delay(running):
+    first = running.insert(FLAKY.format(failures=2, code="40P01"), retry=2, retry_delay="0.4 s",
+                           retry_max="0.5 s", delete=False)
+    rows = wait_attempts(running, first, 3)
+    gap = (rows[2]["plan"] - rows[1]["stop"]).total_seconds()
+    assert 0.45 - 0.001 <= gap <= 0.55 + 0.001  # 0.8 s capped at 0.5 s
+
+
+def test_an_error_retry_on_does_not_name_is_not_retried(running):
+    task_id = running.insert("SELECT 1/0", retry=3, retry_delay="0 s")
+    row = running.wait_done(task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "22012")
+    running.wait_all_done()
+    assert running.value("SELECT count(*) FROM task") == 1
+
+
+@pytest.mark.parametrize("retry_on", ["{*}", "{22}", "{22012}"])
+def test_retry_on_names_codes_classes_or_every_error(running, retry_on):
+    first = running.insert("SELECT 1/0", retry=2, retry_delay="0 s", retry_on=retry_on)
+    rows = wait_attempts(running, first, 3)
+    assert [(r["attempt"], r["state"], r["sqlstate"]) for r in rows] == [
+        (1, "FAIL", "22012"), (2, "FAIL", "22012"), (3, "FAIL", "22012")]
+    running.wait_all_done()
+    assert running.value("SELECT count(*) FROM task") == 3  # then the retries stop
+
+
+def test_a_timeout_is_retried_only_when_retry_on_names_57014(running):
+    every = running.insert("SELECT pg_sleep(5)", timeout="0.2 s", retry=1, retry_delay="0 s", retry_on="{*}")
+    named = running.insert("SELECT pg_sleep(5)", timeout="0.2 s", retry=1, retry_delay="0 s",
+                           retry_on="{57014}", **{"group": "other"})
+    assert [r["state"] for r in wait_attempts(running, named, 2)] == ["FAIL", "FAIL"]
+    assert running.wait_done(every)["sqlstate"] == "57014"
+    running.wait_all_done()
+    assert len(attempts(running, every)) == 1
+
+
+def test_a_cancelled_task_is_not_retried(running):
+    task_id = running.insert("SELECT pg_sleep(30)", retry=3, retry_delay="0 s", retry_on="{*,57014}")
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == "WORK", 20)
+    assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+    assert running.wait_done(task_id)["sqlstate"] == "57014"
+    running.wait_all_done()
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
+def kill_worker_mid_run(db, task_id):
+    wait_until(lambda: db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == "WORK", 20)
+    assert db.value("SELECT pg_terminate_backend(worker) FROM task WHERE id = %s", [task_id]) is True
+    return db.wait_done(task_id)
+
+
+def test_a_task_whose_worker_died_is_not_retried_by_default(running):
+    task_id = running.insert("SELECT pg_sleep(30)", retry=3, retry_delay="0 s", retry_on="{*}")
+    row = kill_worker_mid_run(running, task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08006")
+    running.wait_all_done()
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
+def test_retry_unsafe_retries_a_lost_run_once_after_the_crash_wait(running):
+    task_id = running.insert("SELECT pg_sleep(30)", retry=1, retry_delay="0 s", retry_unsafe=True)
+    row = kill_worker_mid_run(running, task_id)
+    retries = running.sql("SELECT attempt, state::text, plan FROM task WHERE parent = %s", [task_id])
+    assert len(retries) == 1
+    attempt, state, plan = retries[0]
+    assert (attempt, state) == (2, "PLAN")
+    assert plan - row["stop"] >= timedelta(minutes=1)
+
+
+def test_a_repeating_task_retries_without_two_waiting_runs_and_keeps_its_beat(running):
+    # Every regular run (attempt 1) fails once; its retry 0.3 s later succeeds.
+    first = running.insert(FLAKY.format(failures=1, code="40001"), repeat="1.5 s", retry=2,
+                           retry_delay="0.3 s", delete=False, **{"group": "series"})
+    base = running.value("SELECT plan FROM task WHERE id = %s", [first])
+
+    def series_has_run_four_regular_runs():
+        assert running.value("SELECT count(*) FROM task WHERE state = 'PLAN'") <= 1
+        return running.value("SELECT count(*) FROM task WHERE attempt = 1 AND state <> 'PLAN'") >= 4 or None
+    wait_until(series_has_run_four_regular_runs, 30, interval=0.01)
+    rows = running.sql("SELECT attempt, state::text, plan FROM task WHERE state <> 'PLAN' ORDER BY id")
+    regular = [plan for attempt, _, plan in rows if attempt == 1]
+    for k, plan in enumerate(regular):
+        assert plan == base + timedelta(seconds=1.5 * k)  # the beat of the first plan
+    assert [(a, s) for a, s, _ in rows][:6] == [(1, "FAIL"), (2, "DONE")] * 3
+
+
+def test_a_retry_after_the_series_next_run_is_not_inserted(running):
+    first = running.insert("SELECT 1/0", repeat="1 s", retry=3, retry_delay="5 s", retry_on="{*}")
+    running.wait_done(first)
+    nxt = running.sql("SELECT attempt, plan FROM task WHERE parent = %s", [first])
+    assert len(nxt) == 1 and nxt[0][0] == 1  # the regular run, not a retry 5 s later
+    running.sql("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
+
+
+def test_task_retry_runs_an_ended_task_of_ones_own_again(running):
+    running.sql("CREATE ROLE alice LOGIN IN ROLE pgtaskpy_user; CREATE ROLE bob LOGIN IN ROLE pgtaskpy_user")
+    try:
+        alice, bob = running.connect("alice"), running.connect("bob")
+        failed = alice.execute("INSERT INTO task (input, retry) VALUES ('SELECT 1/0', 0) RETURNING id").fetchone()[0]
+        running.wait_done(failed)
+        with pytest.raises(psycopg.errors.NoDataFound, match=f"task {failed} does not exist or is not yours"):
+            bob.execute("SELECT task_retry(%s)", [failed])
+        waiting = alice.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h')"
+                                " RETURNING id").fetchone()[0]
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="only a FAIL, GONE or STOP"):
+            alice.execute("SELECT task_retry(%s)", [waiting])
+        again = alice.execute("SELECT task_retry(%s)", [failed]).fetchone()[0]
+        row = running.wait_done(again)
+        assert (row["parent"], row["attempt"], row["owner"], row["state"], row["input"]) == (
+            failed, 1, "alice", "FAIL", "SELECT 1/0")
+        alice.close()
+        bob.close()
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY alice; DROP OWNED BY bob; DROP ROLE alice; DROP ROLE bob")
+
+
+def test_the_launcher_log_says_whether_and_when_a_failed_task_runs_again(db):
+    launcher = db.launcher()
+    first = db.insert(FLAKY.format(failures=1, code="40001"), retry=5, retry_delay="0.2 s")
+    never = db.insert("SELECT 1/0", retry=5, **{"group": "other"})
+    wait_attempts(db, first, 2)
+    db.wait_done(never)
+    assert launcher.stop() == 0
+    log = launcher.output()
+    assert f"task {first} FAIL in " in log
+    assert " (40001), retry 1 of 5 at " in log
+    assert f"task {never} FAIL in " in log and "(22012), no retry: ERROR:  division by zero" in log
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("retry", -1, "task.retry must be from 0 to 2147483646"),
+    ("retry_delay", "-1 s", "task.retry_delay and retry_max must be at most 1000 years"),
+    ("retry_max", "1001 years", "task.retry_delay and retry_max must be at most 1000 years"),
+    ("retry_on", "{4000}", "task.retry_on must hold SQLSTATEs"),
+    ("retry_on", "{40001,NULL}", "task.retry_on must hold SQLSTATEs"),
+])
+def test_impossible_retry_settings_are_rejected(db, column, value, message):
+    with pytest.raises(psycopg.errors.CheckViolation, match=message):
+        db.insert("SELECT 1", **{column: value})
+    assert db.value("SELECT count(*) FROM task") == 0
+
+
+def test_attempt_and_sqlstate_are_the_schedulers(db):
+    db.sql("CREATE ROLE carol LOGIN IN ROLE pgtaskpy_user")
+    try:
+        carol = db.connect("carol")
+        for column, value in (("attempt", 2), ("sqlstate", "40001")):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"denied to write task.{column}"):
+                carol.execute(f"INSERT INTO task (input, {column}) VALUES ('SELECT 1', %s)", [value])
+        task_id = carol.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h')"
+                                " RETURNING id").fetchone()[0]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="denied to write task.attempt"):
+            carol.execute("UPDATE task SET attempt = 5 WHERE id = %s", [task_id])
+        carol.close()
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP OWNED BY carol; DROP ROLE carol")
+
+
+def test_settings_give_the_retry_defaults(db):
+    db.sql("SET pg_task.retry = 3; SET pg_task.retry_delay = '2 s'; SET pg_task.retry_on = '{*}';"
+           " SET pg_task.retry_unsafe = on")
+    row = db.task(db.insert("SELECT 1"))
+    assert (row["retry"], row["retry_delay"], row["retry_on"], row["retry_unsafe"], row["attempt"]) == (
+        3, timedelta(seconds=2), ["*"], True, 1)
+    db.sql("RESET pg_task.retry; RESET pg_task.retry_delay; RESET pg_task.retry_on; RESET pg_task.retry_unsafe")
+    row = db.task(db.insert("SELECT 1"))
+    assert (row["retry"], row["retry_delay"], row["retry_max"], row["retry_on"], row["retry_unsafe"]) == (
+        0, timedelta(seconds=10), timedelta(hours=1), ["40001", "40P01", "55P03", "08"], False)
+    db.sql("SET pg_task.retry_on = 'oops'")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='setting "pg_task.retry_on"'):
+        db.insert("SELECT 1")
+
+
+def test_every_fail_keeps_its_sqlstate(running):
+    cases = {
+        "SELECT 1/0": "22012",
+        "SELECT * FROM no_such_table": "42P01",
+        "COPY (SELECT 1) TO STDOUT": "0A000",
+    }
+    ids = {running.insert(sql, **{"group": f"g{i}"}): code for i, (sql, code) in enumerate(cases.items())}
+    unreachable = running.insert("SELECT 1", remote="host=127.0.0.1 port=1 connect_timeout=5")
+    malformed = running.insert("SELECT 1", remote="no equals sign")
+    for task_id, code in ids.items():
+        assert running.wait_done(task_id)["sqlstate"] == code
+    assert running.wait_done(malformed)["sqlstate"] == "22023"
+    assert running.wait_done(unreachable)["sqlstate"] == "08001"
