@@ -197,23 +197,26 @@ def server_cpu_seconds(conn, launcher) -> float:
     return ticks / os.sysconf("SC_CLK_TCK") + cpu_seconds(launcher.process.pid)
 
 
-def runs_cost(conn, launcher, insert: str, count: int) -> tuple[float, float]:
+def runs_cost(conn, launcher, insert: str, count: int, runs: int | None = None,
+              measured: str = "parent IS NULL", params: tuple = ()) -> tuple[float, float]:
     """Milliseconds a run, of the wall clock and of CPU (server and launcher), of `count` tasks
-    due at once, inserted by `insert` (its own cost counted), until the last of them stops."""
+    due at once, inserted by `insert` (its own cost counted), until the last of the `measured`
+    rows stops (a series' runs: the first ones; `runs` of them, default `count`).  `insert`
+    takes `params`, then `count`."""
     conn.execute("DELETE FROM task")
     cpu = server_cpu_seconds(conn, launcher)
     started = time.perf_counter()
-    conn.execute(insert, [count])
+    conn.execute(insert, [*params, count])
     inserted = time.perf_counter() - started
     end = time.monotonic() + DEADLINE
-    while conn.execute("SELECT count(*) FROM task WHERE parent IS NULL AND state IN ('PLAN', 'TAKE', 'WORK')"
+    while conn.execute(f"SELECT count(*) FROM task WHERE {measured} AND state IN ('PLAN', 'TAKE', 'WORK')"
                        ).fetchone()[0]:
         if time.monotonic() > end:
             raise TimedOut(f"tasks still unfinished after {DEADLINE}s")
         time.sleep(0.1)
     cpu = server_cpu_seconds(conn, launcher) - cpu
-    first, last = conn.execute("SELECT min(start), max(stop) FROM task WHERE parent IS NULL").fetchone()
-    return 1000 * (inserted + (last - first).total_seconds()) / count, 1000 * cpu / count
+    first, last = conn.execute(f"SELECT min(start), max(stop) FROM task WHERE {measured}").fetchone()
+    return 1000 * (inserted + (last - first).total_seconds()) / (runs or count), 1000 * cpu / (runs or count)
 
 
 def cron(conn, launcher, count: int = 1000) -> dict:
@@ -250,6 +253,36 @@ def cron(conn, launcher, count: int = 1000) -> dict:
             "cron_ms_per_run": round(wall[1], 3), "ratio": round(wall[1] / wall[0], 3), **match_us}
 
 
+# Fails with a serialization failure while its attempt is at most N (it reads its own row).
+FLAKY = ("DO $$ BEGIN IF (SELECT attempt FROM task WHERE id = current_setting('pg_task.id')::bigint) <= {}"
+         " THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; END $$")
+
+
+def retry(conn, launcher, count: int = 500) -> dict:
+    """A retry against a new task: `count` tasks that fail once and are retried at once
+    (retry_delay 0: the scheduler inserts each retry as the failure ends) against 2 * `count`
+    tasks a user inserts, half failing and half not (the insert counted): the same runs, the same
+    SQL, in milliseconds a run of the wall clock and of CPU, the best of three rounds each."""
+    one_off, retried = [], []
+    for _ in range(3):
+        one_off.append(runs_cost(
+            conn, launcher, "INSERT INTO task (input, delete) SELECT CASE WHEN i %% 2 = 0 THEN %s ELSE %s END,"
+            " false FROM generate_series(1, %s) AS i", 2 * count, measured="true",
+            params=(FLAKY.format(1), FLAKY.format(0))))
+        retried.append(runs_cost(
+            conn, launcher, "INSERT INTO task (input, retry, retry_delay, delete)"
+            " SELECT %s, 1, '0 s', false FROM generate_series(1, %s)", count, runs=2 * count, measured="true",
+            params=(FLAKY.format(1),)))
+        assert conn.execute("SELECT count(*) FROM task WHERE attempt = 2 AND state = 'DONE'").fetchone()[0] \
+            == count, "every task ran its retry"
+    conn.execute("DELETE FROM task")
+    wall = (min(w for w, _ in one_off), min(w for w, _ in retried))
+    cpu = (min(c for _, c in one_off), min(c for _, c in retried))
+    return {"tasks": count, "one_off_ms_per_run": round(wall[0], 3), "retry_ms_per_run": round(wall[1], 3),
+            "ratio": round(wall[1] / wall[0], 3), "one_off_cpu_ms_per_run": round(cpu[0], 3),
+            "retry_cpu_ms_per_run": round(cpu[1], 3), "cpu_ratio": round(cpu[1] / cpu[0], 3)}
+
+
 SCENARIOS = {
     "latency": lambda conn: latency(conn, 0.0, 40),
     "timed": lambda conn: latency(conn, 0.3, 20),
@@ -262,6 +295,7 @@ SCENARIOS = {
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
     "cron": None,  # needs the launcher: see cron()
+    "retry": None,  # needs the launcher: see retry()
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
 }
@@ -295,6 +329,8 @@ def main() -> None:
                             results.append({"scenario": name, **backlog(cluster)})
                         elif name == "cron":
                             results.append({"scenario": name, **cron(conn, launcher)})
+                        elif name == "retry":
+                            results.append({"scenario": name, **retry(conn, launcher)})
                         else:
                             results.append({"scenario": name, **SCENARIOS[name](conn)})
                     except TimedOut as exc:

@@ -1,6 +1,7 @@
 """Faults under load: killed worker backends and task sessions, SIGKILLed launchers, several
 launchers at once, server restarts.  At the end the table itself must show that no task was
-lost, none ran twice, none is stuck, and every repeat series has exactly one next run.
+lost, none ran twice, none is stuck, every repeat series has exactly one next run, and every
+retry the rules ask for was inserted once (a third of the tasks retry every error twice).
 
 The default run lasts about 30 s; CHAOS_SECONDS=600 makes it a soak.
 """
@@ -49,10 +50,11 @@ def try_connect(cluster):
 def enqueue(conn, rng: random.Random) -> None:
     conn.execute("CREATE TABLE audit (task_id bigint PRIMARY KEY)")
     extras = ["SELECT 1"] * 6 + ["SELECT 1/0"] + ["SELECT pg_sleep(0.2)"] * 2 + ["SELECT pg_sleep(0.02)"]
-    rows = [(AUDITED.format(extra=rng.choice(extras)), f"g{rng.randrange(12)}", rng.choice([0, 0, 1, 3]))
-            for _ in range(ONE_OFF_TASKS)]
+    rows = [(AUDITED.format(extra=rng.choice(extras)), f"g{rng.randrange(12)}", rng.choice([0, 0, 1, 3]),
+             rng.choice([0, 0, 2])) for _ in range(ONE_OFF_TASKS)]
     with conn.cursor() as cursor:
-        cursor.executemany('INSERT INTO task (input, "group", max, delete) VALUES (%s, %s, %s, false)', rows)
+        cursor.executemany('INSERT INTO task (input, "group", max, retry, retry_delay, retry_on, delete)'
+                           " VALUES (%s, %s, %s, %s, '0.05 s', '{*}', false)", rows)
     for i in range(SERIES):
         conn.execute("INSERT INTO task (input, \"group\", repeat, delete, data)"
                      " VALUES ('SELECT pg_sleep(0.05)', %s, '0.3 s', false, 'series')", [f"series{i}"])
@@ -105,11 +107,28 @@ def test_no_task_lost_or_run_twice_under_faults(chaos_cluster):
     assert not tracebacks, tracebacks[0][tracebacks[0].index("Traceback") - 500:][:3000]
 
 
+def check_retries(conn, one_off: str) -> None:
+    """Each failed attempt with attempts left has exactly one retry, unless the scheduler lost it
+    while it ran (08006: it may have done its work) or it was cancelled; no attempt has two."""
+    retried = conn.execute(
+        f"SELECT f.id, f.attempt, f.retry, f.sqlstate, f.start IS NOT NULL,"
+        f" (SELECT count(*) FROM task AS r WHERE r.parent = f.id AND r.attempt = f.attempt + 1)"
+        f" FROM task AS f WHERE {one_off.replace('input', 'f.input')} AND f.state = 'FAIL'").fetchall()
+    for task_id, attempt, retry, sqlstate, started, retries in retried:
+        lost = sqlstate == "08006" and started
+        wanted = 1 if attempt <= retry and not lost and sqlstate not in (None, "57014") else 0
+        assert retries == wanted, (task_id, attempt, retry, sqlstate, started, retries)
+    assert conn.execute(f"SELECT count(*) FROM task WHERE {one_off} AND state = 'FAIL' AND sqlstate IS NULL"
+                        ).fetchone()[0] == 0
+
+
 def check_invariants(conn, faults: dict[str, int]) -> None:
     one_off = "input LIKE 'INSERT INTO audit%%'"
-    counts = dict(conn.execute(f"SELECT state::text, count(*) FROM task WHERE {one_off} GROUP BY 1").fetchall())
+    counts = dict(conn.execute(f"SELECT state::text, count(*) FROM task WHERE {one_off} AND attempt = 1"
+                               " GROUP BY 1").fetchall())
     # Nothing lost: every one-off task ended, DONE or FAIL, once.
     assert sum(counts.values()) == ONE_OFF_TASKS, counts
+    check_retries(conn, one_off)
     assert set(counts) <= {"DONE", "FAIL"}, counts
     # Nothing ran twice: a second run of a task would have hit the audit table's key.
     twice = conn.execute(f"SELECT count(*) FROM task WHERE {one_off} AND error LIKE '%%duplicate key%%'").fetchone()[0]

@@ -199,11 +199,13 @@ CREATE TRIGGER task_guard_update
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once
 -- instead of at the next poll.  Identical notifications of one transaction are
--- delivered once, so a bulk INSERT sends one.  The next run of a repeating task
--- planned 2 s or more ahead wakes nobody (follow_task marks its insert with
--- pgtaskpy.next_run): a launcher looks at the table at least once a second and
--- plans its sleep by what it finds, and the scheduler's transaction commits at
--- once; a wake-up a run would cost more than the run (bench: cron).
+-- delivered once, so a bulk INSERT sends one.  The next run or retry that
+-- follow_task inserts (it marks its insert with pgtaskpy.next_run) wakes
+-- nobody when planned 2 s or more ahead ('on': a launcher looks at the table
+-- at least once a second and plans its sleep by what it finds, and the
+-- scheduler's transaction commits at once), nor when a worker inserts it
+-- ('quiet': the worker wakes the launchers itself when it stops going on with
+-- the group); a wake-up a run would cost more than the run (bench: cron, retry).
 CREATE FUNCTION pgtaskpy.notify_launchers() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -216,6 +218,7 @@ $$;
 CREATE TRIGGER task_notify_insert
     AFTER INSERT ON @extschema@.task
     FOR EACH ROW WHEN (NEW.state = 'PLAN'
+                       AND pg_catalog.current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'quiet'
                        AND (NEW.plan < pg_catalog.clock_timestamp() + interval '2 s'
                             OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'))
     EXECUTE FUNCTION pgtaskpy.notify_launchers();

@@ -439,7 +439,7 @@ BEGIN
 
     IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
         BEGIN
-            PERFORM pgtaskpy.follow_task(t);
+            PERFORM pgtaskpy.follow_task(t, quiet => NOT wake);
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, failure_sqlstate = RETURNED_SQLSTATE;
             t.error := concat_ws(E'\n', t.error, 'ERROR:  what follows the task failed: ' || failure);
@@ -527,8 +527,10 @@ $$;
 -- says so; else the next run of its series (repeat or cron), when the retry
 -- would not come before that run (a series never has two waiting runs; its
 -- runs keep their plan); and the pause of its group when max is negative.
--- Returns the id of the retry, if one was inserted.
-CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task) RETURNS bigint
+-- Returns the id of the retry, if one was inserted.  quiet: the caller wakes
+-- the launchers itself when it does not go on with the group (a worker), so
+-- the row it inserts sends no NOTIFY (see task_notify_insert).
+CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task, quiet boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -568,8 +570,8 @@ BEGIN
                 retry_at := NULL;  -- the series' next run comes first
             END IF;
         END IF;
-        -- (planned 2 s or more ahead, it wakes no launcher: see task_notify_insert)
-        PERFORM set_config('pgtaskpy.next_run', 'on', true);
+        -- (planned 2 s or more ahead, or quiet, it wakes no launcher: see task_notify_insert)
+        PERFORM set_config('pgtaskpy.next_run', CASE WHEN quiet THEN 'quiet' ELSE 'on' END, true);
         INSERT INTO @extschema@.task (
             parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
             string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
@@ -796,7 +798,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text)
     FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;
