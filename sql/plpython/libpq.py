@@ -114,7 +114,12 @@ def _text(pointer, length=None):
 
 
 class ConnectError(Exception):
-    """The task's session could not be opened: libpq's message."""
+    """The task's session could not be opened or used: libpq's message, and the server's
+    SQLSTATE when the server sent the error (None: libpq's own, the connection broke)."""
+
+    def __init__(self, message, sqlstate=None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class MalformedConninfo(ConnectError):
@@ -327,12 +332,13 @@ class Session:
 
     def collect(self):
         """The rows of the query sent last (by send); ConnectError if it failed."""
-        rows, error = [], None
+        rows, error, sqlstate = [], None, None
         for result in self.results():
             with result:
                 if result.status == PGRES_FATAL_ERROR:
                     error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
+                    sqlstate = result.field(PG_DIAG_SQLSTATE)
                 rows.extend(result.rows())
         if error:
-            raise ConnectError(error)
+            raise ConnectError(error, sqlstate)
         return rows

@@ -194,8 +194,8 @@ class WorkerCall:
         try:
             session.collect()  # the answer to send_prepare
             return self.send_input(session, task)
-        except ConnectError as exc:  # the session broke outside the input itself
-            return None, format_message(str(exc), task["input"]), LOST_RUN, None
+        except ConnectError as exc:  # the session broke, or a cancel came before the input
+            return None, format_message(str(exc), task["input"]), exc.sqlstate or LOST_RUN, None
 
     def send_input(self, session, task):
         """Send the input as one top-level query; return (output, error, sqlstate, notices)."""

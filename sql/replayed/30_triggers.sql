@@ -118,11 +118,19 @@ BEGIN
 END
 $$;
 
+-- The next run or retry the scheduler inserts (follow_task marks its insert
+-- with pgtaskpy.next_run) copies a row that passed these checks, with a plan
+-- of its own computing: it skips them (a cron expression is parsed again by
+-- every check).  Only in a superuser's session: anyone can set the mark.
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
         cron, tz, retry, retry_delay, retry_max, retry_on
     ON @extschema@.task
-    FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_task();
+    FOR EACH ROW
+    WHEN (pg_catalog.current_setting('is_superuser') <> 'on'
+          OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS NULL
+          OR pg_catalog.current_setting('pgtaskpy.next_run', true) OPERATOR(pg_catalog.=) 'off')
+    EXECUTE FUNCTION pgtaskpy.check_task();
 
 -- The columns the scheduler keeps (state, start, stop, pid, worker, output,
 -- error, notice, sqlstate, attempt) are its own: a task author who could write them could make a

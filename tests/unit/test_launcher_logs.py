@@ -1,5 +1,6 @@
 """The launcher's log lines and version checks, in process: no server."""
 
+import datetime
 import logging
 
 import pytest
@@ -16,6 +17,20 @@ def test_end_line_carries_the_first_line_of_the_error(caplog):
                                "app@/run:5432: task 43 DONE in 0.500s",
                                "app@/run:5432: task 44 FAIL in 1.000s"]
     assert caplog.records[0].fields["error"].startswith("ERROR:  division by zero")  # --log-json keeps it all
+
+
+def test_end_line_says_the_sqlstate_and_whether_and_when_the_task_runs_again(caplog):
+    caplog.set_level(logging.INFO, logger="pg_task_py")
+    at = datetime.datetime(2026, 1, 2, 12, 0, 3, 250000, tzinfo=datetime.timezone.utc)
+    log_event("db", {"event": "end", "id": 42, "state": "FAIL", "seconds": 0.01, "sqlstate": "40001",
+                     "retry": 2, "retries": 5, "retry_at": at.isoformat(), "error": "ERROR:  could not serialize"})
+    log_event("db", {"event": "end", "id": 43, "state": "FAIL", "seconds": 0.01, "sqlstate": "22012",
+                     "retry": None, "error": "ERROR:  division by zero"})
+    local = at.astimezone().strftime("%H:%M:%S")
+    assert caplog.messages == [
+        f"db: task 42 FAIL in 0.010s (40001), retry 2 of 5 at {local}: ERROR:  could not serialize",
+        "db: task 43 FAIL in 0.010s (22012), no retry: ERROR:  division by zero",
+    ]
 
 
 def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
