@@ -219,7 +219,7 @@ def test_a_cancel_the_moment_a_task_starts_is_not_lost(running):
     # The task is WORK a moment before its input reaches its session; task_cancel waits for it.
     for _ in range(8):
         task_id = running.value("SELECT task_enqueue('SELECT pg_sleep(30)')")
-        wait_until(lambda: state_of(running, task_id) == "WORK", interval=0.001, message="WORK")
+        wait_until(lambda task_id=task_id: state_of(running, task_id) == "WORK", interval=0.001, message="WORK")
         assert running.value("SELECT task_cancel(%s)", [task_id]) is True
         row = running.wait_done(task_id, 10)
         assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row["error"]
