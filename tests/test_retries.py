@@ -231,3 +231,13 @@ def test_every_fail_keeps_its_sqlstate(running):
         assert running.wait_done(task_id)["sqlstate"] == code
     assert running.wait_done(malformed)["sqlstate"] == "22023"
     assert running.wait_done(unreachable)["sqlstate"] == "08001"
+
+
+def test_a_remote_task_retries_against_its_remote_on_a_connection_failure(running):
+    # Class 08 is in the default retry_on: a remote that cannot be reached now may be reachable later.
+    remote = "host=127.0.0.1 port=1 connect_timeout=5"
+    first = running.insert("SELECT 1", remote=remote, retry=1, retry_delay="0 s")
+    rows = wait_attempts(running, first, 2)
+    assert [(r["attempt"], r["state"], r["sqlstate"]) for r in rows] == [(1, "FAIL", "08001"), (2, "FAIL", "08001")]
+    assert running.value("SELECT remote FROM task WHERE id = %s", [rows[1]["id"]]) == remote
+    assert "could not open the task's session" in rows[1]["error"]
