@@ -37,7 +37,11 @@ CREATE TABLE @extschema@.task (
     notice      text,
     cron        text,
     tz          text NOT NULL DEFAULT pgtaskpy.setting_default('tz', 'UTC'::text),
-    key         text
+    key         text,
+    after       bigint[],
+    after_any   boolean NOT NULL DEFAULT false,
+    waiting_for integer NOT NULL DEFAULT 0,
+    exclusive   boolean NOT NULL DEFAULT false
     -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
@@ -49,12 +53,18 @@ COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET
 COMMENT ON COLUMN @extschema@.task.cron IS 'cron expression (pg_cron syntax): each run''s end inserts the next run at its next match';
 COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
+COMMENT ON COLUMN @extschema@.task.after IS 'ids of the prerequisites: the task runs once every one has ended DONE';
+COMMENT ON COLUMN @extschema@.task.after_any IS 'run once every prerequisite has ended, whatever its end state';
+COMMENT ON COLUMN @extschema@.task.waiting_for IS 'how many prerequisites have not ended yet (the scheduler counts them down)';
+COMMENT ON COLUMN @extschema@.task.exclusive IS 'start only when no other task of the database runs, and let none start while it runs';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.
-CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN';
-CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN';
-CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN';
+-- The claim's indexes leave out tasks still waiting for prerequisites
+-- (waiting_for > 0): however many there are, a claim never reads them.
+CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_running ON @extschema@.task (hash) WHERE state IN ('TAKE', 'WORK');
 CREATE INDEX task_parent ON @extschema@.task (parent) WHERE parent IS NOT NULL;
 CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
@@ -62,6 +72,8 @@ CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE
 -- at once (a series' runs never overlap).
 CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
 CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
+-- Exclusive tasks waiting or running: each claim looks (an empty index, mostly).
+CREATE INDEX task_exclusive_pending ON @extschema@.task (plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
 
 -- pg_dump keeps users' tasks (the extension's objects are recreated by CREATE EXTENSION).
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.task', '');

@@ -148,6 +148,7 @@ BEGIN
             WHEN NEW.output IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.output END) THEN 'output'
             WHEN NEW.error IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.error END) THEN 'error'
             WHEN NEW.notice IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.notice END) THEN 'notice'
+            WHEN TG_OP = 'UPDATE' AND NEW.waiting_for IS DISTINCT FROM OLD.waiting_for THEN 'waiting_for'
         END;
         IF written IS NOT NULL THEN
             RAISE EXCEPTION 'permission denied to write task.%', written
