@@ -155,6 +155,36 @@ def backlog(cluster) -> dict:
             "waiting_due_ms": due, "ratio_due": round(due / empty, 2)}
 
 
+def chain(conn) -> dict:
+    """A chain of 1,000 tasks (task_chain: each after the one before) against 1,000 independent
+    tasks of one group, the serial scenario's shape, in the same run: tasks a second, first start
+    to last stop."""
+    serial = throughput(conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false"
+                              " FROM generate_series(1, %s)", 1000)
+    chained = throughput(conn, "SELECT task_chain(array_agg('SELECT 1'::text)) FROM generate_series(1, %s)", 1000)
+    return {"serial_tasks_per_s": serial["tasks_per_s"], "chain_tasks_per_s": chained["tasks_per_s"],
+            "chain_done": chained["done"], "ratio": round(chained["tasks_per_s"] / serial["tasks_per_s"], 2)}
+
+
+def waiting(cluster) -> dict:
+    """Claim cost of one due task with 100,000 tasks waiting for a prerequisite (planned a day
+    ahead), against a table holding the one due task only; in a database of its own, no launcher."""
+    cluster.create_database("waiting")
+    with cluster.connect("waiting") as conn:
+        conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+        empty = claim_ms(conn)
+        first = conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')"
+                             " RETURNING id").fetchone()[0]
+        conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i %% 100),"
+                     " ARRAY[%s]::bigint[] FROM generate_series(1, 100000) AS i", [first])
+        conn.execute("VACUUM ANALYZE task")
+        conn.execute("VACUUM ANALYZE pgtaskpy.pending_prerequisite")  # (not autovacuum while timed)
+        conn.execute("CHECKPOINT")  # write the new rows out now, not while the claims are timed
+        held = claim_ms(conn)
+        counted = conn.execute("SELECT count(*) FROM task WHERE waiting_for = 1").fetchone()[0]
+    return {"empty_ms": empty, "waiting_ms": held, "ratio": round(held / empty, 2), "waiting_tasks": counted}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -261,6 +291,8 @@ SCENARIOS = {
     "reuse": lambda conn: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
+    "chain": chain,
+    "waiting": None,  # needs the cluster: see waiting()
     "cron": None,  # needs the launcher: see cron()
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
@@ -293,6 +325,8 @@ def main() -> None:
                             results.append({"scenario": name, **idle(conn, launcher)})
                         elif name == "backlog":
                             results.append({"scenario": name, **backlog(cluster)})
+                        elif name == "waiting":
+                            results.append({"scenario": name, **waiting(cluster)})
                         elif name == "cron":
                             results.append({"scenario": name, **cron(conn, launcher)})
                         else:

@@ -3,12 +3,16 @@ enqueues (task_enqueue's key and on_conflict), through the real launcher."""
 
 from __future__ import annotations
 
+import os
+import random
+import signal
 import threading
+import time
 from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import most_at_once, new_database, wait_until
+from pg_task_py_testing import Launcher, most_at_once, new_database, throwaway_cluster, wait_until
 
 
 def rows(db, ids: list[int]) -> dict[int, dict]:
@@ -80,6 +84,24 @@ def test_stopped_or_deleted_prerequisite_stops_dependents(db):
     released = db.task(any_of_them)
     assert (released["state"], released["waiting_for"]) == ("PLAN", 0)
     assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
+def test_stop_cascades_down_a_wide_fan_out(db):
+    """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
+    stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""
+    for how in ("UPDATE task SET state = 'STOP' WHERE id = %s", "DELETE FROM task WHERE id = %s"):
+        first = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h') RETURNING id")
+        db.sql("WITH level AS (INSERT INTO task (input, after) SELECT 'SELECT 2', ARRAY[%s]::bigint[]"
+               " FROM generate_series(1, 3000) RETURNING id)"
+               " SELECT count(*) FROM level", [first])
+        db.sql("INSERT INTO task (input, after) SELECT 'SELECT 3', ARRAY[id] FROM task"
+               " WHERE after = ARRAY[%s]::bigint[]", [first])
+        assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN' AND waiting_for = 1") == 6000
+        db.sql(how, [first])
+        assert db.value("SELECT count(*) FROM task WHERE state = 'STOP' AND error LIKE 'ERROR:  prerequisite task %%'"
+                        ) == 6000
+        assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+        db.sql("DELETE FROM task")
 
 
 def test_done_prerequisite_deleted_at_its_end_releases_dependents(running):
@@ -269,3 +291,94 @@ def test_upgraded_database_runs_workflows(cluster):
         a = db.insert("SELECT 1", delete=False)
         d = db.insert("SELECT 2", delete=False, after=[a])
         assert db.wait_done(d)["output"] == "2"
+
+
+@pytest.mark.chaos
+def test_dependencies_hold_under_faults():
+    """Diamonds and chains under killed workers and task sessions, SIGKILLed launchers and server
+    restarts: no dependent runs before its prerequisites have ended (DONE, unless after_any),
+    every one whose prerequisite did not end DONE is stopped, and none stays waiting."""
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "17")))
+    seconds = float(os.environ.get("CHAOS_SECONDS", "20"))
+    with throwaway_cluster() as cluster:
+        cluster.create_database("chaos")
+        launchers = [Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start() for _ in range(2)]
+        try:
+            with cluster.connect("chaos") as conn:
+                enqueue_workflows(conn, rng)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.3, 1.2))
+                launchers = inflict_fault(cluster, launchers, rng)
+            conn = wait_until(lambda: try_connect(cluster), 60, 0.2, "the server to accept connections")
+            with conn:
+                wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                                                ).fetchone()[0] == 0, 120, 0.2, "every task to end")
+                check_dependencies(conn)
+        finally:
+            statuses = [launcher.stop(30) for launcher in launchers]
+        assert statuses == [0] * len(statuses), [launcher.output()[-2000:] for launcher in launchers]
+
+
+def enqueue_workflows(conn, rng: random.Random) -> None:
+    inputs = ["SELECT 1"] * 5 + ["SELECT 1/0"] + ["SELECT pg_sleep(0.2)"] * 3
+
+    def add(group: str, after: list[int] | None = None, after_any: bool = False) -> int:
+        return conn.execute("INSERT INTO task (input, \"group\", max, after, after_any, delete)"
+                            " VALUES (%s, %s, 1, %s, %s, false) RETURNING id",
+                            [rng.choice(inputs), group, after, after_any]).fetchone()[0]
+
+    for i in range(150):
+        group = f"g{i % 6}"
+        a = add(group)
+        b, c = add(group, [a]), add(group, [a])
+        add(group, [b, c], after_any=rng.random() < 0.3)
+    for _ in range(15):
+        conn.execute("SELECT task_chain(array_agg(CASE WHEN random() < 0.02 THEN 'SELECT 1/0'"
+                     " ELSE 'SELECT pg_sleep(0.05)' END), 'chains') FROM generate_series(1, 20)")
+
+
+def try_connect(cluster):
+    try:
+        return cluster.connect("chaos")
+    except Exception:  # noqa: BLE001 - the server is restarting
+        return None
+
+
+def inflict_fault(cluster, launchers: list, rng: random.Random) -> list:
+    fault = rng.choice(["terminate worker", "terminate task session", "kill launcher", "restart fast",
+                        "terminate worker", "terminate task session", "restart immediate"])
+    if fault.startswith("terminate"):
+        conn = try_connect(cluster)
+        if conn is not None:
+            with conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
+                             " ORDER BY random() LIMIT 1",
+                             ["pg_task_py worker" if fault == "terminate worker" else "pg_task_py task"])
+    elif fault == "kill launcher":
+        victim = rng.choice(launchers)
+        victim.signal(signal.SIGKILL)
+        victim.process.wait(10)
+        launchers = [launcher for launcher in launchers if launcher is not victim]
+        launchers.append(Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start())
+    else:
+        cluster.restart(fault.split()[1])
+    return launchers
+
+
+def check_dependencies(conn) -> None:
+    early = conn.execute(
+        "SELECT d.id, p.id FROM task AS d CROSS JOIN unnest(d.after) AS a(id) JOIN task AS p ON p.id = a.id"
+        " WHERE d.start IS NOT NULL AND (d.start < p.stop OR NOT (d.after_any OR p.state = 'DONE'))").fetchall()
+    assert early == [], "dependents that started before their prerequisites ended DONE"
+    not_stopped = conn.execute(
+        "SELECT d.id, d.state::text FROM task AS d WHERE NOT d.after_any AND d.state <> 'STOP' AND EXISTS ("
+        " SELECT FROM unnest(d.after) AS a(id) JOIN task AS p ON p.id = a.id WHERE p.state <> 'DONE')").fetchall()
+    assert not_stopped == []
+    stopped = conn.execute("SELECT count(*), count(*) FILTER (WHERE error LIKE 'ERROR:  prerequisite task %% ended %%')"
+                           " FROM task WHERE state = 'STOP'").fetchone()
+    assert stopped[0] == stopped[1] and stopped[0] > 0, stopped
+    assert conn.execute("SELECT count(*) FROM pgtaskpy.pending_prerequisite").fetchone()[0] == 0
+    ran = conn.execute("SELECT count(*) FROM task WHERE after IS NOT NULL AND state IN ('DONE', 'FAIL')").fetchone()[0]
+    assert ran > 0
+    print(f"\nchaos with dependencies: {conn.execute('SELECT state::text, count(*) FROM task GROUP BY 1').fetchall()}")

@@ -20,21 +20,34 @@
 -- REPEATABLE READ transaction reads states as of its snapshot, so it locks the
 -- rows instead: FOR SHARE fails with a serialization error when the
 -- prerequisite ended after the snapshot was taken.)
+--
+-- enable_seqscan off: these functions look rows up by id, and keep their plans
+-- for the backend's life; a plan made while the table was small (a bulk
+-- INSERT into an empty table, a new worker) would scan the whole table on
+-- every later call.
 
--- The lock on a prerequisite's id: keys 4 mod 8 of the extension's lock space,
--- apart from the scheduling (0), owner (odd) and series (2 mod 4) locks.  Plain
--- SQL without SET, so the planner inlines it.
+-- The lock on a prerequisite's id: one of 1,024 keys (4 mod 8, apart from the
+-- scheduling (0), owner (odd) and series (2 mod 4) locks of the extension's
+-- lock space), so that a transaction that ends or deletes many tasks at once
+-- (a stop cascading down a fan-out of 100,000, DELETE FROM task) holds at
+-- most 1,024 locks, well within the server's lock table.  Two ids of one key
+-- only wait for each other's INSERT or end.  Plain SQL without SET, so the
+-- planner inlines them.
+CREATE FUNCTION pgtaskpy.prerequisite_lock_key(task_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT (pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) 8184) OPERATOR(pg_catalog.|) 4 $$;
+
 CREATE FUNCTION pgtaskpy.lock_prerequisite(task_id bigint) RETURNS void
 LANGUAGE sql
 AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
           '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
-          (pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) -8) OPERATOR(pg_catalog.|) 4) $$;
+          pgtaskpy.prerequisite_lock_key(task_id)) $$;
 
 CREATE FUNCTION pgtaskpy.lock_prerequisite_shared(task_id bigint) RETURNS void
 LANGUAGE sql
 AS $$ SELECT pg_catalog.pg_advisory_xact_lock_shared(
           '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
-          (pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) -8) OPERATOR(pg_catalog.|) 4) $$;
+          pgtaskpy.prerequisite_lock_key(task_id)) $$;
 
 -- BEFORE INSERT of a task with `after`: every listed task must exist and be
 -- visible to the inserting role (row-level security; so a task can only wait
@@ -43,7 +56,7 @@ AS $$ SELECT pg_catalog.pg_advisory_xact_lock_shared(
 -- prerequisite that already ended FAIL, GONE or STOP makes the task STOP at
 -- once (unless after_any), as its end would have.  Runs as the inserting role.
 CREATE FUNCTION pgtaskpy.check_prerequisites() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 DECLARE
     missing bigint;
@@ -56,8 +69,9 @@ BEGIN
         RAISE EXCEPTION 'task.after must not contain NULL' USING ERRCODE = 'not_null_violation';
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pgtaskpy.lock_prerequisite_shared(p.id)  -- (in order of ids, as ends cascade)
-        FROM (SELECT DISTINCT a.id FROM unnest(NEW.after) AS a(id) ORDER BY a.id) AS p;
+        PERFORM pgtaskpy.lock_prerequisite_shared(p.id)  -- (in order of keys: no deadlock between inserts)
+        FROM (SELECT DISTINCT a.id, pgtaskpy.prerequisite_lock_key(a.id) AS k FROM unnest(NEW.after) AS a(id)
+              ORDER BY k) AS p;
     ELSE
         PERFORM FROM @extschema@.task AS t WHERE t.id = ANY (NEW.after) ORDER BY t.id FOR SHARE;
     END IF;
@@ -92,7 +106,7 @@ $$;
 -- the inserting role, that it may name these tasks; the locks it took keep
 -- their states as it counted them).
 CREATE FUNCTION pgtaskpy.record_prerequisites() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
     INSERT INTO pgtaskpy.pending_prerequisite (prerequisite, dependent)
@@ -126,7 +140,7 @@ $$;
 -- recursion 1,000 deep).  Dependents are locked in order of ids.
 CREATE FUNCTION pgtaskpy.resolve_dependents(task_id bigint, end_state @extschema@.state)
 RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 DECLARE
     ended bigint[] := ARRAY[task_id];
@@ -184,7 +198,7 @@ $$;
 -- than being stopped.  finish_task calls this in place of resolve_dependents
 -- for such a run.  `after` of each dependent names the retry from then on.
 CREATE FUNCTION pgtaskpy.pass_dependents_on(from_task bigint, to_task bigint) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
     PERFORM pgtaskpy.lock_prerequisite(from_task);
@@ -253,7 +267,7 @@ CREATE TRIGGER task_prerequisite_deleted
 -- running tasks drain), NULL otherwise.  One probe of an index that holds
 -- only exclusive tasks that wait or run.
 CREATE FUNCTION pgtaskpy.exclusive_gate() RETURNS text
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
     RETURN (SELECT CASE WHEN bool_or(t.state <> 'PLAN') THEN 'running'
@@ -268,7 +282,7 @@ $$;
 -- once no task of the database is claimed or running; else nothing.
 CREATE FUNCTION pgtaskpy.claim_exclusive_task(claimer integer)
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
     IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) THEN
