@@ -462,7 +462,7 @@ BEGIN
     -- nothing is deleted (sql/replayed/47_workflows.sql).  Retries: a failed
     -- run that inserted its retry calls pgtaskpy.pass_dependents_on(t.id,
     -- retry id) here instead, and its dependents wait for the retry.
-    PERFORM pgtaskpy.resolve_dependents(t.id, t.state);
+    PERFORM pgtaskpy.resolve_dependents(t.id, t.state, CASE WHEN NOT wake THEN t.hash END);
 
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
         DELETE FROM @extschema@.task AS task WHERE task.id = t.id;

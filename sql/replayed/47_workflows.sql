@@ -138,7 +138,8 @@ $$;
 -- dependent ends STOP with the error naming the prerequisite, and its own
 -- dependents follow, down the graph, in a loop (a chain of 1,000 is no
 -- recursion 1,000 deep).  Dependents are locked in order of ids.
-CREATE FUNCTION pgtaskpy.resolve_dependents(task_id bigint, end_state @extschema@.state)
+CREATE FUNCTION pgtaskpy.resolve_dependents(
+    task_id bigint, end_state @extschema@.state, going_on integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
@@ -164,8 +165,10 @@ BEGIN
                                WHERE w.id = ANY (dependents) AND w.state = 'PLAN' AND w.waiting_for > 0
                                  AND (ended_as[i] = 'ended DONE' OR w.after_any)
                                ORDER BY w.id FOR UPDATE)
-                RETURNING d.waiting_for)
-            SELECT released + count(*) FILTER (WHERE counted.waiting_for = 0) INTO released FROM counted;
+                RETURNING d.waiting_for, d.hash, d.max)
+            SELECT released + count(*) FILTER (WHERE counted.waiting_for = 0
+                                                 AND (i > 1 OR counted.hash IS DISTINCT FROM going_on OR counted.max > 0))
+            INTO released FROM counted;
             -- (the stop of a dependent is not a user's STOP: task_prerequisite_stopped
             -- leaves it to this loop)
             PERFORM set_config('pgtaskpy.resolving', 'on', true);
@@ -187,6 +190,11 @@ BEGIN
         END IF;
         i := i + 1;
     END LOOP;
+    -- Launchers claim what was released, except a dependent in the group
+    -- `going_on` (the hash of the ended task's group, when its worker goes on
+    -- with it: finish_task's wake false) that runs one at a time: that worker
+    -- claims it, or wakes the launchers when it does not (a chain costs no
+    -- launcher turn a task).
     IF released > 0 THEN
         PERFORM pgtaskpy.wake_launchers();
     END IF;
@@ -302,7 +310,7 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite(bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_exclusive_task(integer) FROM PUBLIC;
