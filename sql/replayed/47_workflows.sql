@@ -169,23 +169,24 @@ BEGIN
             SELECT released + count(*) FILTER (WHERE counted.waiting_for = 0
                                                  AND (i > 1 OR counted.hash IS DISTINCT FROM going_on OR counted.max > 0))
             INTO released FROM counted;
-            -- (the stop of a dependent is not a user's STOP: task_prerequisite_stopped
-            -- leaves it to this loop)
-            PERFORM set_config('pgtaskpy.resolving', 'on', true);
-            WITH ended_now AS (
-                UPDATE @extschema@.task AS d
-                SET state = 'STOP', stop = clock_timestamp(),
-                    error = format('ERROR:  prerequisite task %s %s', ended[i], ended_as[i])
-                WHERE d.id IN (SELECT w.id FROM @extschema@.task AS w
-                               WHERE w.id = ANY (dependents) AND w.state = 'PLAN'
-                                 AND NOT (ended_as[i] = 'ended DONE' OR w.after_any)
-                               ORDER BY w.id FOR UPDATE)
-                RETURNING d.id)
-            SELECT array_agg(ended_now.id ORDER BY ended_now.id) INTO stopped FROM ended_now;
-            PERFORM set_config('pgtaskpy.resolving', '', true);
-            IF stopped IS NOT NULL THEN
-                ended := ended || stopped;
-                ended_as := ended_as || array_fill('ended STOP'::text, ARRAY[cardinality(stopped)]);
+            IF ended_as[i] <> 'ended DONE' THEN  -- (else nothing to stop)
+                -- (the stop of a dependent is not a user's STOP: task_prerequisite_stopped
+                -- leaves it to this loop)
+                PERFORM set_config('pgtaskpy.resolving', 'on', true);
+                WITH ended_now AS (
+                    UPDATE @extschema@.task AS d
+                    SET state = 'STOP', stop = clock_timestamp(),
+                        error = format('ERROR:  prerequisite task %s %s', ended[i], ended_as[i])
+                    WHERE d.id IN (SELECT w.id FROM @extschema@.task AS w
+                                   WHERE w.id = ANY (dependents) AND w.state = 'PLAN' AND NOT w.after_any
+                                   ORDER BY w.id FOR UPDATE)
+                    RETURNING d.id)
+                SELECT array_agg(ended_now.id ORDER BY ended_now.id) INTO stopped FROM ended_now;
+                PERFORM set_config('pgtaskpy.resolving', '', true);
+                IF stopped IS NOT NULL THEN
+                    ended := ended || stopped;
+                    ended_as := ended_as || array_fill('ended STOP'::text, ARRAY[cardinality(stopped)]);
+                END IF;
             END IF;
         END IF;
         i := i + 1;
