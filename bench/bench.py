@@ -155,6 +155,50 @@ def backlog(cluster) -> dict:
             "waiting_due_ms": due, "ratio_due": round(due / empty, 2)}
 
 
+def chain(conn, rounds: int = 3) -> dict:
+    """A chain of 1,000 tasks (task_chain: each after the one before) against 1,000 independent
+    tasks of one group, the serial scenario's shape, in the same run, in turns (so that both see
+    the same machine load): tasks a second, first start to last stop, the median of the rounds."""
+    serial, chained = [], []
+    for _ in range(rounds):
+        serial.append(throughput(conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false"
+                                       " FROM generate_series(1, %s)", 1000)["tasks_per_s"])
+        result = throughput(conn, "SELECT task_chain(array_agg('SELECT 1'::text)) FROM generate_series(1, %s)", 1000)
+        if result["done"] != 1000:
+            raise TimedOut(f"only {result['done']} of the chain's 1000 tasks DONE")
+        chained.append(result["tasks_per_s"])
+    serial_rate, chain_rate = statistics.median(serial), statistics.median(chained)
+    return {"serial_tasks_per_s": serial_rate, "chain_tasks_per_s": chain_rate,
+            "ratio": round(chain_rate / serial_rate, 2), "rounds": list(zip(serial, chained))}
+
+
+def waiting(cluster) -> dict:
+    """Claim cost of one due task with 100,000 tasks waiting for a prerequisite (planned a day
+    ahead), against a table holding the one due task only; each in a database of its own, no
+    launcher, measured in turns (10 of 40 claims each), so that both see the same machine load."""
+    for name in ("waiting_empty", "waiting"):
+        cluster.create_database(name)
+        with cluster.connect(name) as conn:
+            conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+    with cluster.connect("waiting") as conn:
+        first = conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')"
+                             " RETURNING id").fetchone()[0]
+        conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i %% 100),"
+                     " ARRAY[%s]::bigint[] FROM generate_series(1, 100000) AS i", [first])
+        conn.execute("VACUUM ANALYZE task")
+        conn.execute("VACUUM ANALYZE pgtaskpy.pending_prerequisite")  # (not autovacuum while timed)
+        conn.execute("CHECKPOINT")  # write the new rows out now, not while the claims are timed
+        counted = conn.execute("SELECT count(*) FROM task WHERE waiting_for = 1").fetchone()[0]
+    times: dict[str, list[float]] = {"waiting_empty": [], "waiting": []}
+    with cluster.connect("waiting_empty") as empty, cluster.connect("waiting") as held:
+        for _ in range(10):
+            times["waiting_empty"].append(claim_ms(empty, 40))
+            times["waiting"].append(claim_ms(held, 40))
+    empty_ms, held_ms = (round(statistics.median(times[name]), 3) for name in ("waiting_empty", "waiting"))
+    return {"empty_ms": empty_ms, "waiting_ms": held_ms, "ratio": round(held_ms / empty_ms, 2),
+            "waiting_tasks": counted}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -294,6 +338,8 @@ SCENARIOS = {
     "reuse": lambda conn: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
+    "chain": chain,
+    "waiting": None,  # needs the cluster: see waiting()
     "cron": None,  # needs the launcher: see cron()
     "retry": None,  # needs the launcher: see retry()
     "backlog": None,  # needs the cluster: see backlog()
@@ -327,6 +373,8 @@ def main() -> None:
                             results.append({"scenario": name, **idle(conn, launcher)})
                         elif name == "backlog":
                             results.append({"scenario": name, **backlog(cluster)})
+                        elif name == "waiting":
+                            results.append({"scenario": name, **waiting(cluster)})
                         elif name == "cron":
                             results.append({"scenario": name, **cron(conn, launcher)})
                         elif name == "retry":

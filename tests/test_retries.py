@@ -241,3 +241,17 @@ def test_a_remote_task_retries_against_its_remote_on_a_connection_failure(runnin
     assert [(r["attempt"], r["state"], r["sqlstate"]) for r in rows] == [(1, "FAIL", "08001"), (2, "FAIL", "08001")]
     assert running.value("SELECT remote FROM task WHERE id = %s", [rows[1]["id"]]) == remote
     assert "could not open the task's session" in rows[1]["error"]
+
+
+def test_a_dependent_waits_for_its_prerequisites_retry(running):
+    flaky = running.insert(FLAKY.format(failures=1, code="40001"), retry=2, retry_delay="0.2 s", delete=False)
+    hopeless = running.insert("SELECT 1/0", retry=1, retry_delay="0 s", retry_on="{*}", **{"group": "other"})
+    after_flaky = running.insert("SELECT 'after flaky'", after=[flaky], **{"group": "g1"})
+    after_hopeless = running.insert("SELECT 'after hopeless'", after=[hopeless], **{"group": "g2"})
+    attempts_of_flaky = wait_attempts(running, flaky, 2)
+    assert running.wait_done(after_flaky)["output"] == "after flaky"
+    assert running.task(after_flaky)["start"] > attempts_of_flaky[1]["stop"]
+    assert running.task(after_flaky)["after"] == [attempts_of_flaky[1]["id"]]  # it names the retry
+    last = wait_attempts(running, hopeless, 2)[-1]
+    row = running.wait_done(after_hopeless)
+    assert (row["state"], row["error"]) == ("STOP", f"ERROR:  prerequisite task {last['id']} ended FAIL")

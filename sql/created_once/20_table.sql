@@ -44,7 +44,11 @@ CREATE TABLE @extschema@.task (
     retry_on    text[] NOT NULL DEFAULT pgtaskpy.setting_default('retry_on', '{40001,40P01,55P03,08}'::text[]),
     retry_unsafe boolean NOT NULL DEFAULT pgtaskpy.setting_default('retry_unsafe', false),
     attempt     integer NOT NULL DEFAULT 1,
-    sqlstate    text
+    sqlstate    text,
+    after       bigint[],
+    after_any   boolean NOT NULL DEFAULT false,
+    waiting_for integer NOT NULL DEFAULT 0,
+    exclusive   boolean NOT NULL DEFAULT false
     -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
@@ -59,12 +63,18 @@ COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting 
 COMMENT ON COLUMN @extschema@.task.retry IS 'most further attempts after a failure whose SQLSTATE retry_on names';
 COMMENT ON COLUMN @extschema@.task.attempt IS '1 for a first run, n + 1 for the retry of attempt n (set by the scheduler)';
 COMMENT ON COLUMN @extschema@.task.sqlstate IS 'the SQLSTATE of a FAIL''s error';
+COMMENT ON COLUMN @extschema@.task.after IS 'ids of the prerequisites: the task runs once every one has ended DONE';
+COMMENT ON COLUMN @extschema@.task.after_any IS 'run once every prerequisite has ended, whatever its end state';
+COMMENT ON COLUMN @extschema@.task.waiting_for IS 'how many prerequisites have not ended yet (the scheduler counts them down)';
+COMMENT ON COLUMN @extschema@.task.exclusive IS 'start only when no other task of the database runs, and let none start while it runs';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.
-CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN';
-CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN';
-CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN';
+-- The claim's indexes leave out tasks still waiting for prerequisites
+-- (waiting_for > 0): however many there are, a claim never reads them.
+CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_running ON @extschema@.task (hash) WHERE state IN ('TAKE', 'WORK');
 CREATE INDEX task_parent ON @extschema@.task (parent) WHERE parent IS NOT NULL;
 CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
@@ -72,6 +82,8 @@ CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE
 -- at once (a series' runs never overlap).
 CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
 CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
+-- Exclusive tasks waiting or running: each claim looks (an empty index, mostly).
+CREATE INDEX task_exclusive_pending ON @extschema@.task (plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
 
 -- pg_dump keeps users' tasks (the extension's objects are recreated by CREATE EXTENSION).
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.task', '');

@@ -172,6 +172,7 @@ BEGIN
             WHEN NEW.notice IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.notice END) THEN 'notice'
             WHEN NEW.sqlstate IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.sqlstate END) THEN 'sqlstate'
             WHEN NEW.attempt IS DISTINCT FROM (CASE TG_OP WHEN 'UPDATE' THEN OLD.attempt ELSE 1 END) THEN 'attempt'
+            WHEN TG_OP = 'UPDATE' AND NEW.waiting_for IS DISTINCT FROM OLD.waiting_for THEN 'waiting_for'
         END;
         IF written IS NOT NULL THEN
             RAISE EXCEPTION 'permission denied to write task.%', written

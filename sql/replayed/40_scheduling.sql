@@ -92,7 +92,7 @@ DECLARE
     probed bigint;
 BEGIN
     IF claim_limit <= 0
-       OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()) THEN
+       OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()) THEN
         RETURN;  -- nothing due: one probe of the plan index
     END IF;
     -- The groups with due tasks.  Few due tasks: read them from the plan index,
@@ -100,19 +100,20 @@ BEGIN
     -- with waiting tasks (a skip scan), so that a backlog costs per group, not
     -- per task.
     SELECT array_agg(DISTINCT d.hash), count(*) INTO due_groups, probed
-    FROM (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()
+    FROM (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
           ORDER BY t.plan LIMIT 1000) AS d;
     IF probed >= 1000 THEN
         WITH RECURSIVE waiting_groups AS (
-            (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' ORDER BY t.hash LIMIT 1)
+            (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 ORDER BY t.hash LIMIT 1)
             UNION ALL
             SELECT (SELECT t.hash FROM @extschema@.task AS t
-                    WHERE t.state = 'PLAN' AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
+                    WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
             FROM waiting_groups AS w WHERE w.hash IS NOT NULL
         )
         SELECT array_agg(w.hash) INTO due_groups FROM waiting_groups AS w
         WHERE w.hash IS NOT NULL
-          AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.hash = w.hash AND e.plan <= now());
+          AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.waiting_for = 0 AND e.hash = w.hash
+                      AND e.plan <= now());
     END IF;
     -- Every due group full, as while workers go on with a busy backlog: no lock.
     -- Taking it would stall each of those workers for this turn, and a slot
@@ -120,8 +121,8 @@ BEGIN
     IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK'))
        AND NOT EXISTS (
            SELECT FROM unnest(due_groups) AS w(hash)
-           CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
-                               ORDER BY f.max DESC, f.id LIMIT 1) AS first
+           CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.waiting_for = 0
+                               AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1) AS first
            CROSS JOIN LATERAL (SELECT count(*) AS n FROM @extschema@.task AS r
                                WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash) AS g
            WHERE pgtaskpy.group_has_room(first.max, g.n, 1))
@@ -130,6 +131,12 @@ BEGIN
     END IF;
     -- Before any row is locked; the claim below reads the table afresh.
     PERFORM pgtaskpy.lock_scheduling();
+    -- While an exclusive task is due or runs, it alone may be claimed
+    -- (sql/replayed/47_workflows.sql).
+    IF pgtaskpy.exclusive_gate() IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH running AS MATERIALIZED (
         SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
@@ -145,7 +152,9 @@ BEGIN
             -- one in priority order, whatever the table's statistics say.
             SELECT t.id, t.hash, t.max, t.owner
             FROM @extschema@.task AS t
-            WHERE t.state = 'PLAN' AND t.hash = w.hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+            WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = w.hash
+              AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+              AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
               -- A task of a named series starts only while no other run of
               -- the series (owner, key) is claimed or running: its runs never
               -- overlap, also when task_schedule replaced the waiting run
@@ -155,8 +164,8 @@ BEGIN
                        WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
             ORDER BY t.max DESC, t.id
             LIMIT least(claim_limit,
-                        greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.hash = w.hash
-                                     ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
+                        greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.waiting_for = 0
+                                     AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
         ) AS c
     ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
         SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
@@ -216,9 +225,13 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
+    IF pgtaskpy.exclusive_gate() IS NOT NULL THEN  -- (an exclusive task due or running: see claim_due_tasks)
+        RETURN NULL;
+    END IF;
     SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
-    WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+    WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = group_hash
+      AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE AND NOT t.exclusive
       AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
                SELECT FROM @extschema@.task AS k
                WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
@@ -364,7 +377,7 @@ BEGIN
         CONTINUE WHEN pgtaskpy.role_running_limit(bad.rolname) IS DISTINCT FROM 0 OR bad.setting ~ '^\s*0+\s*$';
         failed := failed + pgtaskpy.fail_waiting_tasks(
             ARRAY(SELECT t.id FROM @extschema@.task AS t
-                  WHERE t.state = 'PLAN' AND t.owner = bad.rolname AND t.plan <= now()
+                  WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.owner = bad.rolname AND t.plan <= now()
                   ORDER BY t.id LIMIT 1000),
             format(E'ERROR:  invalid value for setting "pg_task_py.role_running_limit" of role "%s": "%s"\n'
                    'HINT:  It must be a whole number of tasks: ALTER ROLE %s SET pg_task_py.role_running_limit = 4, '
@@ -425,6 +438,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t @extschema@.task;
+    retry_id bigint;
     failure text;
     failure_sqlstate text;
 BEGIN
@@ -439,7 +453,7 @@ BEGIN
 
     IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
         BEGIN
-            PERFORM pgtaskpy.follow_task(t, quiet => NOT wake);
+            retry_id := pgtaskpy.follow_task(t, quiet => NOT wake);
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, failure_sqlstate = RETURNED_SQLSTATE;
             t.error := concat_ws(E'\n', t.error, 'ERROR:  what follows the task failed: ' || failure);
@@ -447,6 +461,15 @@ BEGIN
             UPDATE @extschema@.task AS task SET state = t.state, error = t.error, sqlstate = failure_sqlstate
             WHERE task.id = t.id;
         END;
+    END IF;
+
+    -- Its dependents count it down or stop, before a row that produced
+    -- nothing is deleted (sql/replayed/47_workflows.sql); those of a failed
+    -- run that is retried wait for the retry instead.
+    IF retry_id IS NOT NULL THEN
+        PERFORM pgtaskpy.pass_dependents_on(t.id, retry_id);
+    ELSE
+        PERFORM pgtaskpy.resolve_dependents(t.id, t.state, CASE WHEN NOT wake THEN t.hash END);
     END IF;
 
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
@@ -575,13 +598,13 @@ BEGIN
         INSERT INTO @extschema@.task (
             parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
             string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
-            cron, tz, key, retry, retry_delay, retry_max, retry_on, retry_unsafe, attempt)
+            cron, tz, key, retry, retry_delay, retry_max, retry_on, retry_unsafe, attempt, exclusive)
         VALUES (
             t.id, COALESCE(retry_at, next_at), t.active, t.live, t.repeat, t.timeout, t.count,
             t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
             t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
             t.cron, t.tz, t.key, t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe,
-            CASE WHEN retry_at IS NOT NULL THEN t.attempt + 1 ELSE 1 END)
+            CASE WHEN retry_at IS NOT NULL THEN t.attempt + 1 ELSE 1 END, t.exclusive)
         RETURNING id INTO next_id;
         PERFORM set_config('pgtaskpy.next_run', 'off', true);
     END IF;
@@ -595,7 +618,7 @@ BEGIN
         -- hold back another's for up to 24 days.
         UPDATE @extschema@.task AS task
         SET plan = CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0)
-        WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.owner = t.owner
+        WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
           AND task.plan < CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0);
     END IF;
     RETURN CASE WHEN retry_at IS NOT NULL THEN next_id END;
@@ -766,7 +789,7 @@ DECLARE
 BEGIN
     FOR late IN
         SELECT t.id FROM @extschema@.task AS t
-        WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active <= now()
+        WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now() AND t.plan + t.active <= now()
         ORDER BY t.plan LIMIT 1000
         FOR UPDATE SKIP LOCKED
     LOOP
@@ -784,7 +807,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT extract(epoch FROM min(t.plan) - clock_timestamp())::double precision
     FROM @extschema@.task AS t
-    WHERE t.state = 'PLAN' AND t.plan > now() AND isfinite(t.plan)  -- (rows from before the bounds)
+    WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > now() AND isfinite(t.plan)  -- (rows from before the bounds)
 $$;
 
 -- Only the launcher (a superuser) schedules.

@@ -2,6 +2,12 @@
 -- series (task_schedule, task_unschedule) and the view of the series.
 
 -- INSERT with only the given columns; the others take their defaults.
+-- With a key, on_conflict says what happens when the caller already has a
+-- task of that key waiting (the unique index task_key_waiting): 'error' (the
+-- unique violation), 'skip' (its id is returned and nothing changes) or
+-- 'replace' (its input, plan and data become the given ones: a debounce).
+-- A running task of the key is never touched: the new one waits behind it
+-- (the runs of a key never overlap).
 CREATE FUNCTION @extschema@.task_enqueue(
     input text,
     plan timestamptz DEFAULT NULL,
@@ -10,15 +16,25 @@ CREATE FUNCTION @extschema@.task_enqueue(
     repeat interval DEFAULT NULL,
     timeout interval DEFAULT NULL,
     remote text DEFAULT NULL,
-    data text DEFAULT NULL)
+    data text DEFAULT NULL,
+    after bigint[] DEFAULT NULL,
+    key text DEFAULT NULL,
+    on_conflict text DEFAULT 'error',
+    after_any boolean DEFAULT NULL,
+    exclusive boolean DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     names text[] := '{}';
     values_ text[] := '{}';
+    conflict text := '';
     task_id bigint;
 BEGIN
+    IF on_conflict IS NULL OR on_conflict NOT IN ('error', 'skip', 'replace') THEN
+        RAISE EXCEPTION 'invalid on_conflict "%"', on_conflict
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''error'', ''skip'' or ''replace''.';
+    END IF;
     IF plan IS NOT NULL THEN names := array_append(names, 'plan'); values_ := array_append(values_, '$2'); END IF;
     IF "group" IS NOT NULL THEN names := array_append(names, 'group'); values_ := array_append(values_, '$3'); END IF;
     IF max IS NOT NULL THEN names := array_append(names, 'max'); values_ := array_append(values_, '$4'); END IF;
@@ -26,15 +42,62 @@ BEGIN
     IF timeout IS NOT NULL THEN names := array_append(names, 'timeout'); values_ := array_append(values_, '$6'); END IF;
     IF remote IS NOT NULL THEN names := array_append(names, 'remote'); values_ := array_append(values_, '$7'); END IF;
     IF data IS NOT NULL THEN names := array_append(names, 'data'); values_ := array_append(values_, '$8'); END IF;
-    EXECUTE format('INSERT INTO @extschema@.task (input%s) VALUES ($1%s) RETURNING id',
-                   (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
-                   (SELECT string_agg(', ' || v, '') FROM unnest(values_) AS v))
-        INTO task_id
-        USING input, plan, "group", max, repeat, timeout, remote, data;
-    RETURN task_id;
+    IF after IS NOT NULL THEN names := array_append(names, 'after'); values_ := array_append(values_, '$9'); END IF;
+    IF key IS NOT NULL THEN names := array_append(names, 'key'); values_ := array_append(values_, '$10'); END IF;
+    IF after_any IS NOT NULL THEN names := array_append(names, 'after_any'); values_ := array_append(values_, '$11'); END IF;
+    IF exclusive IS NOT NULL THEN names := array_append(names, 'exclusive'); values_ := array_append(values_, '$12'); END IF;
+    -- (the inference clause names task_key_waiting, a partial index: ON CONSTRAINT cannot)
+    IF key IS NOT NULL AND on_conflict = 'skip' THEN
+        conflict := ' ON CONFLICT (owner, key) WHERE state = ''PLAN'' AND key IS NOT NULL DO NOTHING';
+    ELSIF key IS NOT NULL AND on_conflict = 'replace' THEN
+        conflict := ' ON CONFLICT (owner, key) WHERE state = ''PLAN'' AND key IS NOT NULL'
+                    ' DO UPDATE SET input = EXCLUDED.input, plan = EXCLUDED.plan, data = EXCLUDED.data';
+    END IF;
+    FOR attempt IN 1..100 LOOP
+        EXECUTE format('INSERT INTO @extschema@.task AS t (input%s) VALUES ($1%s)%s RETURNING t.id',
+                       (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
+                       (SELECT string_agg(', ' || v, '') FROM unnest(values_) AS v), conflict)
+            INTO task_id
+            USING input, plan, "group", max, repeat, timeout, remote, data, after, key, after_any, exclusive;
+        IF task_id IS NOT NULL THEN
+            RETURN task_id;
+        END IF;
+        -- skip: the waiting task of the key, unless it has started since (then insert again)
+        SELECT t.id INTO task_id FROM @extschema@.task AS t
+        WHERE t.owner = current_user AND t.key = task_enqueue.key AND t.state = 'PLAN';
+        IF task_id IS NOT NULL THEN
+            RETURN task_id;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'task_enqueue: the waiting task of key "%" kept changing', key
+        USING ERRCODE = 'lock_not_available', HINT = 'Try again.';
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_enqueue IS 'insert a task (unset arguments take the column defaults) and return its id';
+
+-- A linear chain in one call: each input runs after the one before has ended
+-- DONE (a failure stops the rest); returns the ids in order.
+CREATE FUNCTION @extschema@.task_chain(inputs text[], "group" text DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    step text;
+    ids bigint[] := '{}';
+BEGIN
+    IF cardinality(inputs) IS DISTINCT FROM array_length(inputs, 1) OR cardinality(inputs) = 0 THEN
+        RAISE EXCEPTION 'task_chain needs a one-dimensional array of inputs, at least one'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH step IN ARRAY inputs LOOP
+        ids := ids || @extschema@.task_enqueue(
+            step, "group" => task_chain."group",
+            after => CASE WHEN cardinality(ids) > 0 THEN ARRAY[ids[cardinality(ids)]] END);
+    END LOOP;
+    RETURN ids;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_chain IS 'insert a chain of tasks, each after the one before; returns their ids';
 
 -- Wait until a task has ended and return its row (NULL when it was deleted
 -- because it produced neither output nor error).  Polls with a growing pause:
@@ -319,7 +382,10 @@ ORDER BY t.owner, t.key, CASE WHEN t.key IS NULL THEN t.id END, t.state = 'PLAN'
 COMMENT ON VIEW @extschema@.task_series IS 'the caller''s repeating series (cron or repeat): next plan and last run';
 
 -- Task authors get them through pgtaskpy_user (and PUBLIC, unless a DBA revokes it).
-GRANT EXECUTE ON FUNCTION @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text),
+GRANT EXECUTE ON FUNCTION
+    @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text,
+                             bigint[], text, text, boolean, boolean),
+    @extschema@.task_chain(text[], text),
     @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean), @extschema@.task_retry(bigint),
     @extschema@.task_schedule(text, text, text, text, text, integer, interval, text),
     @extschema@.task_unschedule(text) TO pgtaskpy_user;

@@ -57,3 +57,31 @@ COMMENT ON COLUMN @extschema@.task.sqlstate IS 'the SQLSTATE of a FAIL''s error'
 
 -- finish_task takes the error's SQLSTATE.
 DROP FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean);
+-- Workflows: columns after, after_any, waiting_for, exclusive; the claim's
+-- indexes leave out tasks waiting for prerequisites; the edges table
+-- (sql/created_once/20_table.sql, 25_prerequisites.sql).  Existing tasks wait
+-- for nothing and are not exclusive.
+ALTER TABLE @extschema@.task
+    ADD COLUMN after bigint[],
+    ADD COLUMN after_any boolean NOT NULL DEFAULT false,
+    ADD COLUMN waiting_for integer NOT NULL DEFAULT 0,
+    ADD COLUMN exclusive boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN @extschema@.task.after IS 'ids of the prerequisites: the task runs once every one has ended DONE';
+COMMENT ON COLUMN @extschema@.task.after_any IS 'run once every prerequisite has ended, whatever its end state';
+COMMENT ON COLUMN @extschema@.task.waiting_for IS 'how many prerequisites have not ended yet (the scheduler counts them down)';
+COMMENT ON COLUMN @extschema@.task.exclusive IS 'start only when no other task of the database runs, and let none start while it runs';
+DROP INDEX @extschema@.task_plan_waiting, @extschema@.task_hash_waiting, @extschema@.task_hash_plan_waiting;
+CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_exclusive_pending ON @extschema@.task (plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
+CREATE TABLE pgtaskpy.pending_prerequisite (
+    prerequisite bigint NOT NULL,
+    dependent    bigint NOT NULL,
+    PRIMARY KEY (prerequisite, dependent)
+);
+COMMENT ON TABLE pgtaskpy.pending_prerequisite IS 'edges prerequisite -> dependent of tasks that wait for prerequisites';
+REVOKE ALL ON pgtaskpy.pending_prerequisite FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.pending_prerequisite', '');
+-- task_enqueue gains after, after_any, exclusive, key and on_conflict.
+DROP FUNCTION @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text);

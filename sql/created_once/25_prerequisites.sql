@@ -1,0 +1,19 @@
+-- The prerequisites that have not ended yet, one row an edge (prerequisite ->
+-- dependent): how the end of a task finds the tasks waiting for it at once
+-- (one index probe, whatever the fan-in), and how each of them counts down
+-- its waiting_for.  A row is written when the dependent is inserted and
+-- deleted when the prerequisite ends (pgtaskpy.resolve_dependents), so the
+-- table holds only edges still waited on.  Internal: only the scheduler's
+-- functions read or write it (no grants), so no task author can release or
+-- stop somebody else's task.  Created once.
+
+CREATE TABLE pgtaskpy.pending_prerequisite (
+    prerequisite bigint NOT NULL,
+    dependent    bigint NOT NULL,
+    PRIMARY KEY (prerequisite, dependent)
+);
+COMMENT ON TABLE pgtaskpy.pending_prerequisite IS 'edges prerequisite -> dependent of tasks that wait for prerequisites';
+REVOKE ALL ON pgtaskpy.pending_prerequisite FROM PUBLIC;
+
+-- pg_dump keeps the edges with the tasks they belong to.
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.pending_prerequisite', '');

@@ -1,0 +1,317 @@
+-- Workflows: dependencies between tasks (after, after_any) and exclusive
+-- tasks.  The claims and finish_task call in here with a line each.
+--
+-- A task inserted with `after` waits in PLAN while waiting_for, the number of
+-- its prerequisites that have not ended, is above zero: the claim's indexes
+-- leave such rows out (sql/created_once/20_table.sql), so however many wait,
+-- a claim never reads them.  The edges still waited on are rows of
+-- pgtaskpy.pending_prerequisite; the end of a prerequisite takes its edges
+-- and counts its dependents down, or stops them, in the transaction that ends
+-- it (resolve_dependents).
+--
+-- The race between an INSERT naming a prerequisite and that prerequisite's
+-- end: the INSERT holds a lock on each prerequisite's id (shared) from before
+-- it reads the prerequisite's state until it commits, and an end takes the
+-- same lock (exclusive) before it looks for edges.  So either the end waits
+-- for the INSERT's edges, or the INSERT waits for the end and reads the
+-- prerequisite ended.  An advisory lock, not a row lock: a row lock held by an
+-- open transaction of a task author would hold up the claim of the
+-- prerequisite, and every launcher behind the scheduling lock with it.  (A
+-- REPEATABLE READ transaction reads states as of its snapshot, so it locks the
+-- rows instead: FOR SHARE fails with a serialization error when the
+-- prerequisite ended after the snapshot was taken.)
+--
+-- enable_seqscan off: these functions look rows up by id, and keep their plans
+-- for the backend's life; a plan made while the table was small (a bulk
+-- INSERT into an empty table, a new worker) would scan the whole table on
+-- every later call.
+
+-- The lock on a prerequisite's id: one of 1,024 keys (4 mod 8, apart from the
+-- scheduling (0), owner (odd) and series (2 mod 4) locks of the extension's
+-- lock space), so that a transaction that ends or deletes many tasks at once
+-- (a stop cascading down a fan-out of 100,000, DELETE FROM task) holds at
+-- most 1,024 locks, well within the server's lock table.  Two ids of one key
+-- only wait for each other's INSERT or end.  Plain SQL without SET, so the
+-- planner inlines them.
+CREATE FUNCTION pgtaskpy.prerequisite_lock_key(task_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT (pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) 8184) OPERATOR(pg_catalog.|) 4 $$;
+
+CREATE FUNCTION pgtaskpy.lock_prerequisite(task_id bigint) RETURNS void
+LANGUAGE sql
+AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
+          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
+          pgtaskpy.prerequisite_lock_key(task_id)) $$;
+
+CREATE FUNCTION pgtaskpy.lock_prerequisite_shared(task_id bigint) RETURNS void
+LANGUAGE sql
+AS $$ SELECT pg_catalog.pg_advisory_xact_lock_shared(
+          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
+          pgtaskpy.prerequisite_lock_key(task_id)) $$;
+
+-- BEFORE INSERT of a task with `after`: every listed task must exist and be
+-- visible to the inserting role (row-level security; so a task can only wait
+-- for tasks inserted before it, and no cycle can be built), else the INSERT
+-- fails naming the id.  waiting_for := the prerequisites not ended yet.  A
+-- prerequisite that already ended FAIL, GONE or STOP makes the task STOP at
+-- once (unless after_any), as its end would have.  Runs as the inserting role.
+CREATE FUNCTION pgtaskpy.check_prerequisites() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+DECLARE
+    missing bigint;
+    ended record;
+BEGIN
+    NEW.waiting_for := 0;
+    IF NEW.after IS NULL THEN
+        RETURN NEW;
+    ELSIF array_position(NEW.after, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'task.after must not contain NULL' USING ERRCODE = 'not_null_violation';
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pgtaskpy.lock_prerequisite_shared(p.id)  -- (in order of keys: no deadlock between inserts)
+        FROM (SELECT DISTINCT a.id, pgtaskpy.prerequisite_lock_key(a.id) AS k FROM unnest(NEW.after) AS a(id)
+              ORDER BY k) AS p;
+    ELSE
+        PERFORM FROM @extschema@.task AS t WHERE t.id = ANY (NEW.after) ORDER BY t.id FOR SHARE;
+    END IF;
+    SELECT a.id INTO missing FROM unnest(NEW.after) AS a(id)
+    WHERE NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = a.id)
+    ORDER BY a.id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'prerequisite task % not found', missing
+            USING ERRCODE = 'foreign_key_violation',
+                  DETAIL = 'task.after lists tasks that exist and that the inserting role can see.',
+                  HINT = 'Insert the prerequisites first (task_chain, or one transaction), under the same role.';
+    END IF;
+    IF NOT NEW.after_any THEN
+        SELECT t.id, t.state INTO ended FROM @extschema@.task AS t
+        WHERE t.id = ANY (NEW.after) AND t.state IN ('FAIL', 'GONE', 'STOP')
+        ORDER BY t.id LIMIT 1;
+        IF FOUND AND NEW.state = 'PLAN' THEN
+            NEW.state := 'STOP';
+            NEW.error := format('ERROR:  prerequisite task %s ended %s', ended.id, ended.state);
+            NEW.stop := clock_timestamp();
+            RETURN NEW;
+        END IF;
+    END IF;
+    NEW.waiting_for := (SELECT count(*) FROM @extschema@.task AS t
+                        WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK'));
+    RETURN NEW;
+END
+$$;
+
+-- AFTER INSERT of a task that waits: its edges.  SECURITY DEFINER, as task
+-- authors cannot write the edges table (check_prerequisites has checked, as
+-- the inserting role, that it may name these tasks; the locks it took keep
+-- their states as it counted them).
+CREATE FUNCTION pgtaskpy.record_prerequisites() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+BEGIN
+    INSERT INTO pgtaskpy.pending_prerequisite (prerequisite, dependent)
+    SELECT DISTINCT t.id, NEW.id FROM @extschema@.task AS t
+    WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK');
+    RETURN NULL;
+END
+$$;
+
+-- BEFORE UPDATE OF after: the count and the edges were made from the list
+-- given at INSERT.  Members of pgtaskpy_admin may repair rows by hand.
+CREATE FUNCTION pgtaskpy.keep_prerequisites() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'task.after cannot change once the task is inserted'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Stop the task (state = ''STOP'') and insert a new one.';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- The end of task `task_id` as its dependents see it (end_state NULL: the row
+-- was deleted before it ended): each dependent waiting in PLAN counts it down
+-- when it ended DONE or the dependent has after_any, and the last one makes it
+-- due (plan moves up to now, so that `active` counts from here); otherwise the
+-- dependent ends STOP with the error naming the prerequisite, and its own
+-- dependents follow, down the graph, in a loop (a chain of 1,000 is no
+-- recursion 1,000 deep).  Dependents are locked in order of ids.
+CREATE FUNCTION pgtaskpy.resolve_dependents(
+    task_id bigint, end_state @extschema@.state, going_on integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+DECLARE
+    ended bigint[] := ARRAY[task_id];
+    ended_as text[] := ARRAY[COALESCE('ended ' || end_state::text, 'was deleted')];
+    i integer := 1;
+    dependents bigint[];
+    released integer := 0;
+    stopped bigint[];
+BEGIN
+    WHILE i <= cardinality(ended) LOOP
+        PERFORM pgtaskpy.lock_prerequisite(ended[i]);
+        WITH taken AS (
+            DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = ended[i] RETURNING e.dependent)
+        SELECT array_agg(taken.dependent ORDER BY taken.dependent) INTO dependents FROM taken;
+        IF dependents IS NOT NULL THEN
+            WITH counted AS (
+                UPDATE @extschema@.task AS d
+                SET waiting_for = d.waiting_for - 1,
+                    plan = CASE WHEN d.waiting_for = 1 THEN greatest(d.plan, now()) ELSE d.plan END
+                WHERE d.id IN (SELECT w.id FROM @extschema@.task AS w
+                               WHERE w.id = ANY (dependents) AND w.state = 'PLAN' AND w.waiting_for > 0
+                                 AND (ended_as[i] = 'ended DONE' OR w.after_any)
+                               ORDER BY w.id FOR UPDATE)
+                RETURNING d.waiting_for, d.hash, d.max)
+            SELECT released + count(*) FILTER (WHERE counted.waiting_for = 0
+                                                 AND (i > 1 OR counted.hash IS DISTINCT FROM going_on OR counted.max > 0))
+            INTO released FROM counted;
+            IF ended_as[i] <> 'ended DONE' THEN  -- (else nothing to stop)
+                -- (the stop of a dependent is not a user's STOP: task_prerequisite_stopped
+                -- leaves it to this loop)
+                PERFORM set_config('pgtaskpy.resolving', 'on', true);
+                WITH ended_now AS (
+                    UPDATE @extschema@.task AS d
+                    SET state = 'STOP', stop = clock_timestamp(),
+                        error = format('ERROR:  prerequisite task %s %s', ended[i], ended_as[i])
+                    WHERE d.id IN (SELECT w.id FROM @extschema@.task AS w
+                                   WHERE w.id = ANY (dependents) AND w.state = 'PLAN' AND NOT w.after_any
+                                   ORDER BY w.id FOR UPDATE)
+                    RETURNING d.id)
+                SELECT array_agg(ended_now.id ORDER BY ended_now.id) INTO stopped FROM ended_now;
+                PERFORM set_config('pgtaskpy.resolving', '', true);
+                IF stopped IS NOT NULL THEN
+                    ended := ended || stopped;
+                    ended_as := ended_as || array_fill('ended STOP'::text, ARRAY[cardinality(stopped)]);
+                END IF;
+            END IF;
+        END IF;
+        i := i + 1;
+    END LOOP;
+    -- Launchers claim what was released, except a dependent in the group
+    -- `going_on` (the hash of the ended task's group, when its worker goes on
+    -- with it: finish_task's wake false) that runs one at a time: that worker
+    -- claims it, or wakes the launchers when it does not (a chain costs no
+    -- launcher turn a task).
+    IF released > 0 THEN
+        PERFORM pgtaskpy.wake_launchers();
+    END IF;
+END
+$$;
+
+-- A failed run whose retry row is inserted hands its dependents on to the
+-- retry, which they wait for instead, rather than being stopped.  finish_task
+-- calls this in place of resolve_dependents for such a run.  `after` of each
+-- dependent names the retry from then on.
+CREATE FUNCTION pgtaskpy.pass_dependents_on(from_task bigint, to_task bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+BEGIN
+    PERFORM pgtaskpy.lock_prerequisite(from_task);
+    PERFORM pgtaskpy.lock_prerequisite(to_task);
+    UPDATE @extschema@.task AS d SET after = array_replace(d.after, from_task, to_task)
+    WHERE d.id IN (SELECT e.dependent FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = from_task);
+    UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = to_task WHERE e.prerequisite = from_task;
+END
+$$;
+
+-- A user's STOP of a waiting or claimed task (UPDATE, task_cancel,
+-- task_unschedule) is an end its dependents follow; every other end goes
+-- through finish_task.  SECURITY DEFINER: the dependents' edges are the
+-- scheduler's.
+CREATE FUNCTION pgtaskpy.prerequisite_stopped() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.resolve_dependents(NEW.id, 'STOP');
+    RETURN NULL;
+END
+$$;
+
+-- A task deleted before it ended: its dependents stop (or, with after_any,
+-- count it as ended).  A finished task's dependents were resolved when it
+-- ended, before finish_task deletes a row that produced nothing.
+CREATE FUNCTION pgtaskpy.prerequisite_deleted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.resolve_dependents(OLD.id, NULL);
+    RETURN NULL;
+END
+$$;
+
+-- Triggers named after task_guard_insert, so that they fire after it (BEFORE
+-- triggers fire in order of names) and may set state, stop and error.
+CREATE TRIGGER task_prerequisites_insert
+    BEFORE INSERT ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.after IS NOT NULL OR NEW.waiting_for <> 0)
+    EXECUTE FUNCTION pgtaskpy.check_prerequisites();
+
+CREATE TRIGGER task_prerequisites_recorded
+    AFTER INSERT ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.waiting_for > 0)
+    EXECUTE FUNCTION pgtaskpy.record_prerequisites();
+
+CREATE TRIGGER task_prerequisites_update
+    BEFORE UPDATE OF after ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.after IS DISTINCT FROM OLD.after)
+    EXECUTE FUNCTION pgtaskpy.keep_prerequisites();
+
+CREATE TRIGGER task_prerequisite_stopped
+    AFTER UPDATE OF state ON @extschema@.task
+    FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE') AND NEW.state = 'STOP'
+                       AND pg_catalog.current_setting('pgtaskpy.resolving', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
+
+CREATE TRIGGER task_prerequisite_deleted
+    AFTER DELETE ON @extschema@.task
+    FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE', 'WORK'))
+    EXECUTE FUNCTION pgtaskpy.prerequisite_deleted();
+
+-- Exclusive tasks, as the claims see them: 'running' while one is claimed or
+-- runs, 'due' while one may start (then nothing else is claimed, so that the
+-- running tasks drain), NULL otherwise.  One probe of an index that holds
+-- only exclusive tasks that wait or run.
+CREATE FUNCTION pgtaskpy.exclusive_gate() RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN bool_or(t.state <> 'PLAN') THEN 'running'
+                        WHEN bool_or(t.waiting_for = 0 AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE)
+                            THEN 'due' END
+            FROM @extschema@.task AS t WHERE t.exclusive AND t.state IN ('PLAN', 'TAKE', 'WORK'));
+END
+$$;
+
+-- claim_due_tasks while an exclusive task is due or runs (under the
+-- scheduling lock): the first due exclusive task (higher max, then lower id),
+-- once no task of the database is claimed or running; else nothing.
+CREATE FUNCTION pgtaskpy.claim_exclusive_task(claimer integer)
+RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+BEGIN
+    IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE @extschema@.task AS t
+    SET state = 'TAKE', worker = claimer
+    WHERE t.id = (SELECT e.id FROM @extschema@.task AS e
+                  WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0
+                    AND (e.plan <= now() AND e.plan + e.active > now()) IS TRUE
+                    AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
+                  ORDER BY e.max DESC, e.id LIMIT 1)
+      AND t.state = 'PLAN'
+    RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
+END
+$$;
+
+REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_exclusive_task(integer) FROM PUBLIC;

@@ -1,0 +1,384 @@
+"""Workflows: dependencies (after, after_any, task_chain), exclusive tasks and deduplicated
+enqueues (task_enqueue's key and on_conflict), through the real launcher."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from pg_task_py_testing import Launcher, most_at_once, new_database, throwaway_cluster, wait_until
+
+
+def rows(db, ids: list[int]) -> dict[int, dict]:
+    return {task_id: db.task(task_id) for task_id in ids}
+
+
+def diamond(db, group_max: int, a_input: str = "SELECT pg_sleep(0.3)", d_any: bool = False) -> list[int]:
+    """A -> (B, C) -> D, all in group "wf" (B and C may overlap when max >= 1)."""
+    a = db.insert(a_input, group="wf", max=group_max, delete=False)
+    b = db.insert("SELECT pg_sleep(0.6)", group="wf", max=group_max, delete=False, after=[a])
+    c = db.insert("SELECT pg_sleep(0.6)", group="wf", max=group_max, delete=False, after=[a])
+    d = db.insert("SELECT 'd'", group="wf", max=group_max, delete=False, after=[b, c], after_any=d_any)
+    return [a, b, c, d]
+
+
+def test_diamond_runs_in_order_and_branches_overlap(running):
+    a, b, c, d = diamond(running, group_max=1)
+    assert running.task(d)["waiting_for"] == 2
+    running.wait_done(d)
+    t = rows(running, [a, b, c, d])
+    assert all(row["state"] == "DONE" for row in t.values()), t
+    assert t[b]["start"] >= t[a]["stop"] and t[c]["start"] >= t[a]["stop"]
+    assert t[d]["start"] >= max(t[b]["stop"], t[c]["stop"])
+    assert most_at_once([(t[b]["start"], t[b]["stop"]), (t[c]["start"], t[c]["stop"])]) == 2
+    assert t[d]["output"] == "d" and t[d]["waiting_for"] == 0
+
+
+def test_failed_prerequisite_stops_dependents_transitively(running):
+    a, b, c, d = diamond(running, group_max=1, a_input="SELECT 1/0")
+    e = running.insert("SELECT 'e'", delete=False, after=[d])
+    running.wait_done(a)
+    t = rows(running, [a, b, c, d, e])
+    assert t[a]["state"] == "FAIL"
+    assert (t[b]["state"], t[b]["error"]) == ("STOP", f"ERROR:  prerequisite task {a} ended FAIL")
+    assert (t[c]["state"], t[c]["error"]) == ("STOP", f"ERROR:  prerequisite task {a} ended FAIL")
+    assert (t[d]["state"], t[d]["error"]) == ("STOP", f"ERROR:  prerequisite task {b} ended STOP")
+    assert (t[e]["state"], t[e]["error"]) == ("STOP", f"ERROR:  prerequisite task {d} ended STOP")
+    assert all(row["start"] is None and row["stop"] is not None for row in (t[b], t[c], t[d], t[e]))
+    # Inserted after the failure: stopped at once, as the failure would have stopped it.
+    late = running.insert("SELECT 'late'", delete=False, after=[a])
+    assert (running.task(late)["state"], running.task(late)["error"]) == (
+        "STOP", f"ERROR:  prerequisite task {a} ended FAIL")
+
+
+def test_after_any_runs_whatever_the_prerequisites_ended(running):
+    a, b, c, d = diamond(running, group_max=1, a_input="SELECT 1/0", d_any=True)
+    row = running.wait_done(d)
+    assert row["state"] == "DONE" and row["output"] == "d"
+    t = rows(running, [a, b, c])
+    assert [t[i]["state"] for i in (a, b, c)] == ["FAIL", "STOP", "STOP"]
+    assert row["start"] >= max(t[b]["stop"], t[c]["stop"])
+
+
+def test_stopped_or_deleted_prerequisite_stops_dependents(db):
+    """A user's STOP (UPDATE or task_cancel) and a DELETE of a waiting prerequisite are ends too."""
+    ahead = "now() + interval '1 hour'"
+    a1, a2, a3 = (db.value(f"INSERT INTO task (input, plan) VALUES ('SELECT 1', {ahead}) RETURNING id")
+                  for _ in range(3))
+    d1, d2, d3 = (db.insert("SELECT 2", after=[a]) for a in (a1, a2, a3))
+    d1_next = db.insert("SELECT 3", after=[d1])
+    any_of_them = db.insert("SELECT 4", after=[a1, a2, a3], after_any=True)
+    db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [a1])
+    assert db.value("SELECT task_cancel(%s)", [a2]) is True
+    db.sql("DELETE FROM task WHERE id = %s", [a3])
+    assert (db.task(d1)["state"], db.task(d1)["error"]) == ("STOP", f"ERROR:  prerequisite task {a1} ended STOP")
+    assert db.task(d2)["error"] == f"ERROR:  prerequisite task {a2} ended STOP"
+    assert db.task(d3)["error"] == f"ERROR:  prerequisite task {a3} was deleted"
+    assert db.task(d1_next)["error"] == f"ERROR:  prerequisite task {d1} ended STOP"
+    released = db.task(any_of_them)
+    assert (released["state"], released["waiting_for"]) == ("PLAN", 0)
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
+def test_stop_cascades_down_a_wide_fan_out(db):
+    """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
+    stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""
+    for how in ("UPDATE task SET state = 'STOP' WHERE id = %s", "DELETE FROM task WHERE id = %s"):
+        first = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h') RETURNING id")
+        db.sql("WITH level AS (INSERT INTO task (input, after) SELECT 'SELECT 2', ARRAY[%s]::bigint[]"
+               " FROM generate_series(1, 3000) RETURNING id)"
+               " SELECT count(*) FROM level", [first])
+        db.sql("INSERT INTO task (input, after) SELECT 'SELECT 3', ARRAY[id] FROM task"
+               " WHERE after = ARRAY[%s]::bigint[]", [first])
+        assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN' AND waiting_for = 1") == 6000
+        db.sql(how, [first])
+        assert db.value("SELECT count(*) FROM task WHERE state = 'STOP' AND error LIKE 'ERROR:  prerequisite task %%'"
+                        ) == 6000
+        assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+        db.sql("DELETE FROM task")
+
+
+def test_done_prerequisite_deleted_at_its_end_releases_dependents(running):
+    """delete = true and no output: the scheduler deletes the row at its end, after its dependents
+    have counted it as DONE."""
+    a = running.insert("SELECT WHERE false")  # no rows, no tag: nothing to keep
+    d = running.insert("SELECT 'd'", delete=False, after=[a])
+    row = running.wait_done(d)
+    assert running.task(a) is None
+    assert (row["state"], row["output"]) == ("DONE", "d")
+
+
+def test_unknown_or_invisible_prerequisite_is_refused(db):
+    before = db.value("SELECT count(*) FROM task")
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="prerequisite task 987654 not found"):
+        db.insert("SELECT 1", after=[987654])
+    with pytest.raises(psycopg.errors.NotNullViolation, match="task.after must not contain NULL"):
+        db.insert("SELECT 1", after=[None])
+    others = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h') RETURNING id")
+    db.sql("CREATE ROLE wf_alice LOGIN; GRANT pgtaskpy_user TO wf_alice")
+    try:
+        with db.connect("wf_alice") as alice:
+            alice.autocommit = True
+            with pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"prerequisite task {others} not found"):
+                alice.execute("INSERT INTO task (input, after) VALUES ('SELECT 1', %s)", [[others]])
+            with pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"prerequisite task {others} not found"):
+                alice.execute("SELECT task_enqueue('SELECT 1', after => %s)", [[others]])
+            own = alice.execute("SELECT task_enqueue('SELECT 1', plan => now() + interval '1 h')").fetchone()[0]
+            mine = alice.execute("SELECT task_enqueue('SELECT 2', after => %s)", [[own]]).fetchone()[0]
+            # The scheduler's columns and the list are not the author's to change.
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="task.after cannot change"):
+                alice.execute("UPDATE task SET after = NULL WHERE id = %s", [mine])
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="task.waiting_for"):
+                alice.execute("UPDATE task SET waiting_for = 0 WHERE id = %s", [mine])
+            # A waiting task of somebody else is stopped, its dependents with it, whoever stops it.
+            alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [own])
+            assert alice.execute("SELECT state::text FROM task WHERE id = %s", [mine]).fetchone()[0] == "STOP"
+        assert db.value("SELECT count(*) FROM task") == before + 3
+        db.sql("DELETE FROM task")
+    finally:
+        db.sql("DROP OWNED BY wf_alice; DROP ROLE wf_alice")
+
+
+def test_waiting_task_does_not_expire_and_active_counts_from_release(running):
+    """A task waiting for a prerequisite planned 1.5 s ahead, with active 0.5 s and a plan long
+    past: it is not GONE, and runs once the prerequisite is DONE (its plan moved to that moment)."""
+    a = running.value("INSERT INTO task (input, plan, delete) VALUES ('SELECT 1', clock_timestamp()"
+                      " + interval '1.5 s', false) RETURNING id")
+    d = running.value("INSERT INTO task (input, plan, active, after, delete)"
+                      " VALUES ('SELECT 2', now() - interval '1 hour', '0.5 s', %s, false) RETURNING id", [[a]])
+    assert running.value("SELECT pgtaskpy.expire_inactive_tasks()") == 0
+    row = running.wait_done(d)
+    prerequisite = running.task(a)
+    assert row["state"] == "DONE", row
+    assert row["plan"] >= prerequisite["stop"] - timedelta(seconds=1)
+    assert row["start"] >= prerequisite["stop"]
+
+
+def test_chain_and_fan_in_of_a_thousand(running):
+    ids = running.value("SELECT task_chain(array_agg('SELECT ' || i ORDER BY i), 'chain')"
+                        " FROM generate_series(1, 1000) AS i")
+    assert len(ids) == 1000
+    fan = running.value("SELECT array_agg(task_enqueue('SELECT ' || i, \"group\" => 'fan' || (i % 4)))"
+                        " FROM generate_series(1, 1000) AS i")
+    last = running.value("SELECT task_enqueue('SELECT ''all''', after => %s)", [fan])
+    assert running.task(last)["waiting_for"] + running.value(
+        "SELECT count(*) FROM task WHERE id = ANY(%s) AND state NOT IN ('PLAN', 'TAKE', 'WORK')", [fan]) >= 1000
+    running.wait_all_done(timeout=120)
+    starts = running.sql("SELECT start, stop, output FROM task WHERE id = ANY(%s) ORDER BY id", [ids])
+    assert [output for _, _, output in starts] == [str(i) for i in range(1, 1001)]
+    assert all(later[0] >= earlier[1] for earlier, later in zip(starts, starts[1:]))
+    final = running.task(last)
+    assert (final["state"], final["output"]) == ("DONE", "all")
+    assert final["start"] >= running.value("SELECT max(stop) FROM task WHERE id = ANY(%s)", [fan])
+
+
+@pytest.mark.parametrize("launchers", [1, 2])
+def test_exclusive_task_waits_for_the_running_and_runs_alone(db, launchers):
+    for _ in range(launchers):
+        db.launcher()
+    busy = [db.insert("SELECT pg_sleep(1)", group=f"busy{i}", delete=False) for i in range(8)]
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 8, 15,
+               message="the eight tasks to run")
+    exclusive = db.insert("SELECT pg_sleep(0.5)", exclusive=True, delete=False, group="maintenance")
+    later = [db.insert("SELECT 1", group=f"later{i % 3}", delete=False) for i in range(6)]
+    row = db.wait_done(exclusive)
+    db.wait_all_done()
+    assert row["state"] == "DONE"
+    ended = db.value("SELECT max(stop) FROM task WHERE id = ANY(%s)", [busy])
+    assert row["start"] >= ended
+    others = db.sql("SELECT start, stop FROM task WHERE id <> %s", [exclusive])
+    assert not any(start < row["stop"] and stop > row["start"] for start, stop in others)
+    assert db.value("SELECT min(start) FROM task WHERE id = ANY(%s)", [later]) >= row["stop"]
+
+
+def test_two_exclusive_tasks_never_run_at_once(db):
+    db.launcher()
+    db.launcher()
+    ids = [db.insert("SELECT pg_sleep(0.3)", exclusive=True, group=f"x{i}", delete=False) for i in range(4)]
+    ids += [db.insert("SELECT pg_sleep(0.1)", group=f"y{i}", delete=False) for i in range(6)]
+    db.wait_all_done()
+    spans = db.sql("SELECT start, stop, exclusive FROM task WHERE id = ANY(%s)", [ids])
+    for start, stop, exclusive in spans:
+        if exclusive:
+            assert not any(s < stop and e > start for s, e, _ in spans if (s, e) != (start, stop))
+    # The next run of a repeating exclusive task is exclusive too.
+    series = db.insert("SELECT 1", exclusive=True, repeat="1 hour")
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE parent = %s", [series]) == 1, 15)
+    assert db.value("SELECT exclusive FROM task WHERE parent = %s", [series]) is True
+
+
+def test_on_conflict_skip_from_twenty_sessions(db):
+    barrier = threading.Barrier(20)
+    ids: list[int] = []
+
+    def enqueue() -> None:
+        with db.connect() as conn:
+            conn.autocommit = True
+            barrier.wait()
+            ids.append(conn.execute("SELECT task_enqueue('SELECT 1', plan => now() + interval '1 h',"
+                                    " key => 'refresh', on_conflict => 'skip')").fetchone()[0])
+
+    threads = [threading.Thread(target=enqueue) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(ids) == 20 and len(set(ids)) == 1
+    assert db.sql("SELECT id FROM task WHERE key = 'refresh'") == [(ids[0],)]
+
+
+def test_on_conflict_replace_and_error(db):
+    first = db.value("SELECT task_enqueue('SELECT 1', plan => now() + interval '1 h', key => 'k', data => 'a')")
+    for n in range(2, 6):
+        again = db.value("SELECT task_enqueue(%s, plan => now() + %s * interval '1 min', key => 'k',"
+                         " on_conflict => 'replace')", [f"SELECT {n}", n])
+        assert again == first
+    row = db.task(first)
+    assert (row["input"], row["data"]) == ("SELECT 5", None)
+    assert db.value("SELECT count(*) FROM task WHERE key = 'k'") == 1
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.value("SELECT task_enqueue('SELECT 6', key => 'k')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='invalid on_conflict "merge"'):
+        db.value("SELECT task_enqueue('SELECT 6', key => 'k', on_conflict => 'merge')")
+    # The same with a plain INSERT ... ON CONFLICT on the partial unique index.
+    db.sql("INSERT INTO task (key, input) VALUES ('k', 'SELECT 7') ON CONFLICT (owner, key)"
+           " WHERE state = 'PLAN' AND key IS NOT NULL DO UPDATE SET input = EXCLUDED.input")
+    assert db.task(first)["input"] == "SELECT 7"
+    assert db.sql("INSERT INTO task (key, input) VALUES ('k', 'SELECT 8') ON CONFLICT (owner, key)"
+                  " WHERE state = 'PLAN' AND key IS NOT NULL DO NOTHING RETURNING id") == []
+
+
+def test_running_task_of_the_key_is_untouched(running):
+    first = running.value("SELECT task_enqueue('SELECT pg_sleep(1)', key => 'nightly', on_conflict => 'replace')")
+    wait_until(lambda: running.task(first)["state"] == "WORK", 15)
+    second = running.value("SELECT task_enqueue('SELECT 2', key => 'nightly', on_conflict => 'replace')")
+    third = running.value("SELECT task_enqueue('SELECT 3', key => 'nightly', on_conflict => 'replace')")
+    skipped = running.value("SELECT task_enqueue('SELECT 4', key => 'nightly', on_conflict => 'skip')")
+    assert second != first and third == second and skipped == second
+    assert running.task(first)["input"] == "SELECT pg_sleep(1)"
+    done = running.wait_done(second)
+    ran = running.task(first)
+    assert ran is None or ran["input"] == "SELECT pg_sleep(1)"
+    assert done["input"] == "SELECT 3" and done["output"] == "3"
+    if ran is not None:
+        assert done["start"] >= ran["stop"]
+
+
+def test_task_chain(running):
+    ids = running.value("SELECT task_chain(ARRAY['SELECT 1', 'SELECT 1/0', 'SELECT 3'], 'etl')")
+    assert len(ids) == 3
+    running.wait_done(ids[2])
+    t = rows(running, ids)
+    assert [t[i]["state"] for i in ids] == ["DONE", "FAIL", "STOP"]
+    assert t[ids[0]]["group"] == "etl" and t[ids[1]]["after"] == [ids[0]]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="task_chain needs"):
+        running.value("SELECT task_chain('{}'::text[])")
+
+
+def test_upgraded_database_runs_workflows(cluster):
+    """The same rules after ALTER EXTENSION UPDATE from 1.2 (tests/test_upgrade.py compares the
+    catalogs; this runs a dependency through the upgraded claim)."""
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py; CREATE EXTENSION pg_task_py VERSION '1.2'")
+        db.sql("ALTER EXTENSION pg_task_py UPDATE")
+        db.launcher()
+        a = db.insert("SELECT 1", delete=False)
+        d = db.insert("SELECT 2", delete=False, after=[a])
+        assert db.wait_done(d)["output"] == "2"
+
+
+@pytest.mark.chaos
+def test_dependencies_hold_under_faults():
+    """Diamonds and chains under killed workers and task sessions, SIGKILLed launchers and server
+    restarts: no dependent runs before its prerequisites have ended (DONE, unless after_any),
+    every one whose prerequisite did not end DONE is stopped, and none stays waiting."""
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "17")))
+    seconds = float(os.environ.get("CHAOS_SECONDS", "20"))
+    with throwaway_cluster() as cluster:
+        cluster.create_database("chaos")
+        launchers = [Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start() for _ in range(2)]
+        try:
+            with cluster.connect("chaos") as conn:
+                enqueue_workflows(conn, rng)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.3, 1.2))
+                launchers = inflict_fault(cluster, launchers, rng)
+            conn = wait_until(lambda: try_connect(cluster), 60, 0.2, "the server to accept connections")
+            with conn:
+                wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                                                ).fetchone()[0] == 0, 120, 0.2, "every task to end")
+                check_dependencies(conn)
+        finally:
+            statuses = [launcher.stop(30) for launcher in launchers]
+        assert statuses == [0] * len(statuses), [launcher.output()[-2000:] for launcher in launchers]
+
+
+def enqueue_workflows(conn, rng: random.Random) -> None:
+    inputs = ["SELECT 1"] * 5 + ["SELECT 1/0"] + ["SELECT pg_sleep(0.2)"] * 3
+
+    def add(group: str, after: list[int] | None = None, after_any: bool = False) -> int:
+        return conn.execute("INSERT INTO task (input, \"group\", max, after, after_any, delete)"
+                            " VALUES (%s, %s, 1, %s, %s, false) RETURNING id",
+                            [rng.choice(inputs), group, after, after_any]).fetchone()[0]
+
+    for i in range(150):
+        group = f"g{i % 6}"
+        a = add(group)
+        b, c = add(group, [a]), add(group, [a])
+        add(group, [b, c], after_any=rng.random() < 0.3)
+    for _ in range(15):
+        conn.execute("SELECT task_chain(array_agg(CASE WHEN random() < 0.02 THEN 'SELECT 1/0'"
+                     " ELSE 'SELECT pg_sleep(0.05)' END), 'chains') FROM generate_series(1, 20)")
+
+
+def try_connect(cluster):
+    try:
+        return cluster.connect("chaos")
+    except Exception:  # noqa: BLE001 - the server is restarting
+        return None
+
+
+def inflict_fault(cluster, launchers: list, rng: random.Random) -> list:
+    fault = rng.choice(["terminate worker", "terminate task session", "kill launcher", "restart fast",
+                        "terminate worker", "terminate task session", "restart immediate"])
+    if fault.startswith("terminate"):
+        conn = try_connect(cluster)
+        if conn is not None:
+            with conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
+                             " ORDER BY random() LIMIT 1",
+                             ["pg_task_py worker" if fault == "terminate worker" else "pg_task_py task"])
+    elif fault == "kill launcher":
+        victim = rng.choice(launchers)
+        victim.signal(signal.SIGKILL)
+        victim.process.wait(10)
+        launchers = [launcher for launcher in launchers if launcher is not victim]
+        launchers.append(Launcher(cluster.dsn("chaos"), args=("--grace", "2")).start())
+    else:
+        cluster.restart(fault.split()[1])
+    return launchers
+
+
+def check_dependencies(conn) -> None:
+    early = conn.execute(
+        "SELECT d.id, p.id FROM task AS d CROSS JOIN unnest(d.after) AS a(id) JOIN task AS p ON p.id = a.id"
+        " WHERE d.start IS NOT NULL AND (d.start < p.stop OR NOT (d.after_any OR p.state = 'DONE'))").fetchall()
+    assert early == [], "dependents that started before their prerequisites ended DONE"
+    not_stopped = conn.execute(
+        "SELECT d.id, d.state::text FROM task AS d WHERE NOT d.after_any AND d.state <> 'STOP' AND EXISTS ("
+        " SELECT FROM unnest(d.after) AS a(id) JOIN task AS p ON p.id = a.id WHERE p.state <> 'DONE')").fetchall()
+    assert not_stopped == []
+    stopped = conn.execute("SELECT count(*), count(*) FILTER (WHERE error LIKE 'ERROR:  prerequisite task %% ended %%')"
+                           " FROM task WHERE state = 'STOP'").fetchone()
+    assert stopped[0] == stopped[1] and stopped[0] > 0, stopped
+    assert conn.execute("SELECT count(*) FROM pgtaskpy.pending_prerequisite").fetchone()[0] == 0
+    ran = conn.execute("SELECT count(*) FROM task WHERE after IS NOT NULL AND state IN ('DONE', 'FAIL')").fetchone()[0]
+    assert ran > 0
+    print(f"\nchaos with dependencies: {conn.execute('SELECT state::text, count(*) FROM task GROUP BY 1').fetchall()}")
