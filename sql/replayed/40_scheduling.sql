@@ -11,6 +11,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE what
         WHEN 'channel' THEN 'pg_task_py'
+        WHEN 'done channel' THEN 'pg_task_py_done'
         WHEN 'launcher' THEN 'pg_task_py launcher'
         WHEN 'stopping launcher' THEN 'pg_task_py launcher (stopping)'
         WHEN 'worker' THEN 'pg_task_py worker'
@@ -138,14 +139,16 @@ BEGIN
         -- start (the group's highest max + 1) nor than may be claimed.
         SELECT c.id, c.hash, c.max, c.owner,
                row_number() OVER (PARTITION BY c.hash ORDER BY c.max DESC, c.id) AS rank,
-               row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank
+               row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank,
+               c."group", row_number() OVER (PARTITION BY c.owner, c."group" ORDER BY c.max DESC, c.id) AS group_rank
         FROM unnest(due_groups) AS w(hash)
         CROSS JOIN LATERAL (
             -- "(...) IS TRUE": no index on plan may serve this scan, only the
             -- one in priority order, whatever the table's statistics say.
-            SELECT t.id, t.hash, t.max, t.owner
+            SELECT t.id, t.hash, t.max, t.owner, t."group"
             FROM @extschema@.task AS t
             WHERE t.state = 'PLAN' AND t.hash = w.hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+              AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
               -- A task of a named series starts only while no other run of
               -- the series (owner, key) is claimed or running: its runs never
               -- overlap, also when task_schedule replaced the waiting run
@@ -169,14 +172,19 @@ BEGIN
         CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
         WHERE pgtaskpy.group_has_room(d.max, g.n, d.rank)
           AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
+          AND pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank)
         ORDER BY d.max DESC, d.id
         LIMIT claim_limit
+    ), claimed AS (
+        UPDATE @extschema@.task AS t
+        SET state = 'TAKE', worker = claimer
+        FROM chosen AS c
+        WHERE t.id = c.id AND t.state = 'PLAN'
+        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
+    ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
+        SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
     )
-    UPDATE @extschema@.task AS t
-    SET state = 'TAKE', worker = claimer
-    FROM chosen AS c
-    WHERE t.id = c.id AND t.state = 'PLAN'
-    RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
+    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
 END
 $$;
 
@@ -219,6 +227,7 @@ BEGIN
     SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.hash = group_hash AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+      AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
       AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
                SELECT FROM @extschema@.task AS k
                WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
@@ -242,6 +251,9 @@ BEGIN
         IF NOT pgtaskpy.owner_has_room(cap, running, 1) THEN
             RETURN NULL;
         END IF;
+    END IF;
+    IF NOT pgtaskpy.take_start_slot(claimed.owner, claimed."group") THEN  -- (a rate limit: 70_operating.sql)
+        RETURN NULL;
     END IF;
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
        AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
@@ -445,6 +457,7 @@ BEGIN
         END;
     END IF;
 
+    PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
         DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
     END IF;
@@ -676,6 +689,7 @@ BEGIN
     FOR late IN
         SELECT t.id FROM @extschema@.task AS t
         WHERE t.state = 'PLAN' AND t.plan <= now() AND t.plan + t.active <= now()
+          AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (a paused group's tasks wait: 70_operating.sql)
         ORDER BY t.plan LIMIT 1000
         FOR UPDATE SKIP LOCKED
     LOOP

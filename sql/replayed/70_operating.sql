@@ -1,0 +1,348 @@
+-- Operating a database's tasks: counters and the view task_stats, the event
+-- of a task's end (NOTIFY pg_task_py_done), pausing a group, rate limits.
+-- The scheduling functions (40_scheduling.sql) call in here with one line each:
+-- finish_task (task_ended), the claims (group_paused, rate_has_room,
+-- take_start_slot) and expire_inactive_tasks (group_paused).  The tables are
+-- in sql/created_once/36_operating.sql.
+
+-- --- Counters ---------------------------------------------------------------
+
+-- Count one row of (owner, group) that became `state` at `at`.
+CREATE FUNCTION pgtaskpy.count_end(task_owner name, task_group text, state @extschema@.state, at timestamptz,
+                                   error text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error)
+    VALUES (task_owner, task_group, (state = 'DONE')::integer, (state = 'FAIL')::integer,
+            (state = 'GONE')::integer, (state = 'STOP')::integer,
+            CASE WHEN state = 'DONE' THEN at END, CASE WHEN state = 'FAIL' THEN at END,
+            CASE WHEN state = 'FAIL' THEN left(error, 2000) END)
+    ON CONFLICT (owner, "group") DO UPDATE
+    SET done = c.done + excluded.done, fail = c.fail + excluded.fail, gone = c.gone + excluded.gone,
+        stop = c.stop + excluded.stop,
+        last_success = COALESCE(excluded.last_success, c.last_success),
+        last_failure = COALESCE(excluded.last_failure, c.last_failure),
+        last_error = CASE WHEN excluded.last_failure IS NOT NULL THEN excluded.last_error ELSE c.last_error END
+$$;
+
+-- finish_task's hook, in the transaction that ends the task: count it, and
+-- tell the applications that LISTEN (pg_task_py.notify_done).
+CREATE FUNCTION pgtaskpy.task_ended(t @extschema@.task) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.count_end(t.owner, t."group", t.state, t.stop, t.error);
+    IF pgtaskpy.notify_done(t.owner) THEN
+        -- (a payload is at most 8000 bytes: a long group name is cut)
+        PERFORM pg_notify(pgtaskpy.name_of('done channel'),
+                          json_build_object('id', t.id, 'state', t.state, 'group', left(t."group", 1000),
+                                            'owner', t.owner)::text);
+    END IF;
+END
+$$;
+
+-- A task author stops a waiting task with an UPDATE (or inserts it STOP):
+-- no scheduler function sees that, so a trigger counts it.  SECURITY DEFINER:
+-- the author may not write the counters.
+CREATE FUNCTION pgtaskpy.count_stopped_task() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.count_end(NEW.owner, NEW."group", NEW.state, NEW.stop, NULL);
+    RETURN NULL;
+END
+$$;
+
+-- Deleted finished rows leave the counters (retention, keep_runs, a task that
+-- produced nothing, a user's DELETE): one UPDATE a statement, not a row.
+CREATE FUNCTION pgtaskpy.uncount_deleted_tasks() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgtaskpy.group_counts AS c
+    SET done = greatest(c.done - d.done, 0), fail = greatest(c.fail - d.fail, 0),
+        gone = greatest(c.gone - d.gone, 0), stop = greatest(c.stop - d.stop, 0)
+    FROM (SELECT o.owner, o."group",
+                 count(*) FILTER (WHERE o.state = 'DONE') AS done, count(*) FILTER (WHERE o.state = 'FAIL') AS fail,
+                 count(*) FILTER (WHERE o.state = 'GONE') AS gone, count(*) FILTER (WHERE o.state = 'STOP') AS stop
+          FROM deleted_tasks AS o
+          WHERE o.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+          GROUP BY o.owner, o."group") AS d
+    WHERE c.owner = d.owner AND c."group" = d."group";
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgtaskpy.uncount_truncated_tasks() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgtaskpy.group_counts SET done = 0, fail = 0, gone = 0, stop = 0;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER task_count_stopped_insert
+    AFTER INSERT ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.state = 'STOP')
+    EXECUTE FUNCTION pgtaskpy.count_stopped_task();
+
+CREATE TRIGGER task_count_stopped_update
+    AFTER UPDATE OF state ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.state = 'STOP' AND OLD.state <> 'STOP')
+    EXECUTE FUNCTION pgtaskpy.count_stopped_task();
+
+CREATE TRIGGER task_count_deleted
+    AFTER DELETE ON @extschema@.task
+    REFERENCING OLD TABLE AS deleted_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskpy.uncount_deleted_tasks();
+
+CREATE TRIGGER task_count_truncated
+    AFTER TRUNCATE ON @extschema@.task
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskpy.uncount_truncated_tasks();
+
+-- --- Events -----------------------------------------------------------------
+
+-- pg_task_py.notify_done for the tasks of `owner`: ALTER ROLE owner [IN
+-- DATABASE] SET first, then the database's and the server's (scheduler_setting).
+-- Read from the catalog: the owner's settings are not this session's.
+CREATE FUNCTION pgtaskpy.notify_done(owner name) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    setting text := COALESCE(
+        (SELECT substr(c, length('pg_task_py.notify_done=') + 1)
+         FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+         WHERE s.setrole = to_regrole(quote_ident(owner))
+           AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+           AND starts_with(c, 'pg_task_py.notify_done=')
+         ORDER BY s.setdatabase DESC LIMIT 1),
+        pgtaskpy.scheduler_setting('pg_task_py.notify_done'));
+BEGIN
+    IF setting IS NULL OR setting = '' THEN
+        RETURN false;
+    END IF;
+    RETURN setting::boolean;
+EXCEPTION WHEN data_exception THEN
+    RAISE WARNING 'pg_task_py: ignoring pg_task_py.notify_done = "%" for role %: not a boolean', setting, owner;
+    RETURN false;
+END
+$$;
+
+-- --- Pausing ----------------------------------------------------------------
+
+-- Whether the owner's group is paused (the claims start none of its tasks,
+-- expiry leaves them waiting).  Plain SQL without SET: inlined into the claims.
+CREATE FUNCTION pgtaskpy.group_paused(task_owner name, task_group text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT EXISTS (SELECT FROM pgtaskpy.group_pause AS p
+                     WHERE p.owner OPERATOR(pg_catalog.=) task_owner
+                       AND p."group" OPERATOR(pg_catalog.=) task_group) $$;
+
+-- The owner whose group a caller may steer: the caller's own, another's only
+-- for members of pgtaskpy_admin (and superusers).
+CREATE FUNCTION pgtaskpy.steered_owner(task_group text, task_owner name, what text) RETURNS name
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF task_group IS NULL THEN
+        RAISE EXCEPTION '%: the group must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF COALESCE(task_owner, current_user) <> current_user AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to %(%) of role "%"', what, quote_literal(task_group), task_owner
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A role steers its own groups; members of pgtaskpy_admin steer everyone''s.';
+    END IF;
+    RETURN COALESCE(task_owner, current_user);
+END
+$$;
+
+-- Pause the owner's group (default: the caller's): none of its tasks starts
+-- until task_resume; running ones finish.  False when it was paused already.
+CREATE FUNCTION @extschema@.task_pause("group" text, owner name DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    whose name := pgtaskpy.steered_owner(task_pause."group", task_pause.owner, 'task_pause');
+BEGIN
+    INSERT INTO pgtaskpy.group_pause AS p (owner, "group") VALUES (whose, task_pause."group")
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_pause IS 'start none of the group''s tasks until task_resume (admins: any owner''s)';
+
+-- Resume a paused group.  Its waiting tasks get the time they were paused
+-- added to `active`, so that a pause never makes a task GONE.  False when it
+-- was not paused.
+CREATE FUNCTION @extschema@.task_resume("group" text, owner name DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    whose name := pgtaskpy.steered_owner(task_resume."group", task_resume.owner, 'task_resume');
+    paused_since timestamptz;
+BEGIN
+    DELETE FROM pgtaskpy.group_pause AS p WHERE p.owner = whose AND p."group" = task_resume."group"
+    RETURNING p.since INTO paused_since;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.task AS t
+    SET active = t.active + (now() - greatest(t.plan, paused_since))
+    WHERE t.state = 'PLAN' AND t.owner = whose AND t."group" = task_resume."group" AND t.plan < now();
+    PERFORM pgtaskpy.wake_launchers();
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_resume IS 'let a paused group''s tasks start again (admins: any owner''s)';
+
+-- --- Rate limits ------------------------------------------------------------
+
+-- Whether the owner's group may start its rank-th due task now (rank 1: the
+-- next): fewer than `starts` claims in the last `per`, counting those before
+-- it.  Plain SQL without SET: inlined into claim_due_tasks.
+CREATE FUNCTION pgtaskpy.rate_has_room(task_owner name, task_group text, rank bigint) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT NOT EXISTS (
+          SELECT FROM pgtaskpy.group_limit AS l
+          WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
+            -- (OPERATOR(...) binds left to right: the parentheses say the order)
+            AND ((SELECT pg_catalog.count(*) FROM pg_catalog.unnest(l.recent) AS r
+                  WHERE r OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) l.per))
+                 OPERATOR(pg_catalog.+) rank) OPERATOR(pg_catalog.>) l.starts) $$;
+
+-- A limit's window after `claims` more claims now: the claims still inside
+-- `per`, then the new ones, the last `starts` of them.
+CREATE FUNCTION pgtaskpy.rate_window(recent timestamptz[], starts integer, per interval, claims bigint)
+RETURNS timestamptz[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT COALESCE(array_agg(w.at ORDER BY w.at), '{}')
+    FROM (SELECT a.at FROM (SELECT r AS at FROM unnest(recent) AS r WHERE r > now() - per
+                            UNION ALL
+                            SELECT now() FROM generate_series(1, least(claims, starts))) AS a
+          ORDER BY a.at DESC LIMIT starts) AS w
+$$;
+
+-- claim_due_tasks' claims count in their groups' windows.
+CREATE FUNCTION pgtaskpy.note_claims(owners name[], groups text[]) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE pgtaskpy.group_limit AS l
+    SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, c.n)
+    FROM (SELECT u.owner, u."group", count(*) AS n FROM unnest(owners, groups) AS u(owner, "group")
+          GROUP BY u.owner, u."group") AS c
+    WHERE l.owner = c.owner AND l."group" = c."group"
+$$;
+
+-- claim_next_task's claim of one task of a limited group: takes a place in
+-- the window, or says there is none.  The row lock makes two workers of the
+-- group take their places one after the other.
+CREATE FUNCTION pgtaskpy.take_start_slot(task_owner name, task_group text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group) THEN
+        RETURN true;
+    END IF;
+    UPDATE pgtaskpy.group_limit AS l SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, 1)
+    WHERE l.owner = task_owner AND l."group" = task_group
+      AND (SELECT count(*) FROM unnest(l.recent) AS r WHERE r > now() - l.per) < l.starts;
+    RETURN FOUND;
+END
+$$;
+
+-- At most `starts` starts of the owner's group (default: the caller's) in any
+-- `per`, across all launchers; tasks over it wait, in order.  starts NULL or
+-- 0 removes the limit.
+CREATE FUNCTION @extschema@.task_limit("group" text, starts integer, per interval DEFAULT interval '1 second',
+                                       owner name DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    whose name := pgtaskpy.steered_owner(task_limit."group", task_limit.owner, 'task_limit');
+BEGIN
+    IF COALESCE(task_limit.starts, 0) = 0 THEN
+        DELETE FROM pgtaskpy.group_limit AS l WHERE l.owner = whose AND l."group" = task_limit."group";
+        PERFORM pgtaskpy.wake_launchers();
+        RETURN;
+    END IF;
+    IF task_limit.starts < 0 THEN
+        RAISE EXCEPTION 'task_limit: starts must be 1 or more (0 or NULL removes the limit), not %', task_limit.starts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF task_limit.per IS NULL OR task_limit.per <= interval '0' OR NOT isfinite(now() + task_limit.per) THEN
+        RAISE EXCEPTION 'task_limit: per must be an interval greater than zero, not %', COALESCE(task_limit.per::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example task_limit(''mail'', 5, ''1 second'').';
+    END IF;
+    INSERT INTO pgtaskpy.group_limit AS l (owner, "group", starts, per)
+    VALUES (whose, task_limit."group", task_limit.starts, task_limit.per)
+    ON CONFLICT (owner, "group") DO UPDATE SET starts = excluded.starts, per = excluded.per;
+    PERFORM pgtaskpy.wake_launchers();
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_limit IS 'at most starts starts of the group in any per (0 or NULL: no limit)';
+
+-- --- The view ---------------------------------------------------------------
+
+-- One row a (owner, group) the caller may see (security_invoker: row-level
+-- security applies to every table read).  Waiting and running tasks are read
+-- from their small indexes, the last hour's ends from the stop index, totals
+-- from group_counts: the cost does not grow with the finished rows kept.
+CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
+WITH active AS (
+    SELECT a.owner, a."group",
+           count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS due,
+           count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan > now()) AS later,
+           count(*) FILTER (WHERE a.state <> 'PLAN') AS running,
+           now() - min(a.plan) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS oldest_due_lateness
+    FROM (SELECT w.owner, w."group", w.state, w.plan FROM @extschema@.task AS w WHERE w.state = 'PLAN'
+          UNION ALL
+          SELECT r.owner, r."group", r.state, r.plan FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
+    GROUP BY a.owner, a."group"
+), hour AS (
+    SELECT f.owner, f."group",
+           count(*) FILTER (WHERE f.state = 'DONE') AS done_1h, count(*) FILTER (WHERE f.state = 'FAIL') AS fail_1h,
+           count(*) FILTER (WHERE f.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE f.state = 'STOP') AS stop_1h,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY f.stop - f.start) AS run_time_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY f.stop - f.start) AS run_time_p95,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY f.start - f.plan) AS start_lag_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY f.start - f.plan) AS start_lag_p95
+    FROM @extschema@.task AS f
+    WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour'
+    GROUP BY f.owner, f."group"
+), groups AS (
+    SELECT c.owner, c."group" FROM pgtaskpy.group_counts AS c
+    UNION SELECT a.owner, a."group" FROM active AS a
+    UNION SELECT h.owner, h."group" FROM hour AS h
+    UNION SELECT p.owner, p."group" FROM pgtaskpy.group_pause AS p
+)
+SELECT g.owner, g."group",
+       COALESCE(a.due, 0) AS due, COALESCE(a.later, 0) AS later, COALESCE(a.running, 0) AS running,
+       COALESCE(h.done_1h, 0) AS done_1h, COALESCE(h.fail_1h, 0) AS fail_1h,
+       COALESCE(h.gone_1h, 0) AS gone_1h, COALESCE(h.stop_1h, 0) AS stop_1h,
+       COALESCE(c.done, 0) AS done_total, COALESCE(c.fail, 0) AS fail_total,
+       COALESCE(c.gone, 0) AS gone_total, COALESCE(c.stop, 0) AS stop_total,
+       a.oldest_due_lateness,
+       h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
+       c.last_success, c.last_failure, c.last_error,
+       p.owner IS NOT NULL AS paused
+FROM groups AS g
+LEFT JOIN active AS a ON a.owner = g.owner AND a."group" = g."group"
+LEFT JOIN hour AS h ON h.owner = g.owner AND h."group" = g."group"
+LEFT JOIN pgtaskpy.group_counts AS c ON c.owner = g.owner AND c."group" = g."group"
+LEFT JOIN pgtaskpy.group_pause AS p ON p.owner = g.owner AND p."group" = g."group";
+COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the caller''s tasks: waiting, running, ends, lateness, paused';
+
+REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.count_stopped_task() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.note_claims(name[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.task_pause(text, name), @extschema@.task_resume(text, name),
+    @extschema@.task_limit(text, integer, interval, name) TO pgtaskpy_user;
+GRANT SELECT ON @extschema@.task_stats TO pgtaskpy_user;

@@ -1,0 +1,208 @@
+"""Operating: the view task_stats, the pg_task_py_done event, pausing groups, rate limits,
+bounded history, the launcher's metrics and `pg_task_py status` (README "Operating")."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import psycopg
+import pytest
+from pg_task_py_testing import wait_until
+
+ROLES = ("ops_alice", "ops_bob")
+
+
+@pytest.fixture
+def authors(running):
+    """Two task authors with nothing but pgtaskpy_user (README's one grant)."""
+    for role in ROLES:
+        running.sql(f"CREATE ROLE {role} LOGIN IN ROLE pgtaskpy_user")
+    conns = {role.removeprefix("ops_"): running.connect(role) for role in ROLES}
+    yield conns
+    for conn in conns.values():
+        conn.close()
+    running.sql("DELETE FROM task")
+    for role in ROLES:
+        running.sql(f"ALTER ROLE {role} RESET ALL")
+        running.sql(f"DROP OWNED BY {role}")
+        running.sql(f"DROP ROLE {role}")
+
+
+def insert_as(conn, input, **columns):
+    names = ", ".join(["input", *(f'"{name}"' for name in columns)])
+    marks = ", ".join(["%s"] * (1 + len(columns)))
+    return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
+                        [input, *columns.values()]).fetchone()[0]
+
+
+def stats(conn, group=None):
+    """task_stats as the connection's role sees it: {(owner, group): row as a dict}."""
+    cursor = conn.execute("SELECT * FROM task_stats")
+    names = [d.name for d in cursor.description]
+    rows = {(row[0], row[1]): dict(zip(names, row)) for row in cursor.fetchall()}
+    return rows if group is None else rows.get(group)
+
+
+def states(db, ids):
+    return [db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) for task_id in ids]
+
+
+# --- task_stats ---------------------------------------------------------------------------------
+
+def test_task_stats_of_a_scripted_workload(running, authors):
+    alice, bob = authors["alice"], authors["bob"]
+    done = [insert_as(alice, "SELECT pg_sleep(0.05)", group="work", delete=False) for _ in range(4)]
+    failed = [insert_as(alice, "SELECT 1/0", group="work", delete=False) for _ in range(2)]
+    later = insert_as(alice, "SELECT 1", group="work", plan="9999-01-01")
+    stopped = insert_as(alice, "SELECT 1", group="work", plan="9999-01-01")
+    alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [stopped])
+    alice.execute("SELECT task_pause('late')")
+    late = insert_as(alice, "SELECT 1", group="late", plan=running.value("SELECT now() - interval '90 s'"))
+    bobs = insert_as(bob, "SELECT 1", group="bobs", delete=False)
+    for task_id in [*done, *failed, bobs]:
+        running.wait_done(task_id)
+
+    work = stats(alice, ("ops_alice", "work"))
+    assert (work["due"], work["later"], work["running"]) == (0, 1, 0)
+    assert (work["done_1h"], work["fail_1h"], work["gone_1h"], work["stop_1h"]) == (4, 2, 0, 1)
+    assert (work["done_total"], work["fail_total"], work["gone_total"], work["stop_total"]) == (4, 2, 0, 1)
+    assert timedelta(seconds=0.04) <= work["run_time_p50"] < timedelta(seconds=5)
+    assert work["run_time_p95"] >= work["run_time_p50"]
+    assert timedelta(0) <= work["start_lag_p50"] <= work["start_lag_p95"] < timedelta(seconds=10)
+    assert work["last_error"].startswith("ERROR:  division by zero")
+    last_fail = running.value("SELECT max(stop) FROM task WHERE id = ANY(%s)", [failed])
+    assert work["last_failure"] == last_fail and work["last_success"] is not None
+    assert work["paused"] is False and work["oldest_due_lateness"] is None
+
+    lagging = stats(alice, ("ops_alice", "late"))
+    assert lagging["paused"] is True and lagging["due"] == 1
+    assert timedelta(seconds=90) <= lagging["oldest_due_lateness"] < timedelta(seconds=200)
+    assert states(running, [late, later]) == ["PLAN", "PLAN"]
+
+    # Row-level security: each role sees its own groups; an admin sees everyone's.
+    assert set(stats(alice)) == {("ops_alice", "work"), ("ops_alice", "late")}
+    assert set(stats(bob)) == {("ops_bob", "bobs")}
+    assert {("ops_alice", "work"), ("ops_bob", "bobs")} <= set(stats(running.conn))
+
+    # Totals are the rows in the table: deleted rows leave them, ended ones join them.
+    alice.execute("DELETE FROM task WHERE id = ANY(%s)", [done[:3]])
+    work = stats(alice, ("ops_alice", "work"))
+    assert (work["done_total"], work["fail_total"], work["stop_total"]) == (1, 2, 1)
+    running.wait_done(insert_as(alice, "SELECT 1", group="work", delete=False))
+    assert stats(alice, ("ops_alice", "work"))["done_total"] == 2
+    running.sql("TRUNCATE task")
+    assert stats(running.conn, ("ops_alice", "work"))["done_total"] == 0
+
+
+# --- Events -------------------------------------------------------------------------------------
+
+def test_listen_receives_one_event_per_ended_task(running, authors):
+    listener = running.connect()
+    listener.execute("LISTEN pg_task_py_done")
+    quiet = running.insert("SELECT 1", delete=False)  # notify_done is off by default
+    running.wait_done(quiet)
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.notify_done = on")
+    try:
+        ids = {running.insert("SELECT 1", group="ev", delete=False): "DONE",
+               running.insert("SELECT 1/0", group="ev", delete=False): "FAIL",
+               insert_as(authors["alice"], "SELECT 1", group="ev2", active="10 ms",
+                         plan=running.value("SELECT now() - interval '1 s'")): "GONE"}
+        events = []
+        for notify in listener.notifies(timeout=20, stop_after=3):
+            events.append(json.loads(notify.payload))
+        # The quiet task's end came first: had it notified, it would be here.
+        assert sorted(events, key=lambda e: e["id"]) == sorted(
+            [{"id": task_id, "state": state, "group": "ev2" if state == "GONE" else "ev",
+              "owner": "ops_alice" if state == "GONE" else "postgres"} for task_id, state in ids.items()],
+            key=lambda e: e["id"])
+        # Per role: ALTER ROLE ... SET turns it off for that role's tasks only.
+        running.sql("ALTER ROLE ops_alice SET pg_task_py.notify_done = off")
+        alices = insert_as(authors["alice"], "SELECT 1", delete=False)
+        running.wait_done(alices)
+        mine = running.insert("SELECT 1", delete=False)
+        event = json.loads(next(iter(listener.notifies(timeout=20, stop_after=1))).payload)
+        assert event["id"] == mine
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.notify_done")
+        listener.close()
+
+
+# --- Pausing ------------------------------------------------------------------------------------
+
+def started(db, ids):
+    return db.value("SELECT count(*) FROM task WHERE id = ANY(%s) AND start IS NOT NULL", [ids])
+
+
+def test_a_paused_group_starts_nothing_and_keeps_its_tasks(running, authors):
+    alice = authors["alice"]
+    assert alice.execute("SELECT task_pause('batch')").fetchone() == (True,)
+    assert alice.execute("SELECT task_pause('batch')").fetchone() == (False,)  # already paused
+    ids = [insert_as(alice, "SELECT clock_timestamp()", group="batch", active="1 s", delete=False)
+           for _ in range(5)]
+    other = insert_as(alice, "SELECT 1", group="other", delete=False)
+    assert running.wait_done(other)["state"] == "DONE"  # other groups go on
+    # Two housekeeping turns past `active`: still waiting, none GONE, none started.
+    wait_until(lambda: running.value("SELECT now() - min(plan) > interval '2.2 s' FROM task WHERE id = ANY(%s)",
+                                     [ids]), 10, message="2 s of pause")
+    assert states(running, ids) == ["PLAN"] * 5 and started(running, ids) == 0
+    assert stats(alice, ("ops_alice", "batch"))["paused"] is True
+    assert alice.execute("SELECT task_resume('batch')").fetchone() == (True,)
+    assert alice.execute("SELECT task_resume('batch')").fetchone() == (False,)
+    rows = [running.wait_done(task_id) for task_id in ids]
+    assert [row["state"] for row in rows] == ["DONE"] * 5
+    starts = [row["start"] for row in rows]
+    assert starts == sorted(starts)  # in their order (max 0: one at a time, by id)
+
+
+def test_pause_stops_a_worker_going_on_with_its_group(running, authors):
+    alice = authors["alice"]
+    ids = [insert_as(alice, "SELECT pg_sleep(0.05)", group="chain", count=1000, delete=False) for _ in range(200)]
+    wait_until(lambda: started(running, ids) >= 3, 20, message="the group to run")
+    alice.execute("SELECT task_pause('chain')")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id = ANY(%s) AND state IN ('TAKE', 'WORK')",
+                                     [ids]) == 0, 10, message="the running task to finish")
+    so_far = started(running, ids)
+    assert so_far < len(ids)
+    wait_until(lambda: running.value("SELECT clock_timestamp() - max(stop) > interval '1.5 s' FROM task"
+                                     " WHERE id = ANY(%s)", [ids]), 10, message="1.5 s after the last end")
+    assert started(running, ids) == so_far
+    alice.execute("SELECT task_resume('chain')")
+    wait_until(lambda: started(running, ids) > so_far, 10, message="the group to go on")
+    alice.execute("DELETE FROM task WHERE state = 'PLAN'")
+
+
+def test_pause_survives_a_launcher_restart(running, authors):
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('kept')")
+    assert running.launchers[0].stop() == 0
+    running.launchers.clear()
+    launcher = running.launcher()
+    task_id = insert_as(alice, "SELECT 1", group="kept", delete=False)
+    marker = insert_as(alice, "SELECT 1", group="free", delete=False)
+    running.wait_done(marker)
+    wait_until(lambda: running.value("SELECT now() - plan > interval '1.2 s' FROM task WHERE id = %s", [task_id]),
+               10, message="a housekeeping turn")
+    assert states(running, [task_id]) == ["PLAN"]
+    alice.execute("SELECT task_resume('kept')")
+    assert running.wait_done(task_id)["state"] == "DONE"
+    running.launchers.append(launcher)
+
+
+def test_who_may_pause_whose_group(running, authors):
+    alice, bob = authors["alice"], authors["bob"]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to task_pause"):
+        bob.execute("SELECT task_pause('work', 'ops_alice')")
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="the group must not be NULL"):
+        bob.execute("SELECT task_pause(NULL)")
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_pause") == 0
+    # A superuser (or a member of pgtaskpy_admin) pauses another owner's group; it holds only that owner's tasks.
+    running.sql("SELECT task_pause('work', 'ops_alice')")
+    alices = insert_as(alice, "SELECT 1", group="work", delete=False)
+    bobs = insert_as(bob, "SELECT 1", group="work", delete=False)
+    assert running.wait_done(bobs)["state"] == "DONE"
+    assert stats(bob, ("ops_bob", "work"))["paused"] is False
+    assert stats(alice, ("ops_alice", "work"))["paused"] is True
+    running.sql("GRANT pgtaskpy_admin TO ops_bob")
+    assert bob.execute("SELECT task_resume('work', 'ops_alice')").fetchone() == (True,)
+    assert running.wait_done(alices)["state"] == "DONE"
