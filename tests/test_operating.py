@@ -206,3 +206,42 @@ def test_who_may_pause_whose_group(running, authors):
     running.sql("GRANT pgtaskpy_admin TO ops_bob")
     assert bob.execute("SELECT task_resume('work', 'ops_alice')").fetchone() == (True,)
     assert running.wait_done(alices)["state"] == "DONE"
+
+
+# --- Rate limits --------------------------------------------------------------------------------
+
+def test_a_rate_limit_spreads_starts_over_time(running, authors):
+    alice = authors["alice"]
+    alice.execute("SELECT task_limit('mail', 5, '1 second')")
+    ids = [insert_as(alice, "SELECT 1", group="mail", max=9, delete=False) for _ in range(50)]
+    running.wait_all_done(timeout=90)
+    rows = running.sql("SELECT state::text, extract(epoch FROM start)::float8 FROM task WHERE id = ANY(%s)"
+                       " ORDER BY start", [ids])
+    assert [state for state, _ in rows] == ["DONE"] * 50
+    starts = [start for _, start in rows]
+    # Any one second holds at most 5 starts.  The limit counts claims, and a start follows its
+    # claim by a few milliseconds: windows of 0.95 s allow for that.
+    busiest = max(sum(1 for other in starts if start <= other < start + 0.95) for start in starts)
+    assert busiest <= 5
+    assert starts[-1] - starts[0] >= 9 * 0.95  # 50 starts, 5 a second
+    assert busiest == 5  # and the limit was used, not just undershot
+
+
+def test_a_rate_limit_is_set_changed_and_removed(running, authors):
+    alice = authors["alice"]
+    for starts, per, error in ((-1, "1 s", "starts must be 1 or more"), (1, "0 s", "per must be an interval"),
+                               (1, "-1 s", "per must be an interval"), (1, "2000 years", "per must be an interval")):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=error):
+            alice.execute("SELECT task_limit('g', %s, %s)", [starts, per])
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to task_limit"):
+        alice.execute("SELECT task_limit('g', 1, '1 s', 'ops_bob')")
+    alice.execute("SELECT task_limit('slow', 1, '1 hour')")
+    first, second = (insert_as(alice, "SELECT 1", group="slow", delete=False) for _ in range(2))
+    assert running.wait_done(first)["state"] == "DONE"
+    wait_until(lambda: running.value("SELECT now() - plan > interval '1.2 s' FROM task WHERE id = %s", [second]),
+               10, message="a housekeeping turn")
+    assert states(running, [second]) == ["PLAN"]
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 1
+    alice.execute("SELECT task_limit('slow', 0)")  # 0 (or NULL) removes the limit
+    assert running.wait_done(second)["state"] == "DONE"
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 0

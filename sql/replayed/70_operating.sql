@@ -201,27 +201,28 @@ COMMENT ON FUNCTION @extschema@.task_resume IS 'let a paused group''s tasks star
 
 -- Whether the owner's group may start its rank-th due task now (rank 1: the
 -- next): fewer than `starts` claims in the last `per`, counting those before
--- it.  Plain SQL without SET: inlined into claim_due_tasks.
+-- it.  Plain SQL without SET: inlined into claim_due_tasks.  The clock, not
+-- now(): a worker's claim may come late in a long transaction.
 CREATE FUNCTION pgtaskpy.rate_has_room(task_owner name, task_group text, rank bigint) RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE sql VOLATILE
 AS $$ SELECT NOT EXISTS (
           SELECT FROM pgtaskpy.group_limit AS l
           WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
             -- (OPERATOR(...) binds left to right: the parentheses say the order)
             AND ((SELECT pg_catalog.count(*) FROM pg_catalog.unnest(l.recent) AS r
-                  WHERE r OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) l.per))
+                  WHERE r OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per))
                  OPERATOR(pg_catalog.+) rank) OPERATOR(pg_catalog.>) l.starts) $$;
 
 -- A limit's window after `claims` more claims now: the claims still inside
 -- `per`, then the new ones, the last `starts` of them.
 CREATE FUNCTION pgtaskpy.rate_window(recent timestamptz[], starts integer, per interval, claims bigint)
 RETURNS timestamptz[]
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT COALESCE(array_agg(w.at ORDER BY w.at), '{}')
-    FROM (SELECT a.at FROM (SELECT r AS at FROM unnest(recent) AS r WHERE r > now() - per
+    FROM (SELECT a.at FROM (SELECT r AS at FROM unnest(recent) AS r WHERE r > clock_timestamp() - per
                             UNION ALL
-                            SELECT now() FROM generate_series(1, least(claims, starts))) AS a
+                            SELECT clock_timestamp() FROM generate_series(1, least(claims, starts))) AS a
           ORDER BY a.at DESC LIMIT starts) AS w
 $$;
 
@@ -248,7 +249,7 @@ BEGIN
     END IF;
     UPDATE pgtaskpy.group_limit AS l SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, 1)
     WHERE l.owner = task_owner AND l."group" = task_group
-      AND (SELECT count(*) FROM unnest(l.recent) AS r WHERE r > now() - l.per) < l.starts;
+      AND (SELECT count(*) FROM unnest(l.recent) AS r WHERE r > clock_timestamp() - l.per) < l.starts;
     RETURN FOUND;
 END
 $$;
@@ -273,13 +274,13 @@ BEGIN
         RAISE EXCEPTION 'task_limit: starts must be 1 or more (0 or NULL removes the limit), not %', task_limit.starts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF task_limit.per IS NULL OR task_limit.per <= interval '0' OR NOT isfinite(now() + task_limit.per) THEN
-        RAISE EXCEPTION 'task_limit: per must be an interval greater than zero, not %', COALESCE(task_limit.per::text, 'NULL')
+    IF task_limit.per IS NULL OR task_limit.per <= interval '0' OR NOT pgtaskpy.interval_is_sane(task_limit.per) THEN
+        RAISE EXCEPTION 'task_limit: per must be an interval greater than zero, at most 1000 years and with no negative part, not %', COALESCE(task_limit.per::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example task_limit(''mail'', 5, ''1 second'').';
     END IF;
     INSERT INTO pgtaskpy.group_limit AS l (owner, "group", starts, per)
     VALUES (whose, task_limit."group", task_limit.starts, task_limit.per)
-    ON CONFLICT (owner, "group") DO UPDATE SET starts = excluded.starts, per = excluded.per;
+    ON CONFLICT ON CONSTRAINT group_limit_pkey DO UPDATE SET starts = excluded.starts, per = excluded.per;
     PERFORM pgtaskpy.wake_launchers();
 END
 $$;
