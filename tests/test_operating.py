@@ -245,3 +245,69 @@ def test_a_rate_limit_is_set_changed_and_removed(running, authors):
     alice.execute("SELECT task_limit('slow', 0)")  # 0 (or NULL) removes the limit
     assert running.wait_done(second)["state"] == "DONE"
     assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 0
+
+
+# --- Bounded history ----------------------------------------------------------------------------
+
+def finished_rows(db, state, stop_ago, count, **columns):
+    """Rows that ended `stop_ago` ago, written by hand (a superuser may)."""
+    names = "".join(f', "{name}"' for name in columns)
+    marks = "".join(", %s" for _ in columns)
+    return [db.value(f"INSERT INTO task (input, state, stop, delete{names})"
+                     f" VALUES ('SELECT 1', %s, now() - %s::interval - %s * interval '1 s', false{marks}) RETURNING id",
+                     [state, stop_ago, i, *columns.values()]) for i in range(count)]
+
+
+def present(db, ids):
+    return db.value("SELECT count(*) FROM task WHERE id = ANY(%s)", [ids])
+
+
+def test_retention_by_state_and_keep_runs_under_a_workload(running):
+    db = running
+    gone_soon = {"done": finished_rows(db, "DONE", "2 days", 5), "fail": finished_rows(db, "FAIL", "40 days", 5),
+                 "gone": finished_rows(db, "GONE", "8 days", 3)}
+    kept = {"done": finished_rows(db, "DONE", "1 hour", 8), "fail": finished_rows(db, "FAIL", "2 days", 5),
+            "stop": finished_rows(db, "STOP", "6 days", 3)}
+    nightly = finished_rows(db, "DONE", "1 minute", 8, key="nightly")  # newest first
+    db.sql("CREATE SEQUENCE ticks")
+    series = db.insert("SELECT nextval('ticks')", repeat="0.2 s", delete=False)
+    busy = [db.insert("SELECT pg_sleep(0.01)", group="busy", delete=False) for _ in range(20)]
+    for name, value in (("retention", "7 days"), ("retention_done", "1 day"), ("retention_fail", "30 days"),
+                        ("keep_runs", "5")):
+        db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.{name} = '{value}'")
+    try:
+        wait_until(lambda: all(present(db, ids) == 0 for ids in gone_soon.values()), 15,
+                   message="rows past their state's retention to be deleted")
+        wait_until(lambda: db.value("SELECT last_value FROM ticks") >= 9, 20, message="9 runs of the series")
+        waiting = db.value("SELECT id FROM task WHERE state = 'PLAN' AND input = 'SELECT nextval(''ticks'')'")
+        db.sql("SELECT task_cancel(%s, true)", [waiting])  # ends the series with a STOP run
+        runs = "SELECT array_agg(id ORDER BY id) FROM task WHERE input = 'SELECT nextval(''ticks'')'"
+        wait_until(lambda: len(db.value(runs)) == 5, 15, message="the series cut to 5 runs")
+        assert db.value(runs)[-1] == waiting  # the newest kept
+        wait_until(lambda: present(db, nightly) == 5, 15, message="the named series cut to 5 runs")
+        assert present(db, nightly[:5]) == 5  # its 5 newest
+        db.wait_all_done()
+        for name, ids in kept.items():
+            assert present(db, ids) == len(ids), name
+        assert present(db, busy) == 20 and present(db, [series]) == 0
+        # Totals follow the rows (hand-written rows count too).
+        totals = db.sql("SELECT sum(done_total), sum(fail_total), sum(gone_total), sum(stop_total) FROM task_stats")[0]
+        assert totals == db.sql("SELECT count(*) FILTER (WHERE state = 'DONE'), count(*) FILTER (WHERE state = 'FAIL'),"
+                                " count(*) FILTER (WHERE state = 'GONE'), count(*) FILTER (WHERE state = 'STOP')"
+                                " FROM task")[0]
+    finally:
+        for name in ("retention", "retention_done", "retention_fail", "keep_runs"):
+            db.sql(f"ALTER DATABASE {db.name} RESET pg_task_py.{name}")
+
+
+def test_bad_retention_settings_keep_rows_and_say_why(db):
+    old = finished_rows(db, "DONE", "2 days", 3)
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_done = 'soon'")
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.keep_runs = 'many'")
+    with db.connect() as conn:
+        notices = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+        assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (0,)
+    assert present(db, old) == 3
+    assert any('pg_task_py.retention_done = "soon"' in n for n in notices), notices
+    assert any('pg_task_py.keep_runs = "many"' in n for n in notices), notices

@@ -649,32 +649,68 @@ $$;
 
 -- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
 -- older than this are deleted, a batch at a time, so the table stays small.
+-- DONE and FAIL rows keep their own time when pg_task_py.retention_done or
+-- pg_task_py.retention_fail is set; then pg_task_py.keep_runs trims long
+-- series (70_operating.sql).  One batch a call, in all: housekeeping holds
+-- the scheduling lock meanwhile.
 CREATE FUNCTION pgtaskpy.delete_old_tasks(batch integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    retention interval;
-    deleted integer;
+    retention interval := pgtaskpy.retention_setting('pg_task_py.retention', NULL);
+    kept record;
+    deleted integer := 0;
+    n integer;
 BEGIN
+    FOR kept IN
+        SELECT s.state, s.retention
+        FROM (VALUES ('DONE'::@extschema@.state, pgtaskpy.retention_setting('pg_task_py.retention_done', retention)),
+                     ('FAIL', pgtaskpy.retention_setting('pg_task_py.retention_fail', retention)),
+                     ('GONE', retention), ('STOP', retention)) AS s(state, retention)
+        WHERE s.retention IS NOT NULL
+    LOOP
+        -- (state, stop): the index of finished rows by state, so that rows one
+        -- state keeps longer are never read for another's
+        DELETE FROM @extschema@.task AS t
+        WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = kept.state
+                         AND f.stop < now() - kept.retention
+                       ORDER BY f.state, f.stop LIMIT batch - deleted
+                       FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+        IF deleted >= batch THEN
+            RETURN deleted;
+        END IF;
+    END LOOP;
+    RETURN deleted + pgtaskpy.delete_surplus_runs(batch - deleted);
+END
+$$;
+
+-- A retention setting (pg_task_py.retention*) as an interval: `fallback` when
+-- it is not set, NULL (keep all) with a warning in the server log when it is
+-- not an interval of zero or more.
+CREATE FUNCTION pgtaskpy.retention_setting(name text, fallback interval) RETURNS interval
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    setting text := NULLIF(pgtaskpy.scheduler_setting(name), '');
+    retention interval;
+BEGIN
+    IF setting IS NULL THEN
+        RETURN fallback;
+    END IF;
     BEGIN
-        retention := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.retention'), '')::interval;
+        retention := setting::interval;
     EXCEPTION WHEN data_exception THEN
         retention := interval '-1 s';
     END;
     IF retention < interval '0' THEN
-        RAISE WARNING 'pg_task_py: ignoring pg_task_py.retention = "%" of %: not an interval of zero or more',
-            pgtaskpy.scheduler_setting('pg_task_py.retention'), pgtaskpy.scheduler_setting_source('pg_task_py.retention');
-        RETURN 0;
-    ELSIF retention IS NULL THEN
-        RETURN 0;
+        RAISE WARNING 'pg_task_py: ignoring % = "%" of %: not an interval of zero or more',
+            name, setting, pgtaskpy.scheduler_setting_source(name);
+        RETURN NULL;
     END IF;
-    DELETE FROM @extschema@.task AS t
-    WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
-                   WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop < now() - retention
-                   ORDER BY f.stop LIMIT batch
-                   FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
+    RETURN retention;
 END
 $$;
 
@@ -728,3 +764,4 @@ REVOKE ALL ON FUNCTION pgtaskpy.fail_misconfigured_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.retention_setting(text, interval) FROM PUBLIC;

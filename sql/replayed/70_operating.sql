@@ -42,14 +42,15 @@ BEGIN
 END
 $$;
 
--- A task author stops a waiting task with an UPDATE (or inserts it STOP):
--- no scheduler function sees that, so a trigger counts it.  SECURITY DEFINER:
--- the author may not write the counters.
-CREATE FUNCTION pgtaskpy.count_stopped_task() RETURNS trigger
+-- A task author stops a waiting task with an UPDATE, or inserts a row that
+-- has ended already (STOP, or a copy restored by hand): no scheduler function
+-- sees that, so a trigger counts it.  SECURITY DEFINER: the author may not
+-- write the counters.
+CREATE FUNCTION pgtaskpy.count_finished_task() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pgtaskpy.count_end(NEW.owner, NEW."group", NEW.state, NEW.stop, NULL);
+    PERFORM pgtaskpy.count_end(NEW.owner, NEW."group", NEW.state, NEW.stop, NEW.error);
     RETURN NULL;
 END
 $$;
@@ -83,15 +84,16 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER task_count_stopped_insert
+-- (WHEN: a task inserted to wait, as nearly all are, queues no trigger call)
+CREATE TRIGGER task_count_finished_insert
     AFTER INSERT ON @extschema@.task
-    FOR EACH ROW WHEN (NEW.state = 'STOP')
-    EXECUTE FUNCTION pgtaskpy.count_stopped_task();
+    FOR EACH ROW WHEN (NEW.state IN ('DONE', 'FAIL', 'GONE', 'STOP'))
+    EXECUTE FUNCTION pgtaskpy.count_finished_task();
 
 CREATE TRIGGER task_count_stopped_update
     AFTER UPDATE OF state ON @extschema@.task
     FOR EACH ROW WHEN (NEW.state = 'STOP' AND OLD.state <> 'STOP')
-    EXECUTE FUNCTION pgtaskpy.count_stopped_task();
+    EXECUTE FUNCTION pgtaskpy.count_finished_task();
 
 CREATE TRIGGER task_count_deleted
     AFTER DELETE ON @extschema@.task
@@ -286,6 +288,76 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_limit IS 'at most starts starts of the group in any per (0 or NULL: no limit)';
 
+-- --- Bounded history --------------------------------------------------------
+
+-- pg_task_py.keep_runs: each series keeps its newest N finished runs (a named
+-- series by owner and key; a repeating task's runs by owner, group, remote,
+-- cron and input: the index task_series_finished).  delete_old_tasks calls it
+-- in housekeeping: it looks at up to 100 series a call, going on after the
+-- last one it looked at (kept in this session), and deletes at most `batch`
+-- rows, so that its share of the scheduling lock stays small however many
+-- series there are.
+CREATE FUNCTION pgtaskpy.delete_surplus_runs(batch integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    setting text := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.keep_runs'), '');
+    after json := NULLIF(current_setting('pgtaskpy.keep_runs_after', true), '')::json;
+    series record;
+    last_series text := '';
+    looked integer := 0;
+    deleted integer := 0;
+    n integer;
+BEGIN
+    IF setting IS NULL OR batch <= 0 THEN
+        RETURN 0;
+    ELSIF setting !~ '^\s*[0-9]{1,9}\s*$' THEN
+        RAISE WARNING 'pg_task_py: ignoring pg_task_py.keep_runs = "%" of %: not a whole number of runs',
+            setting, pgtaskpy.scheduler_setting_source('pg_task_py.keep_runs');
+        RETURN 0;
+    END IF;
+    FOR series IN
+        WITH RECURSIVE s AS (  -- the next series after `after`, one index probe each
+            (SELECT f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) AS id
+             FROM @extschema@.task AS f
+             WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+               AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+               AND (f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)))
+                   > (COALESCE(after ->> 0, '')::name, COALESCE(after ->> 1, ''))
+             ORDER BY 1, 2 LIMIT 1)
+            UNION ALL
+            SELECT n.owner, n.id FROM s CROSS JOIN LATERAL (
+                SELECT f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) AS id
+                FROM @extschema@.task AS f
+                WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                  AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+                  AND (f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)))
+                      > (s.owner, s.id)
+                ORDER BY 1, 2 LIMIT 1) AS n
+        )
+        SELECT s.owner, s.id FROM s LIMIT 100
+    LOOP
+        looked := looked + 1;
+        last_series := json_build_array(series.owner, series.id)::text;
+        DELETE FROM @extschema@.task AS t
+        WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                         AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+                         AND f.owner = series.owner
+                         AND COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) = series.id
+                       ORDER BY f.stop DESC OFFSET setting::integer LIMIT batch - deleted
+                       FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+        EXIT WHEN deleted >= batch;
+    END LOOP;
+    -- Next time: on after this one, or from the start when the last series was reached.
+    PERFORM set_config('pgtaskpy.keep_runs_after',
+                       CASE WHEN looked = 100 OR deleted >= batch THEN last_series ELSE '' END, false);
+    RETURN deleted;
+END
+$$;
+
 -- --- The view ---------------------------------------------------------------
 
 -- One row a (owner, group) the caller may see (security_invoker: row-level
@@ -339,11 +411,12 @@ COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the cal
 
 REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.count_stopped_task() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.note_claims(name[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.task_pause(text, name), @extschema@.task_resume(text, name),
     @extschema@.task_limit(text, integer, interval, name) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_stats TO pgtaskpy_user;

@@ -90,6 +90,16 @@ SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_counts', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_limit', '');
 
+-- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
+-- one state in stop order, never reading those another state keeps longer.
+CREATE INDEX task_state_stop_finished ON @extschema@.task (state, stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
+-- pg_task_py.keep_runs: the finished runs of each series, newest first.  A
+-- series is a named one (owner, key), else the runs of a repeating task
+-- (repeat or cron), which share owner, group, remote, cron and input.
+CREATE INDEX task_series_finished ON @extschema@.task
+    (owner, (COALESCE('k' || key, 'r' || hash::text || md5(COALESCE(cron, '') || input))), stop DESC)
+    WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND (key IS NOT NULL OR repeat > interval '0' OR cron IS NOT NULL);
+
 -- The counters start from the rows already there.
 INSERT INTO pgtaskpy.group_counts (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error)
 SELECT t.owner, t."group",
