@@ -4,11 +4,17 @@ bounded history, the launcher's metrics and `pg_task_py status` (README "Operati
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import wait_until
+from pg_task_py_testing import LAUNCHER, Launcher, throwaway_cluster, wait_until
+from prometheus_client.parser import text_string_to_metric_families
 
 ROLES = ("ops_alice", "ops_bob")
 
@@ -311,3 +317,70 @@ def test_bad_retention_settings_keep_rows_and_say_why(db):
     assert present(db, old) == 3
     assert any('pg_task_py.retention_done = "soon"' in n for n in notices), notices
     assert any('pg_task_py.keep_runs = "many"' in n for n in notices), notices
+
+
+# --- The launcher's metrics ---------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as answer:
+        return answer.code, answer.read().decode()
+    except OSError:
+        return 0, ""  # not listening yet
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """The sum of a metric's samples that carry these labels (0 when there are none)."""
+    _, text = scrape(port, "/metrics")
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_rise_with_the_workload_and_health_follows_the_server():
+    port = free_port()
+    with throwaway_cluster() as cluster:
+        cluster.create_database("metered")
+        launcher = Launcher(cluster.dsn("metered"), args=("--metrics", f"127.0.0.1:{port}")).start()
+        try:
+            launcher.wait_active()
+            wait_until(lambda: scrape(port, "/health")[0] == 200, 10, message="/health 200")
+            assert scrape(port, "/nothing")[0] == 404
+            with cluster.connect("metered") as conn:
+                conn.execute("SELECT task_pause('held')")
+                conn.execute("INSERT INTO task (\"group\", plan, input)"
+                             " VALUES ('held', now() - interval '1 min', 'SELECT 1')")
+                conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, 20)")
+                conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1/0', false FROM generate_series(1, 5)")
+            wait_until(lambda: metric(port, "pg_task_py_tasks_ended_total", state="DONE") == 20
+                       and metric(port, "pg_task_py_tasks_ended_total", state="FAIL") == 5, 30,
+                       message=f"the ends counted: {scrape(port, '/metrics')[1]}")
+            assert metric(port, "pg_task_py_tasks_started_total") == 25
+            assert metric(port, "pg_task_py_task_run_seconds_count") == 25
+            wait_until(lambda: metric(port, "pg_task_py_task_start_lag_seconds_count") == 25, 10,
+                       message="the start lags observed")
+            assert metric(port, "pg_task_py_due_tasks", group="held", owner="postgres") == 1
+            assert 60 <= metric(port, "pg_task_py_oldest_due_seconds", group="held") < 120
+            assert metric(port, "pg_task_py_workers") >= 1
+            assert abs(metric(port, "pg_task_py_last_turn_timestamp_seconds") - time.time()) < 5
+            cluster.stop()
+            wait_until(lambda: scrape(port, "/health")[0] == 503, 20, message="/health 503 with the server down")
+            assert "no turn within" in scrape(port, "/health")[1]
+            wait_until(lambda: metric(port, "pg_task_py_reconnects_total") >= 1, 20, message="a reconnect counted")
+            cluster.start()
+            wait_until(lambda: scrape(port, "/health")[0] == 200, 30, message="/health 200 again")
+        finally:
+            assert launcher.stop() == 0, launcher.output()
+
+
+def test_metrics_flag_is_checked():
+    for bad in ("9187", "host:", "host:port", "host:70000"):
+        result = subprocess.run([str(LAUNCHER), "run", "--metrics", bad], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and "--metrics: must be ADDR:PORT" in result.stderr, result.stderr

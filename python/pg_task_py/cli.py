@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pg_task_py import __version__
 from pg_task_py.launcher import Scheduler, Settings, SetupError
+from pg_task_py.metrics import Metrics, serve
 
 DESCRIPTION = """\
 Run the pg_task_py scheduler: start the tasks inserted into table `task` of
@@ -70,7 +71,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--log-level", default="INFO", type=str.upper, metavar="LEVEL",
                      choices=LOG_LEVELS, help=f"{', '.join(LOG_LEVELS)}, any case (default: %(default)s)")
     run.add_argument("--log-json", action="store_true", help="log one JSON object a line")
+    run.add_argument("--metrics", type=listen_address, metavar="ADDR:PORT",
+                     help="serve Prometheus metrics on http://ADDR:PORT/metrics and a health check on /health "
+                          "(200 while every database had a turn in the last 5 s, else 503); default: off")
     return parser.parse_args(argv)
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """--metrics: 'ADDR:PORT' ('127.0.0.1:9187', ':9187' for every address, '[::1]:9187')."""
+    address, _, port = text.rpartition(":")
+    if not _ or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError("must be ADDR:PORT, e.g. 127.0.0.1:9187 or :9187")
+    return address.strip("[]") or "0.0.0.0", int(port)
 
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -148,9 +160,18 @@ def setup_logging(level: str, as_json: bool) -> None:
     logging.getLogger("psycopg").setLevel(logging.WARNING)
 
 
-def run_all(settings: list[Settings]) -> int:
+def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None) -> int:
     """Run one scheduler thread per database; return the exit status."""
     logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings))
+    metrics = None
+    if metrics_at is not None:
+        metrics = Metrics()
+        try:
+            server = serve(metrics, *metrics_at)
+        except OSError as exc:
+            logging.getLogger("pg_task_py").error("cannot serve metrics on %s:%d: %s", *metrics_at, exc.strerror or exc)
+            return 1
+        logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", *server.server_address[:2])
     stopping = threading.Event()
     failures: list[str] = []
 
@@ -163,7 +184,7 @@ def run_all(settings: list[Settings]) -> int:
 
     def run_one(entry: Settings) -> None:
         try:
-            Scheduler(entry, stopping).run()
+            Scheduler(entry, stopping, metrics).run()
         except SetupError as exc:
             failures.append(str(exc))
             logging.getLogger("pg_task_py").error("%s", exc)
@@ -187,4 +208,4 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as exc:
         logging.getLogger("pg_task_py").error("%s", exc)
         return 2
-    return run_all(settings)
+    return run_all(settings, args.metrics)

@@ -358,6 +358,33 @@ BEGIN
 END
 $$;
 
+-- --- The launcher's metrics ------------------------------------------------
+
+-- What the launcher's --metrics reads once a second besides dispatch()'s
+-- events: waiting due tasks by owner and group with the lateness of the
+-- oldest, the start lags of the tasks that ended after `since` (at most
+-- 10000), the database's worker backends, and the time to pass as `since`
+-- next time.
+CREATE FUNCTION pgtaskpy.metrics_snapshot(since timestamptz) RETURNS json
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT json_build_object(
+        'groups', (SELECT COALESCE(json_agg(json_build_array(d.owner, d."group", d.due, d.oldest)), '[]')
+                   FROM (SELECT t.owner, t."group", count(*) AS due,
+                                extract(epoch FROM now() - min(t.plan))::float8 AS oldest
+                         FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()
+                         GROUP BY t.owner, t."group") AS d),
+        'lags', (SELECT COALESCE(json_agg(l.lag), '[]')
+                 FROM (SELECT extract(epoch FROM f.start - f.plan)::float8 AS lag
+                       FROM @extschema@.task AS f
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > since AND f.stop <= now()
+                         AND f.start IS NOT NULL
+                       LIMIT 10000) AS l),
+        'workers', (SELECT count(*) FROM pg_stat_activity AS a
+                    WHERE a.datname = current_database() AND a.application_name = pgtaskpy.name_of('worker')),
+        'at', now())
+$$;
+
 -- --- The view ---------------------------------------------------------------
 
 -- One row a (owner, group) the caller may see (security_invoker: row-level
@@ -417,6 +444,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.note_claims(name[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.metrics_snapshot(timestamptz) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.task_pause(text, name), @extschema@.task_resume(text, name),
     @extschema@.task_limit(text, integer, interval, name) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_stats TO pgtaskpy_user;
