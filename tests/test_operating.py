@@ -4,6 +4,7 @@ bounded history, the launcher's metrics and `pg_task_py status` (README "Operati
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -384,3 +385,45 @@ def test_metrics_flag_is_checked():
     for bad in ("9187", "host:", "host:port", "host:70000"):
         result = subprocess.run([str(LAUNCHER), "run", "--metrics", bad], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and "--metrics: must be ADDR:PORT" in result.stderr, result.stderr
+
+
+# --- pg_task_py status --------------------------------------------------------------------------
+
+def test_status_prints_the_groups_at_a_glance(running, authors):
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('held')")
+    insert_as(alice, "SELECT 1", group="held", plan=running.value("SELECT now() - interval '5 min'"))
+    running.wait_done(insert_as(alice, "SELECT 1/0", group="broken", delete=False))
+    alice_dsn = running.cluster.dsn(running.name, "ops_alice")
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", alice_dsn], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    header, rule, *lines = result.stdout.splitlines()
+    assert header.split() == ["owner", "group", "running", "due", "late", "later", "done", "1h", "fail", "1h",
+                              "gone", "1h", "paused", "last", "error"]
+    assert set(rule) == {"-", " "}
+    assert lines[0].split() == ["ops_alice", "held", "0", "1", "5m00s", "0", "0", "0", "0", "PAUSED"]
+    assert lines[1].split()[:9] == ["ops_alice", "broken", "0", "0", "0", "0", "1", "0", "ERROR:"]  # (no lateness)
+    assert lines[1].endswith("ERROR:  division by zero") and len(lines) == 2  # only alice's groups
+
+
+def test_status_watch_refreshes_until_interrupted(running):
+    running.insert("SELECT 1", plan="9999-01-01")
+    watcher = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn, "--watch", "0.2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        screens = []
+        wait_until(lambda: screens.append(watcher.stdout.readline()) or sum("owner" in s for s in screens) >= 3,
+                   20, interval=0, message="three refreshes")
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(10) == 0, watcher.stderr.read()
+    assert "\033[2J" in "".join(screens)
+
+
+def test_status_says_why_it_cannot_read(db):
+    db.sql("DROP EXTENSION pg_task_py CASCADE")
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "no view task_stats here" in result.stderr and "Traceback" not in result.stderr
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.cluster.dsn("no_such_database")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and 'database "no_such_database" does not exist' in result.stderr

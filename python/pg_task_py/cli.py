@@ -14,6 +14,7 @@ from pathlib import Path
 from pg_task_py import __version__
 from pg_task_py.launcher import Scheduler, Settings, SetupError
 from pg_task_py.metrics import Metrics, serve
+from pg_task_py.status import StatusError, show_status
 
 DESCRIPTION = """\
 Run the pg_task_py scheduler: start the tasks inserted into table `task` of
@@ -74,7 +75,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--metrics", type=listen_address, metavar="ADDR:PORT",
                      help="serve Prometheus metrics on http://ADDR:PORT/metrics and a health check on /health "
                           "(200 while every database had a turn in the last 5 s, else 503); default: off")
+    status = commands.add_parser(
+        "status", help="print the view task_stats as a table (groups, running, due, late, failures, paused)",
+        description="Print one line per (owner, group) of the view task_stats: tasks running, due and how late "
+                    "the oldest due one is, planned later, ended in the last hour, paused, the last error. "
+                    "Paused and late groups first.  Connects as any role: it sees what that role sees.")
+    status.add_argument("--dsn", default="", metavar="CONNINFO",
+                        help="the database (default: the libpq environment, PGHOST, PGDATABASE, ...)")
+    status.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, metavar="SECONDS",
+                        help="print it again every SECONDS (default 2) until Ctrl-C")
     return parser.parse_args(argv)
+
+
+def positive_seconds(text: object) -> float:
+    """status --watch: a refresh period."""
+    value = non_negative_seconds(text)
+    if value < 0.1:
+        raise argparse.ArgumentTypeError("must be at least 0.1 seconds")
+    return value
 
 
 def listen_address(text: str) -> tuple[str, int]:
@@ -200,8 +218,23 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None)
     return 1 if failures else 0
 
 
+def status(args: argparse.Namespace) -> int:
+    """`pg_task_py status`: 0, or 1 with one line on stderr when the database cannot be read."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGINT, lambda _signum, _frame: stopping.set())
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
+    try:
+        show_status(args.dsn, args.watch, stopping)
+    except StatusError as exc:
+        print(f"pg_task_py status: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command == "status":
+        return status(args)
     setup_logging(args.log_level, args.log_json)
     try:
         settings = load_settings(args)
