@@ -7,23 +7,40 @@
 
 -- --- Counters ---------------------------------------------------------------
 
--- Count one row of (owner, group) that became `state` at `at`.
+-- Count one row of (owner, group) that became `state` at `at`: a change that
+-- fold_group_counts adds to the counters.
 CREATE FUNCTION pgtaskpy.count_end(task_owner name, task_group text, state @extschema@.state, at timestamptz,
                                    error text)
 RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$
+    INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n, at, error)
+    VALUES (task_owner, task_group, state, 1, at, CASE WHEN state = 'FAIL' THEN left(error, 2000) END)
+$$;
+
+-- Add the changes to the counters, in the launcher's housekeeping: the
+-- changes committed by now, read and deleted in one statement.
+CREATE FUNCTION pgtaskpy.fold_group_counts() RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH folded AS (
+        DELETE FROM pgtaskpy.group_count_changes RETURNING *
+    )
     INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error)
-    VALUES (task_owner, task_group, (state = 'DONE')::integer, (state = 'FAIL')::integer,
-            (state = 'GONE')::integer, (state = 'STOP')::integer,
-            CASE WHEN state = 'DONE' THEN at END, CASE WHEN state = 'FAIL' THEN at END,
-            CASE WHEN state = 'FAIL' THEN left(error, 2000) END)
+    SELECT f.owner, f."group",
+           COALESCE(sum(f.n) FILTER (WHERE f.state = 'DONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'FAIL'), 0),
+           COALESCE(sum(f.n) FILTER (WHERE f.state = 'GONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'STOP'), 0),
+           max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0), max(f.at) FILTER (WHERE f.state = 'FAIL' AND f.n > 0),
+           (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1]
+    FROM folded AS f
+    GROUP BY f.owner, f."group"
     ON CONFLICT (owner, "group") DO UPDATE
     SET done = c.done + excluded.done, fail = c.fail + excluded.fail, gone = c.gone + excluded.gone,
         stop = c.stop + excluded.stop,
-        last_success = COALESCE(excluded.last_success, c.last_success),
-        last_failure = COALESCE(excluded.last_failure, c.last_failure),
-        last_error = CASE WHEN excluded.last_failure IS NOT NULL THEN excluded.last_error ELSE c.last_error END
+        last_success = greatest(excluded.last_success, c.last_success),
+        last_failure = greatest(excluded.last_failure, c.last_failure),
+        last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
+                          THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -56,21 +73,16 @@ END
 $$;
 
 -- Deleted finished rows leave the counters (retention, keep_runs, a task that
--- produced nothing, a user's DELETE): one UPDATE a statement, not a row.
+-- produced nothing, a user's DELETE): one change a group and state, not a row.
 CREATE FUNCTION pgtaskpy.uncount_deleted_tasks() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE pgtaskpy.group_counts AS c
-    SET done = greatest(c.done - d.done, 0), fail = greatest(c.fail - d.fail, 0),
-        gone = greatest(c.gone - d.gone, 0), stop = greatest(c.stop - d.stop, 0)
-    FROM (SELECT o.owner, o."group",
-                 count(*) FILTER (WHERE o.state = 'DONE') AS done, count(*) FILTER (WHERE o.state = 'FAIL') AS fail,
-                 count(*) FILTER (WHERE o.state = 'GONE') AS gone, count(*) FILTER (WHERE o.state = 'STOP') AS stop
-          FROM deleted_tasks AS o
-          WHERE o.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
-          GROUP BY o.owner, o."group") AS d
-    WHERE c.owner = d.owner AND c."group" = d."group";
+    INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n)
+    SELECT o.owner, o."group", o.state, -count(*)
+    FROM deleted_tasks AS o
+    WHERE o.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+    GROUP BY o.owner, o."group", o.state;
     RETURN NULL;
 END
 $$;
@@ -79,6 +91,7 @@ CREATE FUNCTION pgtaskpy.uncount_truncated_tasks() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    DELETE FROM pgtaskpy.group_count_changes;
     UPDATE pgtaskpy.group_counts SET done = 0, fail = 0, gone = 0, stop = 0;
     RETURN NULL;
 END
@@ -387,57 +400,105 @@ $$;
 
 -- --- The view ---------------------------------------------------------------
 
--- One row a (owner, group) the caller may see (security_invoker: row-level
+-- One row a (owner, group) the caller may see (SECURITY INVOKER: row-level
 -- security applies to every table read).  Waiting and running tasks are read
 -- from their small indexes, the last hour's ends from the stop index, totals
--- from group_counts: the cost does not grow with the finished rows kept.
-CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
+-- from group_counts and the changes not yet added to it: the cost does not
+-- grow with the finished rows kept.
+-- Groups are compared byte by byte (COLLATE "C"): sorting and joining a
+-- thousand group names by the database's collation cost more than the rest.
+-- A function with its own settings, under the view: the planner would start
+-- parallel workers for a role that row-level security filters, and their
+-- start costs more than the whole answer.
+CREATE FUNCTION pgtaskpy.group_stats()
+RETURNS TABLE (owner name, "group" text, due bigint, later bigint, running bigint,
+               done_1h bigint, fail_1h bigint, gone_1h bigint, stop_1h bigint,
+               done_total bigint, fail_total bigint, gone_total bigint, stop_total bigint,
+               oldest_due_lateness interval, run_time_p50 interval, run_time_p95 interval,
+               start_lag_p50 interval, start_lag_p95 interval,
+               last_success timestamptz, last_failure timestamptz, last_error text, paused boolean)
+-- (PL/pgSQL: its plan is kept for the session, where an SQL function's is made anew on every call)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET max_parallel_workers_per_gather = 0
+AS $$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
 WITH active AS (
     SELECT a.owner, a."group",
            count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS due,
            count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan > now()) AS later,
            count(*) FILTER (WHERE a.state <> 'PLAN') AS running,
            now() - min(a.plan) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS oldest_due_lateness
-    FROM (SELECT w.owner, w."group", w.state, w.plan FROM @extschema@.task AS w WHERE w.state = 'PLAN'
+    FROM (SELECT w.owner, w."group" COLLATE "C" AS "group", w.state, w.plan
+          FROM @extschema@.task AS w WHERE w.state = 'PLAN'
           UNION ALL
-          SELECT r.owner, r."group", r.state, r.plan FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
+          SELECT r.owner, r."group" COLLATE "C", r.state, r.plan
+          FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
     GROUP BY a.owner, a."group"
 ), hour AS (
-    SELECT f.owner, f."group",
-           count(*) FILTER (WHERE f.state = 'DONE') AS done_1h, count(*) FILTER (WHERE f.state = 'FAIL') AS fail_1h,
-           count(*) FILTER (WHERE f.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE f.state = 'STOP') AS stop_1h,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY f.stop - f.start) AS run_time_p50,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY f.stop - f.start) AS run_time_p95,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY f.start - f.plan) AS start_lag_p50,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY f.start - f.plan) AS start_lag_p95
-    FROM @extschema@.task AS f
-    WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour'
-    GROUP BY f.owner, f."group"
+    -- Nearest-rank percentiles from two window sorts of the hour's rows, not
+    -- two sorts a group (percentile_cont's), which cost more with many groups.
+    SELECT r.owner, r."group",
+           count(*) FILTER (WHERE r.state = 'DONE') AS done_1h, count(*) FILTER (WHERE r.state = 'FAIL') AS fail_1h,
+           count(*) FILTER (WHERE r.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE r.state = 'STOP') AS stop_1h,
+           min(r.run_time) FILTER (WHERE r.run_rank = ceil(0.5 * r.runs)) AS run_time_p50,
+           min(r.run_time) FILTER (WHERE r.run_rank = ceil(0.95 * r.runs)) AS run_time_p95,
+           min(r.start_lag) FILTER (WHERE r.lag_rank = ceil(0.5 * r.runs)) AS start_lag_p50,
+           min(r.start_lag) FILTER (WHERE r.lag_rank = ceil(0.95 * r.runs)) AS start_lag_p95
+    FROM (SELECT e.*, count(e.start) OVER per_group AS runs,  -- (the ended rows that ran: NULLs sort last)
+                 row_number() OVER (per_group ORDER BY e.run_time) AS run_rank,
+                 row_number() OVER (per_group ORDER BY e.start_lag) AS lag_rank
+          FROM (SELECT f.owner, f."group" COLLATE "C" AS "group", f.state, f.start,
+                       f.stop - f.start AS run_time, f.start - f.plan AS start_lag
+                FROM @extschema@.task AS f
+                WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour') AS e
+          WINDOW per_group AS (PARTITION BY e.owner, e."group")) AS r
+    GROUP BY r.owner, r."group"
+), pending AS (  -- changes not yet added to group_counts (at most about a second's)
+    SELECT p.owner, p."group" COLLATE "C" AS "group",
+           sum(p.n) FILTER (WHERE p.state = 'DONE') AS done, sum(p.n) FILTER (WHERE p.state = 'FAIL') AS fail,
+           sum(p.n) FILTER (WHERE p.state = 'GONE') AS gone, sum(p.n) FILTER (WHERE p.state = 'STOP') AS stop,
+           max(p.at) FILTER (WHERE p.state = 'DONE' AND p.n > 0) AS last_success,
+           max(p.at) FILTER (WHERE p.state = 'FAIL' AND p.n > 0) AS last_failure,
+           (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error
+    FROM pgtaskpy.group_count_changes AS p
+    GROUP BY p.owner, p."group" COLLATE "C"
 ), groups AS (
-    SELECT c.owner, c."group" FROM pgtaskpy.group_counts AS c
+    SELECT c.owner, c."group" COLLATE "C" AS "group" FROM pgtaskpy.group_counts AS c
+    UNION SELECT p.owner, p."group" FROM pending AS p
     UNION SELECT a.owner, a."group" FROM active AS a
     UNION SELECT h.owner, h."group" FROM hour AS h
-    UNION SELECT p.owner, p."group" FROM pgtaskpy.group_pause AS p
+    UNION SELECT p.owner, p."group" COLLATE "C" FROM pgtaskpy.group_pause AS p
 )
 SELECT g.owner, g."group",
        COALESCE(a.due, 0) AS due, COALESCE(a.later, 0) AS later, COALESCE(a.running, 0) AS running,
        COALESCE(h.done_1h, 0) AS done_1h, COALESCE(h.fail_1h, 0) AS fail_1h,
        COALESCE(h.gone_1h, 0) AS gone_1h, COALESCE(h.stop_1h, 0) AS stop_1h,
-       COALESCE(c.done, 0) AS done_total, COALESCE(c.fail, 0) AS fail_total,
-       COALESCE(c.gone, 0) AS gone_total, COALESCE(c.stop, 0) AS stop_total,
+       (COALESCE(c.done, 0) + COALESCE(d.done, 0))::bigint AS done_total, (COALESCE(c.fail, 0) + COALESCE(d.fail, 0))::bigint AS fail_total,
+       (COALESCE(c.gone, 0) + COALESCE(d.gone, 0))::bigint AS gone_total, (COALESCE(c.stop, 0) + COALESCE(d.stop, 0))::bigint AS stop_total,
        a.oldest_due_lateness,
        h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
-       c.last_success, c.last_failure, c.last_error,
+       greatest(c.last_success, d.last_success) AS last_success,
+       greatest(c.last_failure, d.last_failure) AS last_failure,
+       CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL THEN COALESCE(d.last_error, c.last_error)
+            ELSE c.last_error END AS last_error,
        p.owner IS NOT NULL AS paused
 FROM groups AS g
 LEFT JOIN active AS a ON a.owner = g.owner AND a."group" = g."group"
 LEFT JOIN hour AS h ON h.owner = g.owner AND h."group" = g."group"
-LEFT JOIN pgtaskpy.group_counts AS c ON c.owner = g.owner AND c."group" = g."group"
-LEFT JOIN pgtaskpy.group_pause AS p ON p.owner = g.owner AND p."group" = g."group";
+LEFT JOIN pgtaskpy.group_counts AS c ON c.owner = g.owner AND c."group" COLLATE "C" = g."group"
+LEFT JOIN pending AS d ON d.owner = g.owner AND d."group" = g."group"
+LEFT JOIN pgtaskpy.group_pause AS p ON p.owner = g.owner AND p."group" COLLATE "C" = g."group";
+END
+$$;
+
+CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
+SELECT * FROM pgtaskpy.group_stats();
 COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the caller''s tasks: waiting, running, ends, lateness, paused';
 
 REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fold_group_counts() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;

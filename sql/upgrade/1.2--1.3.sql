@@ -52,6 +52,20 @@ CREATE TABLE pgtaskpy.group_counts (
     PRIMARY KEY (owner, "group")
 );
 
+-- Changes not yet added to group_counts: one row an end (+1), one a
+-- statement's deleted rows of a group and state (minus their number).
+-- Inserted by the transactions that end or delete tasks, so that concurrent
+-- ends of one group never queue on its counters row; the launcher's
+-- housekeeping adds them to group_counts once a second (fold_group_counts).
+CREATE TABLE pgtaskpy.group_count_changes (
+    owner           name NOT NULL,
+    "group"         text NOT NULL,
+    state           @extschema@.state NOT NULL,
+    n               bigint NOT NULL,
+    at              timestamptz,
+    error           text
+);
+
 -- Groups that start nothing until task_resume.
 CREATE TABLE pgtaskpy.group_pause (
     owner           name NOT NULL,
@@ -71,12 +85,15 @@ CREATE TABLE pgtaskpy.group_limit (
     PRIMARY KEY (owner, "group")
 );
 
-GRANT SELECT ON pgtaskpy.group_counts TO pgtaskpy_user;
+GRANT SELECT ON pgtaskpy.group_counts, pgtaskpy.group_count_changes TO pgtaskpy_user;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgtaskpy.group_pause, pgtaskpy.group_limit TO pgtaskpy_user;
 ALTER TABLE pgtaskpy.group_counts ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgtaskpy.group_count_changes ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgtaskpy.group_pause ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgtaskpy.group_limit ENABLE ROW LEVEL SECURITY;
 CREATE POLICY group_owner_or_admin ON pgtaskpy.group_counts
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+CREATE POLICY group_owner_or_admin ON pgtaskpy.group_count_changes
     USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
 CREATE POLICY group_owner_or_admin ON pgtaskpy.group_pause
     USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'))
@@ -87,6 +104,7 @@ CREATE POLICY group_owner_or_admin ON pgtaskpy.group_limit
 
 -- pg_dump keeps them with the tasks (the counters match the rows dumped beside them).
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_counts', '');
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_count_changes', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_limit', '');
 
