@@ -400,29 +400,22 @@ $$;
 
 -- --- The view ---------------------------------------------------------------
 
--- One row a (owner, group) the caller may see (SECURITY INVOKER: row-level
+-- Marks a query that must not start parallel workers (PARALLEL UNSAFE; folded
+-- away as a constant): for a role that row-level security filters, the
+-- planner would start workers for task_stats, and starting them costs more
+-- than the whole answer.
+CREATE FUNCTION pgtaskpy.serial_plan() RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL UNSAFE
+AS $$ SELECT true $$;
+
+-- One row a (owner, group) the caller may see (security_invoker: row-level
 -- security applies to every table read).  Waiting and running tasks are read
 -- from their small indexes, the last hour's ends from the stop index, totals
 -- from group_counts and the changes not yet added to it: the cost does not
--- grow with the finished rows kept.
--- Groups are compared byte by byte (COLLATE "C"): sorting and joining a
--- thousand group names by the database's collation cost more than the rest.
--- A function with its own settings, under the view: the planner would start
--- parallel workers for a role that row-level security filters, and their
--- start costs more than the whole answer.
-CREATE FUNCTION pgtaskpy.group_stats()
-RETURNS TABLE (owner name, "group" text, due bigint, later bigint, running bigint,
-               done_1h bigint, fail_1h bigint, gone_1h bigint, stop_1h bigint,
-               done_total bigint, fail_total bigint, gone_total bigint, stop_total bigint,
-               oldest_due_lateness interval, run_time_p50 interval, run_time_p95 interval,
-               start_lag_p50 interval, start_lag_p95 interval,
-               last_success timestamptz, last_failure timestamptz, last_error text, paused boolean)
--- (PL/pgSQL: its plan is kept for the session, where an SQL function's is made anew on every call)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET max_parallel_workers_per_gather = 0
-AS $$
-#variable_conflict use_column
-BEGIN
-RETURN QUERY
+-- grow with the finished rows kept.  Groups are compared byte by byte
+-- (COLLATE "C"): sorting and hashing a thousand group names by the
+-- database's collation cost more than the rest.
+CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
 WITH active AS (
     SELECT a.owner, a."group",
            count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS due,
@@ -441,10 +434,11 @@ WITH active AS (
     SELECT r.owner, r."group",
            count(*) FILTER (WHERE r.state = 'DONE') AS done_1h, count(*) FILTER (WHERE r.state = 'FAIL') AS fail_1h,
            count(*) FILTER (WHERE r.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE r.state = 'STOP') AS stop_1h,
-           min(r.run_time) FILTER (WHERE r.run_rank = ceil(0.5 * r.runs)) AS run_time_p50,
-           min(r.run_time) FILTER (WHERE r.run_rank = ceil(0.95 * r.runs)) AS run_time_p95,
-           min(r.start_lag) FILTER (WHERE r.lag_rank = ceil(0.5 * r.runs)) AS start_lag_p50,
-           min(r.start_lag) FILTER (WHERE r.lag_rank = ceil(0.95 * r.runs)) AS start_lag_p95
+           -- (ranks ceil(n / 2) and ceil(0.95 n) in integers)
+           min(r.run_time) FILTER (WHERE r.run_rank = (r.runs + 1) / 2) AS run_time_p50,
+           min(r.run_time) FILTER (WHERE r.run_rank = (95 * r.runs + 99) / 100) AS run_time_p95,
+           min(r.start_lag) FILTER (WHERE r.lag_rank = (r.runs + 1) / 2) AS start_lag_p50,
+           min(r.start_lag) FILTER (WHERE r.lag_rank = (95 * r.runs + 99) / 100) AS start_lag_p95
     FROM (SELECT e.*, count(e.start) OVER per_group AS runs,  -- (the ended rows that ran: NULLs sort last)
                  row_number() OVER (per_group ORDER BY e.run_time) AS run_rank,
                  row_number() OVER (per_group ORDER BY e.start_lag) AS lag_rank
@@ -463,37 +457,62 @@ WITH active AS (
            (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error
     FROM pgtaskpy.group_count_changes AS p
     GROUP BY p.owner, p."group" COLLATE "C"
-), groups AS (
-    SELECT c.owner, c."group" COLLATE "C" AS "group" FROM pgtaskpy.group_counts AS c
-    UNION SELECT p.owner, p."group" FROM pending AS p
-    UNION SELECT a.owner, a."group" FROM active AS a
-    UNION SELECT h.owner, h."group" FROM hour AS h
-    UNION SELECT p.owner, p."group" COLLATE "C" FROM pgtaskpy.group_pause AS p
+), counts AS (
+    SELECT c.owner, c."group" COLLATE "C" AS "group", c.done, c.fail, c.gone, c.stop,
+           c.last_success, c.last_failure, c.last_error
+    FROM pgtaskpy.group_counts AS c
+), pauses AS (
+    SELECT p.owner, p."group" COLLATE "C" AS "group" FROM pgtaskpy.group_pause AS p
 )
-SELECT g.owner, g."group",
-       COALESCE(a.due, 0) AS due, COALESCE(a.later, 0) AS later, COALESCE(a.running, 0) AS running,
-       COALESCE(h.done_1h, 0) AS done_1h, COALESCE(h.fail_1h, 0) AS fail_1h,
-       COALESCE(h.gone_1h, 0) AS gone_1h, COALESCE(h.stop_1h, 0) AS stop_1h,
-       (COALESCE(c.done, 0) + COALESCE(d.done, 0))::bigint AS done_total, (COALESCE(c.fail, 0) + COALESCE(d.fail, 0))::bigint AS fail_total,
-       (COALESCE(c.gone, 0) + COALESCE(d.gone, 0))::bigint AS gone_total, (COALESCE(c.stop, 0) + COALESCE(d.stop, 0))::bigint AS stop_total,
-       a.oldest_due_lateness,
-       h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
-       greatest(c.last_success, d.last_success) AS last_success,
-       greatest(c.last_failure, d.last_failure) AS last_failure,
-       CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL THEN COALESCE(d.last_error, c.last_error)
-            ELSE c.last_error END AS last_error,
-       p.owner IS NOT NULL AS paused
-FROM groups AS g
-LEFT JOIN active AS a ON a.owner = g.owner AND a."group" = g."group"
-LEFT JOIN hour AS h ON h.owner = g.owner AND h."group" = g."group"
-LEFT JOIN pgtaskpy.group_counts AS c ON c.owner = g.owner AND c."group" COLLATE "C" = g."group"
-LEFT JOIN pending AS d ON d.owner = g.owner AND d."group" = g."group"
-LEFT JOIN pgtaskpy.group_pause AS p ON p.owner = g.owner AND p."group" COLLATE "C" = g."group";
-END
-$$;
-
-CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
-SELECT * FROM pgtaskpy.group_stats();
+-- One row a group from each part that has it, then one aggregation: cheaper
+-- than joining the parts (each column has a value in one part only).
+SELECT u.owner, u."group" COLLATE "default" AS "group",
+       COALESCE(max(u.due), 0) AS due, COALESCE(max(u.later), 0) AS later, COALESCE(max(u.running), 0) AS running,
+       COALESCE(max(u.done_1h), 0) AS done_1h, COALESCE(max(u.fail_1h), 0) AS fail_1h,
+       COALESCE(max(u.gone_1h), 0) AS gone_1h, COALESCE(max(u.stop_1h), 0) AS stop_1h,
+       (COALESCE(max(u.done), 0) + COALESCE(max(u.pending_done), 0))::bigint AS done_total,
+       (COALESCE(max(u.fail), 0) + COALESCE(max(u.pending_fail), 0))::bigint AS fail_total,
+       (COALESCE(max(u.gone), 0) + COALESCE(max(u.pending_gone), 0))::bigint AS gone_total,
+       (COALESCE(max(u.stop), 0) + COALESCE(max(u.pending_stop), 0))::bigint AS stop_total,
+       max(u.oldest_due_lateness) AS oldest_due_lateness,
+       max(u.run_time_p50) AS run_time_p50, max(u.run_time_p95) AS run_time_p95,
+       max(u.start_lag_p50) AS start_lag_p50, max(u.start_lag_p95) AS start_lag_p95,
+       greatest(max(u.last_success), max(u.pending_last_success)) AS last_success,
+       greatest(max(u.last_failure), max(u.pending_last_failure)) AS last_failure,
+       CASE WHEN max(u.pending_last_failure) >= max(u.last_failure) OR max(u.last_failure) IS NULL
+            THEN COALESCE(max(u.pending_last_error), max(u.last_error)) ELSE max(u.last_error) END AS last_error,
+       bool_or(u.paused) AS paused
+FROM (SELECT a.owner, a."group", a.due, a.later, a.running, a.oldest_due_lateness,
+             NULL::bigint AS done_1h, NULL::bigint AS fail_1h, NULL::bigint AS gone_1h, NULL::bigint AS stop_1h,
+             NULL::interval AS run_time_p50, NULL::interval AS run_time_p95,
+             NULL::interval AS start_lag_p50, NULL::interval AS start_lag_p95,
+             NULL::bigint AS done, NULL::bigint AS fail, NULL::bigint AS gone, NULL::bigint AS stop,
+             NULL::timestamptz AS last_success, NULL::timestamptz AS last_failure, NULL::text AS last_error,
+             NULL::numeric AS pending_done, NULL::numeric AS pending_fail, NULL::numeric AS pending_gone,
+             NULL::numeric AS pending_stop, NULL::timestamptz AS pending_last_success,
+             NULL::timestamptz AS pending_last_failure, NULL::text AS pending_last_error, false AS paused
+      FROM active AS a
+      UNION ALL
+      SELECT h.owner, h."group", NULL, NULL, NULL, NULL, h.done_1h, h.fail_1h, h.gone_1h, h.stop_1h,
+             h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
+      FROM hour AS h
+      UNION ALL
+      SELECT c.owner, c."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             c.done, c.fail, c.gone, c.stop, c.last_success, c.last_failure, c.last_error,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
+      FROM counts AS c
+      UNION ALL
+      SELECT d.owner, d."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             d.done, d.fail, d.gone, d.stop, d.last_success, d.last_failure, d.last_error, false
+      FROM pending AS d
+      UNION ALL
+      SELECT p.owner, p."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+      FROM pauses AS p) AS u
+WHERE pgtaskpy.serial_plan()
+GROUP BY u.owner, u."group";
 COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the caller''s tasks: waiting, running, ends, lateness, paused';
 
 REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
