@@ -110,6 +110,7 @@ def test_listen_receives_one_event_per_ended_task(running, authors):
     quiet = running.insert("SELECT 1", delete=False)  # notify_done is off by default
     running.wait_done(quiet)
     running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.notify_done = on")
+    read_afresh(running)
     try:
         ids = {running.insert("SELECT 1", group="ev", delete=False): "DONE",
                running.insert("SELECT 1/0", group="ev", delete=False): "FAIL",
@@ -125,6 +126,7 @@ def test_listen_receives_one_event_per_ended_task(running, authors):
             key=lambda e: e["id"])
         # Per role: ALTER ROLE ... SET turns it off for that role's tasks only.
         running.sql("ALTER ROLE ops_alice SET pg_task_py.notify_done = off")
+        read_afresh(running)
         alices = insert_as(authors["alice"], "SELECT 1", delete=False)
         running.wait_done(alices)
         mine = running.insert("SELECT 1", delete=False)
@@ -133,6 +135,13 @@ def test_listen_receives_one_event_per_ended_task(running, authors):
     finally:
         running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.notify_done")
         listener.close()
+
+
+def read_afresh(db):
+    """Until a session's reading of pg_task_py.notify_done is out of date: at most a second."""
+    changed = db.value("SELECT clock_timestamp()")
+    wait_until(lambda: db.value("SELECT clock_timestamp() - %s > interval '1.1 s'", [changed]), 5,
+               message="a second since the setting changed")
 
 
 # --- Pausing ------------------------------------------------------------------------------------

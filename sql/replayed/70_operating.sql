@@ -121,12 +121,24 @@ CREATE TRIGGER task_count_truncated
 
 -- pg_task_py.notify_done for the tasks of `owner`: ALTER ROLE owner [IN
 -- DATABASE] SET first, then the database's and the server's (scheduler_setting).
--- Read from the catalog: the owner's settings are not this session's.
+-- Read from the catalog (the owner's settings are not this session's), at
+-- most once a second per session and owner: this runs at every task's end,
+-- and the reading costs more than the rest of the hook.
 CREATE FUNCTION pgtaskpy.notify_done(owner name) RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    setting text := COALESCE(
+    last_read text := current_setting('pgtaskpy.notify_done_read', true);  -- 'epoch|t|owner' or 'epoch|f|owner'
+    now_s double precision := extract(epoch FROM clock_timestamp());
+    bar integer := strpos(last_read, '|');
+    setting text;
+    notify boolean := false;
+BEGIN
+    IF bar > 0 AND substr(last_read, bar + 3) = owner
+       AND now_s - substr(last_read, 1, bar - 1)::double precision BETWEEN 0 AND 1 THEN
+        RETURN substr(last_read, bar + 1, 1) = 't';
+    END IF;
+    setting := COALESCE(
         (SELECT substr(c, length('pg_task_py.notify_done=') + 1)
          FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
          WHERE s.setrole = to_regrole(quote_ident(owner))
@@ -134,14 +146,16 @@ DECLARE
            AND starts_with(c, 'pg_task_py.notify_done=')
          ORDER BY s.setdatabase DESC LIMIT 1),
         pgtaskpy.scheduler_setting('pg_task_py.notify_done'));
-BEGIN
-    IF setting IS NULL OR setting = '' THEN
-        RETURN false;
+    IF setting IS NOT NULL AND setting <> '' THEN
+        BEGIN
+            notify := setting::boolean;
+        EXCEPTION WHEN data_exception THEN
+            RAISE WARNING 'pg_task_py: ignoring pg_task_py.notify_done = "%" for role %: not a boolean', setting, owner;
+        END;
     END IF;
-    RETURN setting::boolean;
-EXCEPTION WHEN data_exception THEN
-    RAISE WARNING 'pg_task_py: ignoring pg_task_py.notify_done = "%" for role %: not a boolean', setting, owner;
-    RETURN false;
+    PERFORM set_config('pgtaskpy.notify_done_read', now_s::text || '|' || (CASE WHEN notify THEN 't' ELSE 'f' END)
+                                                     || '|' || owner, false);
+    RETURN notify;
 END
 $$;
 
