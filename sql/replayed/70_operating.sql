@@ -8,14 +8,17 @@
 -- --- Counters ---------------------------------------------------------------
 
 -- Count one row of (owner, group) that became `state` at `at`: a change that
--- fold_group_counts adds to the counters.
-CREATE FUNCTION pgtaskpy.count_end(task_owner name, task_group text, state @extschema@.state, at timestamptz,
-                                   error text)
+-- fold_group_counts adds to the counters.  (PL/pgSQL: it keeps the INSERT's
+-- plan for the session, where an SQL function with SET plans it on every call.)
+CREATE FUNCTION pgtaskpy.count_end(task_owner name, task_group text, end_state @extschema@.state,
+                                   at timestamptz, error text)
 RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n, at, error)
-    VALUES (task_owner, task_group, state, 1, at, CASE WHEN state = 'FAIL' THEN left(error, 2000) END)
+    VALUES (task_owner, task_group, end_state, 1, at, CASE WHEN end_state = 'FAIL' THEN left(error, 2000) END);
+END
 $$;
 
 -- Add the changes to the counters, in the launcher's housekeeping: the
@@ -255,15 +258,18 @@ AS $$
           ORDER BY a.at DESC LIMIT starts) AS w
 $$;
 
--- claim_due_tasks' claims count in their groups' windows.
+-- claim_due_tasks' claims count in their groups' windows.  (PL/pgSQL: a
+-- plan kept for the session; this runs on every claim.)
 CREATE FUNCTION pgtaskpy.note_claims(owners name[], groups text[]) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     UPDATE pgtaskpy.group_limit AS l
     SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, c.n)
     FROM (SELECT u.owner, u."group", count(*) AS n FROM unnest(owners, groups) AS u(owner, "group")
           GROUP BY u.owner, u."group") AS c
-    WHERE l.owner = c.owner AND l."group" = c."group"
+    WHERE l.owner = c.owner AND l."group" = c."group";
+END
 $$;
 
 -- claim_next_task's claim of one task of a limited group: takes a place in
