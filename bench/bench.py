@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psycopg
 from pg_task_py_testing import PG_BIN, Launcher, throwaway_cluster
 
 DEADLINE = 120.0  # seconds any one scenario may take
@@ -327,6 +328,99 @@ def retry(conn, launcher, count: int = 500) -> dict:
             "retry_cpu_ms_per_run": round(cpu[1], 3), "cpu_ratio": round(cpu[1] / cpu[0], 3)}
 
 
+def stats_view(cluster) -> dict:
+    """The view task_stats with 1,000,000 finished rows in 1,000 groups (their stops spread over 30
+    days, so about 1,400 ended in the last hour) and 1,000 waiting tasks: median time of one
+    read of the whole view, by the server's clock, as a superuser and as a role that sees one
+    group (row-level security); in a database of its own."""
+    cluster.create_database("stats")
+    with cluster.connect("stats") as conn:
+        conn.execute("SET session_replication_role = replica")  # rows and counters written in bulk below
+        conn.execute("INSERT INTO task (input, \"group\", state, plan, start, stop, output)"
+                     " SELECT 'SELECT 1', 'g' || (i % 1000), CASE WHEN i % 10 = 0 THEN 'FAIL' ELSE 'DONE' END::state,"
+                     " now() - i * interval '2.6 s', now() - i * interval '2.6 s' + interval '3 ms',"
+                     " now() - i * interval '2.6 s' + interval '5 ms', '1' FROM generate_series(1, 1000000) AS i")
+        conn.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || i, now() + interval '1 day'"
+                     " FROM generate_series(1, 1000) AS i")
+        conn.execute("INSERT INTO pgtaskpy.group_counts (owner, \"group\", done, fail, last_success, last_failure)"
+                     " SELECT owner, \"group\", count(*) FILTER (WHERE state = 'DONE'),"
+                     " count(*) FILTER (WHERE state = 'FAIL'), max(stop) FILTER (WHERE state = 'DONE'),"
+                     " max(stop) FILTER (WHERE state = 'FAIL') FROM task WHERE state IN ('DONE', 'FAIL')"
+                     " GROUP BY owner, \"group\"")
+        conn.execute("SET session_replication_role = origin")
+        conn.execute("CREATE ROLE stats_reader LOGIN IN ROLE pgtaskpy_user")
+        conn.execute("UPDATE task SET owner = 'stats_reader' WHERE \"group\" = 'g1' AND state = 'PLAN'")
+        conn.execute("VACUUM ANALYZE task")
+        conn.execute("CHECKPOINT")
+        groups = conn.execute("SELECT count(*) FROM task_stats").fetchone()[0]
+        superuser = view_ms(conn)
+    with cluster.connect("stats", "stats_reader") as reader:
+        seen = reader.execute("SELECT count(*) FROM task_stats").fetchone()[0]
+        one_role = view_ms(reader)
+    return {"finished_rows": 1000000, "groups": groups, **{f"view_{k}": v for k, v in superuser.items()},
+            "one_role_groups": seen, **{f"one_role_{k}": v for k, v in one_role.items()}}
+
+
+def view_ms(conn, repeat: int = 50) -> dict:
+    """`SELECT * FROM task_stats`, every row fetched as a client does: the median and the least
+    time a read by the client's clock, and the server backend's CPU time a read (a fair figure when
+    other processes share the cores)."""
+    conn.execute("SELECT * FROM task_stats").fetchall()  # the session's catalog caches are filled
+    cpu = cpu_seconds(conn.info.backend_pid)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        conn.execute("SELECT * FROM task_stats").fetchall()
+        times.append(1000 * (time.perf_counter() - started))
+    cpu = cpu_seconds(conn.info.backend_pid) - cpu
+    # The server's execution time alone (EXPLAIN ANALYZE: no output formatting, no transfer).
+    executions = [float(next(line[0] for line in conn.execute(
+        "EXPLAIN (ANALYZE, TIMING OFF) SELECT * FROM task_stats").fetchall()
+        if line[0].startswith("Execution Time")).split()[2]) for _ in range(repeat)]
+    return {"median_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3),
+            "cpu_ms": round(1000 * cpu / repeat, 3), "execution_median_ms": round(statistics.median(executions), 3)}
+
+
+REUSE = ("INSERT INTO task (max, count, input, delete)"
+         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)")
+
+
+def events(conn, rounds: int = 7) -> dict:
+    """Reuse throughput without the end-of-task hook (pgtaskpy.task_ended replaced by a no-op for
+    the measurement), with it (counters), and with pg_task_py.notify_done on (counters and a
+    NOTIFY a task, with a listener), alternating, median of `rounds` each."""
+    hook = conn.execute("SELECT pg_get_functiondef('pgtaskpy.task_ended(task)'::regprocedure)").fetchone()[0]
+    listener = psycopg.connect(conn.info.dsn, autocommit=True)
+    listener.execute("LISTEN pg_task_py_done")
+    results: dict[str, list[float]] = {"without": [], "counters": [], "notify": []}
+    try:
+        for _ in range(rounds):
+            for variant in results:
+                if variant == "without":
+                    conn.execute("CREATE OR REPLACE FUNCTION pgtaskpy.task_ended(t task) RETURNS void"
+                                 " LANGUAGE sql AS 'SELECT'")
+                else:
+                    conn.execute(hook)
+                conn.execute(f"ALTER DATABASE bench {'SET' if variant == 'notify' else 'RESET'}"
+                             " pg_task_py.notify_done" + (" = on" if variant == "notify" else ""))
+                results[variant].append(throughput(conn, REUSE, 500)["tasks_per_s"])
+                for _ in listener.notifies(timeout=0):  # read what arrived, so the queue stays empty
+                    pass
+    finally:
+        conn.execute(hook)
+        conn.execute("ALTER DATABASE bench RESET pg_task_py.notify_done")
+        listener.close()
+    # Other processes on the machine make single rounds noisy: the median and the best round of each.
+    medians = {variant: statistics.median(values) for variant, values in results.items()}
+    best = {variant: max(values) for variant, values in results.items()}
+    return {**{f"{variant}_tasks_per_s": round(value, 1) for variant, value in medians.items()},
+            "counters_cost_percent": round(100 * (1 - medians["counters"] / medians["without"]), 1),
+            "notify_cost_percent": round(100 * (1 - medians["notify"] / medians["counters"]), 1),
+            "best_counters_cost_percent": round(100 * (1 - best["counters"] / best["without"]), 1),
+            "best_notify_cost_percent": round(100 * (1 - best["notify"] / best["counters"]), 1),
+            "runs": {variant: values for variant, values in results.items()}}
+
+
 SCENARIOS = {
     "latency": lambda conn: latency(conn, 0.0, 40),
     "timed": lambda conn: latency(conn, 0.3, 20),
@@ -344,6 +438,8 @@ SCENARIOS = {
     "retry": None,  # needs the launcher: see retry()
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
+    "stats": None,  # needs the cluster: see stats_view()
+    "events": events,
 }
 
 
@@ -375,6 +471,8 @@ def main() -> None:
                             results.append({"scenario": name, **backlog(cluster)})
                         elif name == "waiting":
                             results.append({"scenario": name, **waiting(cluster)})
+                        elif name == "stats":
+                            results.append({"scenario": name, **stats_view(cluster)})
                         elif name == "cron":
                             results.append({"scenario": name, **cron(conn, launcher)})
                         elif name == "retry":

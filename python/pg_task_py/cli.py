@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pg_task_py import __version__
 from pg_task_py.launcher import Scheduler, Settings, SetupError
+from pg_task_py.metrics import Metrics, serve
+from pg_task_py.status import StatusError, show_status
 
 DESCRIPTION = """\
 Run the pg_task_py scheduler: start the tasks inserted into table `task` of
@@ -70,7 +72,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--log-level", default="INFO", type=str.upper, metavar="LEVEL",
                      choices=LOG_LEVELS, help=f"{', '.join(LOG_LEVELS)}, any case (default: %(default)s)")
     run.add_argument("--log-json", action="store_true", help="log one JSON object a line")
+    run.add_argument("--metrics", type=listen_address, metavar="ADDR:PORT",
+                     help="serve Prometheus metrics on http://ADDR:PORT/metrics and a health check on /health "
+                          "(200 while every database had a turn in the last 5 s, else 503); default: off")
+    status = commands.add_parser(
+        "status", help="print the view task_stats as a table (groups, running, due, late, failures, paused)",
+        description="Print one line per (owner, group) of the view task_stats: tasks running, due and how late "
+                    "the oldest due one is, planned later, ended in the last hour, paused, the last error. "
+                    "Paused and late groups first.  Connects as any role: it sees what that role sees.")
+    status.add_argument("--dsn", default="", metavar="CONNINFO",
+                        help="the database (default: the libpq environment, PGHOST, PGDATABASE, ...)")
+    status.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, metavar="SECONDS",
+                        help="print it again every SECONDS (default 2) until Ctrl-C")
     return parser.parse_args(argv)
+
+
+def positive_seconds(text: object) -> float:
+    """status --watch: a refresh period."""
+    value = non_negative_seconds(text)
+    if value < 0.1:
+        raise argparse.ArgumentTypeError("must be at least 0.1 seconds")
+    return value
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """--metrics: 'ADDR:PORT' ('127.0.0.1:9187', ':9187' for every address, '[::1]:9187')."""
+    address, _, port = text.rpartition(":")
+    if not _ or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError("must be ADDR:PORT, e.g. 127.0.0.1:9187 or :9187")
+    return address.strip("[]") or "0.0.0.0", int(port)
 
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -148,9 +178,18 @@ def setup_logging(level: str, as_json: bool) -> None:
     logging.getLogger("psycopg").setLevel(logging.WARNING)
 
 
-def run_all(settings: list[Settings]) -> int:
+def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None) -> int:
     """Run one scheduler thread per database; return the exit status."""
     logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings))
+    metrics = None
+    if metrics_at is not None:
+        metrics = Metrics()
+        try:
+            server = serve(metrics, *metrics_at)
+        except OSError as exc:
+            logging.getLogger("pg_task_py").error("cannot serve metrics on %s:%d: %s", *metrics_at, exc.strerror or exc)
+            return 1
+        logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", *server.server_address[:2])
     stopping = threading.Event()
     failures: list[str] = []
 
@@ -163,7 +202,7 @@ def run_all(settings: list[Settings]) -> int:
 
     def run_one(entry: Settings) -> None:
         try:
-            Scheduler(entry, stopping).run()
+            Scheduler(entry, stopping, metrics).run()
         except SetupError as exc:
             failures.append(str(exc))
             logging.getLogger("pg_task_py").error("%s", exc)
@@ -179,12 +218,27 @@ def run_all(settings: list[Settings]) -> int:
     return 1 if failures else 0
 
 
+def status(args: argparse.Namespace) -> int:
+    """`pg_task_py status`: 0, or 1 with one line on stderr when the database cannot be read."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGINT, lambda _signum, _frame: stopping.set())
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
+    try:
+        show_status(args.dsn, args.watch, stopping)
+    except StatusError as exc:
+        print(f"pg_task_py status: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command == "status":
+        return status(args)
     setup_logging(args.log_level, args.log_json)
     try:
         settings = load_settings(args)
     except SetupError as exc:
         logging.getLogger("pg_task_py").error("%s", exc)
         return 2
-    return run_all(settings)
+    return run_all(settings, args.metrics)

@@ -16,12 +16,14 @@ import psycopg
 import psycopg.sql
 
 from pg_task_py import __version__
+from pg_task_py.metrics import Metrics
 
 log = logging.getLogger("pg_task_py")
 
 # The channel of extensions 1.0-1.2, which do not name it themselves (pgtaskpy.name_of).
 LEGACY_CHANNEL = "pg_task_py"
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
+SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (with --metrics)
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database.
 # libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
@@ -55,10 +57,15 @@ class Settings:
 class Scheduler:
     """Runs the loop for one database until `stopping` is set."""
 
-    def __init__(self, settings: Settings, stopping: threading.Event) -> None:
+    def __init__(self, settings: Settings, stopping: threading.Event, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.stopping = stopping
         self.name = display_name(settings.dsn)
+        self.metrics = metrics
+        self.snapshot_at = 0.0  # time.monotonic() of the next metrics snapshot
+        self.snapshot_since: object = None  # the database's now() of the last one
+        if metrics:
+            metrics.expect(self.name)
 
     def run(self) -> None:
         """Loop, reconnecting with backoff; raises SetupError for what retrying cannot fix."""
@@ -71,11 +78,13 @@ class Scheduler:
                 if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
                 log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, first_line(exc), backoff)
+                if self.metrics:
+                    self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
                 continue
             try:
                 with conn:
-                    self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
+                    self._rename(f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}")
                     self._check_role(conn)
                     self._check_extension(conn)
                     conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(wake_channel(conn))))
@@ -90,7 +99,14 @@ class Scheduler:
             except psycopg.Error as exc:
                 what = "connection lost" if conn.broken else "scheduler error"
                 log.warning("%s: %s (%s); reconnecting in %.1fs", self.name, what, first_line(exc), backoff)
+                if self.metrics:
+                    self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
+
+    def _rename(self, name: str) -> None:
+        if self.metrics and name != self.name:
+            self.metrics.rename(self.name, name)
+        self.name = name
 
     def _pause(self, backoff: float) -> float:
         """Wait before the next connection attempt (a stop ends the wait); return the next pause."""
@@ -127,9 +143,25 @@ class Scheduler:
             "SELECT events, wake_in, running FROM pgtaskpy.dispatch(%s, %s)",
             [run_limit, cancel],
         ).fetchone()
-        for event in events if isinstance(events, list) else json.loads(events):
+        events = events if isinstance(events, list) else json.loads(events)
+        for event in events:
             log_event(self.name, event)
+        if self.metrics:
+            self.metrics.turn(self.name, events, running)
+            if time.monotonic() >= self.snapshot_at:
+                self._snapshot(conn)
         return wake_in, running
+
+    def _snapshot(self, conn: psycopg.Connection) -> None:
+        """--metrics: what only the database knows (due tasks by group, start lags, workers)."""
+        self.snapshot_at = time.monotonic() + SNAPSHOT_EVERY
+        if conn.execute("SELECT to_regprocedure('pgtaskpy.metrics_snapshot(timestamptz)') IS NULL").fetchone()[0]:
+            return  # an extension older than 1.3: dispatch()'s figures only
+        snapshot = conn.execute("SELECT pgtaskpy.metrics_snapshot(COALESCE(%s::timestamptz, now()))",
+                                [self.snapshot_since]).fetchone()[0]
+        self.snapshot_since = snapshot["at"]
+        self.metrics.snapshot(self.name, [tuple(group) for group in snapshot["groups"]], snapshot["lags"],
+                              snapshot["workers"])
 
     def _loop(self, conn: psycopg.Connection) -> None:
         while not self.stopping.is_set():

@@ -206,6 +206,7 @@ def housekeeping(ctx, pool, events, run_limit):
     expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    ctx.run("counts", "SELECT pgtaskpy.fold_group_counts()")  # task_stats' counters (70_operating.sql)
     if misconfigured:
         events.append({"event": "misconfigured", "count": misconfigured})
     if deleted:

@@ -11,6 +11,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE what
         WHEN 'channel' THEN 'pg_task_py'
+        WHEN 'done channel' THEN 'pg_task_py_done'
         WHEN 'launcher' THEN 'pg_task_py launcher'
         WHEN 'stopping launcher' THEN 'pg_task_py launcher (stopping)'
         WHEN 'worker' THEN 'pg_task_py worker'
@@ -145,16 +146,18 @@ BEGIN
         -- start (the group's highest max + 1) nor than may be claimed.
         SELECT c.id, c.hash, c.max, c.owner,
                row_number() OVER (PARTITION BY c.hash ORDER BY c.max DESC, c.id) AS rank,
-               row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank
+               row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank,
+               c."group", row_number() OVER (PARTITION BY c.owner, c."group" ORDER BY c.max DESC, c.id) AS group_rank
         FROM unnest(due_groups) AS w(hash)
         CROSS JOIN LATERAL (
             -- "(...) IS TRUE": no index on plan may serve this scan, only the
             -- one in priority order, whatever the table's statistics say.
-            SELECT t.id, t.hash, t.max, t.owner
+            SELECT t.id, t.hash, t.max, t.owner, t."group"
             FROM @extschema@.task AS t
             WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = w.hash
               AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
               AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
+              AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
               -- A task of a named series starts only while no other run of
               -- the series (owner, key) is claimed or running: its runs never
               -- overlap, also when task_schedule replaced the waiting run
@@ -178,14 +181,19 @@ BEGIN
         CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
         WHERE pgtaskpy.group_has_room(d.max, g.n, d.rank)
           AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
+          AND pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank)
         ORDER BY d.max DESC, d.id
         LIMIT claim_limit
+    ), claimed AS (
+        UPDATE @extschema@.task AS t
+        SET state = 'TAKE', worker = claimer
+        FROM chosen AS c
+        WHERE t.id = c.id AND t.state = 'PLAN'
+        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
+    ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
+        SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
     )
-    UPDATE @extschema@.task AS t
-    SET state = 'TAKE', worker = claimer
-    FROM chosen AS c
-    WHERE t.id = c.id AND t.state = 'PLAN'
-    RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
+    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
 END
 $$;
 
@@ -232,6 +240,7 @@ BEGIN
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = group_hash
       AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE AND NOT t.exclusive
+      AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
       AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
                SELECT FROM @extschema@.task AS k
                WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
@@ -255,6 +264,9 @@ BEGIN
         IF NOT pgtaskpy.owner_has_room(cap, running, 1) THEN
             RETURN NULL;
         END IF;
+    END IF;
+    IF NOT pgtaskpy.take_start_slot(claimed.owner, claimed."group") THEN  -- (a rate limit: 70_operating.sql)
+        RETURN NULL;
     END IF;
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
        AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
@@ -471,6 +483,7 @@ BEGIN
     ELSE
         PERFORM pgtaskpy.resolve_dependents(t.id, t.state, CASE WHEN NOT wake THEN t.hash END);
     END IF;
+    PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
 
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
         DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
@@ -750,32 +763,68 @@ $$;
 
 -- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
 -- older than this are deleted, a batch at a time, so the table stays small.
+-- DONE and FAIL rows keep their own time when pg_task_py.retention_done or
+-- pg_task_py.retention_fail is set; then pg_task_py.keep_runs trims long
+-- series (70_operating.sql).  One batch a call, in all: housekeeping holds
+-- the scheduling lock meanwhile.
 CREATE FUNCTION pgtaskpy.delete_old_tasks(batch integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    retention interval;
-    deleted integer;
+    retention interval := pgtaskpy.retention_setting('pg_task_py.retention', NULL);
+    kept record;
+    deleted integer := 0;
+    n integer;
 BEGIN
+    FOR kept IN
+        SELECT s.state, s.retention
+        FROM (VALUES ('DONE'::@extschema@.state, pgtaskpy.retention_setting('pg_task_py.retention_done', retention)),
+                     ('FAIL', pgtaskpy.retention_setting('pg_task_py.retention_fail', retention)),
+                     ('GONE', retention), ('STOP', retention)) AS s(state, retention)
+        WHERE s.retention IS NOT NULL
+    LOOP
+        -- (state, stop): the index of finished rows by state, so that rows one
+        -- state keeps longer are never read for another's
+        DELETE FROM @extschema@.task AS t
+        WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = kept.state
+                         AND f.stop < now() - kept.retention
+                       ORDER BY f.state, f.stop LIMIT batch - deleted
+                       FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+        IF deleted >= batch THEN
+            RETURN deleted;
+        END IF;
+    END LOOP;
+    RETURN deleted + pgtaskpy.delete_surplus_runs(batch - deleted);
+END
+$$;
+
+-- A retention setting (pg_task_py.retention*) as an interval: `fallback` when
+-- it is not set, NULL (keep all) with a warning in the server log when it is
+-- not an interval of zero or more.
+CREATE FUNCTION pgtaskpy.retention_setting(name text, fallback interval) RETURNS interval
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    setting text := NULLIF(pgtaskpy.scheduler_setting(name), '');
+    retention interval;
+BEGIN
+    IF setting IS NULL THEN
+        RETURN fallback;
+    END IF;
     BEGIN
-        retention := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.retention'), '')::interval;
+        retention := setting::interval;
     EXCEPTION WHEN data_exception THEN
         retention := interval '-1 s';
     END;
     IF retention < interval '0' THEN
-        RAISE WARNING 'pg_task_py: ignoring pg_task_py.retention = "%" of %: not an interval of zero or more',
-            pgtaskpy.scheduler_setting('pg_task_py.retention'), pgtaskpy.scheduler_setting_source('pg_task_py.retention');
-        RETURN 0;
-    ELSIF retention IS NULL THEN
-        RETURN 0;
+        RAISE WARNING 'pg_task_py: ignoring % = "%" of %: not an interval of zero or more',
+            name, setting, pgtaskpy.scheduler_setting_source(name);
+        RETURN NULL;
     END IF;
-    DELETE FROM @extschema@.task AS t
-    WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
-                   WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop < now() - retention
-                   ORDER BY f.stop LIMIT batch
-                   FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
+    RETURN retention;
 END
 $$;
 
@@ -790,6 +839,7 @@ BEGIN
     FOR late IN
         SELECT t.id FROM @extschema@.task AS t
         WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now() AND t.plan + t.active <= now()
+          AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (a paused group's tasks wait: 70_operating.sql)
         ORDER BY t.plan LIMIT 1000
         FOR UPDATE SKIP LOCKED
     LOOP
@@ -829,3 +879,4 @@ REVOKE ALL ON FUNCTION pgtaskpy.fail_misconfigured_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.retention_setting(text, interval) FROM PUBLIC;

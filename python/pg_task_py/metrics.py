@@ -1,0 +1,128 @@
+"""`--metrics ADDR:PORT`: Prometheus metrics and a health check over HTTP.
+
+Recorded from what the loop already has: the events and the running count that
+pgtaskpy.dispatch() returns, reconnections, and the time of each database's
+last turn; once a second, pgtaskpy.metrics_snapshot() adds what only the
+database knows (waiting due tasks by group, start lags, workers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+HEALTHY_WITHIN = 5.0  # seconds: a database whose last turn is older makes /health answer 503
+SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 3600)
+
+
+class Metrics:
+    """The launcher's metrics, one registry; safe to call from every database's thread."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.started = Counter("pg_task_py_tasks_started", "Tasks started", ["database"], registry=self.registry)
+        self.ended = Counter("pg_task_py_tasks_ended", "Tasks ended, by end state", ["database", "state"],
+                             registry=self.registry)
+        self.run_time = Histogram("pg_task_py_task_run_seconds", "Run time of ended tasks (stop - start)",
+                                  ["database"], buckets=SECONDS_BUCKETS, registry=self.registry)
+        self.start_lag = Histogram("pg_task_py_task_start_lag_seconds", "Start lag of ended tasks (start - plan)",
+                                   ["database"], buckets=SECONDS_BUCKETS, registry=self.registry)
+        self.running = Gauge("pg_task_py_running_tasks", "Tasks this launcher's workers run", ["database"],
+                             registry=self.registry)
+        self.due = Gauge("pg_task_py_due_tasks", "Waiting tasks that are due, by owner and group",
+                         ["database", "owner", "group"], registry=self.registry)
+        self.oldest_due = Gauge("pg_task_py_oldest_due_seconds",
+                                "now() - plan of the oldest due waiting task, by owner and group",
+                                ["database", "owner", "group"], registry=self.registry)
+        self.workers = Gauge("pg_task_py_workers", "Worker backends of the database", ["database"],
+                             registry=self.registry)
+        self.reconnects = Counter("pg_task_py_reconnects", "Connections lost or refused, then retried",
+                                  ["database"], registry=self.registry)
+        self.last_turn = Gauge("pg_task_py_last_turn_timestamp_seconds", "Unix time of the last successful turn",
+                               ["database"], registry=self.registry)
+        self.lock = threading.Lock()
+        self.turns: dict[str, float] = {}  # database -> time.monotonic() of its last turn
+        self.groups: dict[str, set[tuple[str, str]]] = {}  # database -> (owner, group) labels set last time
+
+    def expect(self, database: str) -> None:
+        """A database this launcher schedules: unhealthy until its first turn."""
+        with self.lock:
+            self.turns.setdefault(database, float("-inf"))
+
+    def rename(self, old: str, new: str) -> None:
+        """The launcher names a database by its conninfo until it has connected."""
+        with self.lock:
+            self.turns[new] = self.turns.pop(old, float("-inf"))
+
+    def turn(self, database: str, events: list[dict], running: int) -> None:
+        """One successful turn of dispatch() and what it returned."""
+        for event in events:
+            kind = event.get("event")
+            if kind == "start":
+                self.started.labels(database).inc()
+            elif kind == "end":
+                self.ended.labels(database, str(event.get("state"))).inc()
+                if isinstance(event.get("seconds"), (int, float)):
+                    self.run_time.labels(database).observe(event["seconds"])
+        self.running.labels(database).set(running)
+        self.last_turn.labels(database).set(time.time())
+        with self.lock:
+            self.turns[database] = time.monotonic()
+
+    def snapshot(self, database: str, groups: list[tuple[str, str, int, float]], lags: list[float],
+                 workers: int) -> None:
+        """What pgtaskpy.metrics_snapshot() returned: due tasks by group, start lags, workers."""
+        seen = set()
+        for owner, group, due, oldest in groups:
+            self.due.labels(database, owner, group).set(due)
+            self.oldest_due.labels(database, owner, group).set(oldest)
+            seen.add((owner, group))
+        for owner, group in self.groups.get(database, set()) - seen:  # no longer due: drop the series
+            self.due.remove(database, owner, group)
+            self.oldest_due.remove(database, owner, group)
+        self.groups[database] = seen
+        for lag in lags:
+            self.start_lag.labels(database).observe(lag)
+        self.workers.labels(database).set(workers)
+
+    def reconnect(self, database: str) -> None:
+        self.reconnects.labels(database).inc()
+
+    def stale(self) -> list[str]:
+        """Databases whose last turn is older than HEALTHY_WITHIN (or that never had one)."""
+        now = time.monotonic()
+        with self.lock:
+            return sorted(name for name, at in self.turns.items() if now - at > HEALTHY_WITHIN)
+
+
+def serve(metrics: Metrics, address: str, port: int) -> ThreadingHTTPServer:
+    """Serve /metrics and /health from a daemon thread; returns the server (shutdown() stops it)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.split("?", 1)[0] == "/metrics":
+                self.answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/health":
+                stale = metrics.stale()
+                body = ("ok\n" if not stale else "".join(f"no turn within {HEALTHY_WITHIN:g}s: {n}\n" for n in stale))
+                self.answer(503 if stale else 200, body.encode(), "text/plain; charset=utf-8")
+            else:
+                self.answer(404, b"/metrics or /health\n", "text/plain; charset=utf-8")
+
+        def answer(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - scrapes are not log lines
+            pass
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

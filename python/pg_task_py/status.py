@@ -1,0 +1,78 @@
+"""`pg_task_py status`: the view task_stats as a table a person reads at a glance."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from datetime import timedelta
+
+import psycopg
+
+COLUMNS = ("owner", "group", "running", "due", "late", "later", "done 1h", "fail 1h", "gone 1h", "paused",
+           "last error")
+QUERY = """
+SELECT owner, "group", running, due, oldest_due_lateness, later, done_1h, fail_1h, gone_1h, paused,
+       split_part(last_error, E'\\n', 1)
+FROM task_stats
+ORDER BY paused DESC, oldest_due_lateness DESC NULLS LAST, fail_1h DESC, owner, "group"
+"""
+CLEAR = "\033[H\033[2J"  # cursor home, clear the screen
+
+
+class StatusError(Exception):
+    """The database cannot be read; the message says why."""
+
+
+def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sys.stdout) -> None:
+    """Print task_stats once, or every `watch` seconds until `stopping` is set."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, application_name="pg_task_py status") as conn:
+            if conn.execute("SELECT to_regclass('task_stats') IS NULL").fetchone()[0]:
+                raise StatusError("no view task_stats here: is the extension pg_task_py 1.3 or later installed in "
+                                  "this database, and in the search_path? (ALTER EXTENSION pg_task_py UPDATE)")
+            while True:
+                rows = conn.execute(QUERY).fetchall()
+                out.write((CLEAR if watch else "") + render(rows))
+                out.flush()
+                if watch is None or stopping.wait(watch):
+                    return
+    except psycopg.Error as exc:
+        raise StatusError(str(exc).strip().splitlines()[0]) from None
+
+
+def render(rows: list[tuple]) -> str:
+    """An aligned text table, numbers to the right; a line when there is nothing to show."""
+    if not rows:
+        return "no tasks\n"
+    cells = [[cell(value) for value in row] for row in rows]
+    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(COLUMNS)]
+    numeric = {2, 3, 5, 6, 7, 8}
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if i in numeric else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip() + "\n"
+
+    return line(list(COLUMNS)) + line(["-" * w for w in widths]) + "".join(line(row) for row in cells)
+
+
+def cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "PAUSED" if value else ""
+    if isinstance(value, timedelta):
+        return duration(value)
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def duration(value: timedelta) -> str:
+    """12s, 4m05s, 3h02m, 2d04h: lateness at a glance."""
+    seconds = int(value.total_seconds())
+    if seconds < 60:
+        return f"{value.total_seconds():.1f}s" if seconds < 10 else f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"

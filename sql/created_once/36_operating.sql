@@ -1,0 +1,87 @@
+-- What a DBA reads and steers per group (sql/replayed/70_operating.sql): the
+-- counters behind the view task_stats, paused groups, rate limits.  One row a
+-- (owner, group): a role pauses, limits and sees only its own groups, as it
+-- sees only its own tasks (members of pgtaskpy_admin: everyone's).
+-- Created once: a change here needs a hand-written step in sql/upgrade/.
+
+-- Finished rows in the table by state, kept by the scheduler as tasks end
+-- (finish_task), are stopped, or are deleted, so that task_stats never counts
+-- millions of finished rows; and the last success and failure.
+CREATE TABLE pgtaskpy.group_counts (
+    owner           name NOT NULL,
+    "group"         text NOT NULL,
+    done            bigint NOT NULL DEFAULT 0,
+    fail            bigint NOT NULL DEFAULT 0,
+    gone            bigint NOT NULL DEFAULT 0,
+    stop            bigint NOT NULL DEFAULT 0,
+    last_success    timestamptz,
+    last_failure    timestamptz,
+    last_error      text,
+    PRIMARY KEY (owner, "group")
+);
+
+-- Changes not yet added to group_counts: one row an end (+1), one a
+-- statement's deleted rows of a group and state (minus their number).
+-- Inserted by the transactions that end or delete tasks, so that concurrent
+-- ends of one group never queue on its counters row; the launcher's
+-- housekeeping adds them to group_counts once a second (fold_group_counts).
+CREATE TABLE pgtaskpy.group_count_changes (
+    owner           name NOT NULL,
+    "group"         text NOT NULL,
+    state           @extschema@.state NOT NULL,
+    n               bigint NOT NULL,
+    at              timestamptz,
+    error           text
+);
+
+-- Groups that start nothing until task_resume.
+CREATE TABLE pgtaskpy.group_pause (
+    owner           name NOT NULL,
+    "group"         text NOT NULL,
+    since           timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (owner, "group")
+);
+
+-- At most `starts` starts of the group in any `per`; `recent` holds the claim
+-- times of its last `starts` starts (a sliding window, kept by the claims).
+CREATE TABLE pgtaskpy.group_limit (
+    owner           name NOT NULL,
+    "group"         text NOT NULL,
+    starts          integer NOT NULL CHECK (starts > 0),
+    per             interval NOT NULL CHECK (per > interval '0'),
+    recent          timestamptz[] NOT NULL DEFAULT '{}',
+    PRIMARY KEY (owner, "group")
+);
+
+GRANT SELECT ON pgtaskpy.group_counts, pgtaskpy.group_count_changes TO pgtaskpy_user;
+GRANT SELECT, INSERT, UPDATE, DELETE ON pgtaskpy.group_pause, pgtaskpy.group_limit TO pgtaskpy_user;
+ALTER TABLE pgtaskpy.group_counts ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgtaskpy.group_count_changes ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgtaskpy.group_pause ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgtaskpy.group_limit ENABLE ROW LEVEL SECURITY;
+CREATE POLICY group_owner_or_admin ON pgtaskpy.group_counts
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+CREATE POLICY group_owner_or_admin ON pgtaskpy.group_count_changes
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+CREATE POLICY group_owner_or_admin ON pgtaskpy.group_pause
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'))
+    WITH CHECK (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+CREATE POLICY group_owner_or_admin ON pgtaskpy.group_limit
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'))
+    WITH CHECK (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+
+-- pg_dump keeps them with the tasks (the counters match the rows dumped beside them).
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_counts', '');
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_count_changes', '');
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_pause', '');
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_limit', '');
+
+-- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
+-- one state in stop order, never reading those another state keeps longer.
+CREATE INDEX task_state_stop_finished ON @extschema@.task (state, stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
+-- pg_task_py.keep_runs: the finished runs of each series, newest first.  A
+-- series is a named one (owner, key), else the runs of a repeating task
+-- (repeat or cron), which share owner, group, remote, cron and input.
+CREATE INDEX task_series_finished ON @extschema@.task
+    (owner, (COALESCE('k' || key, 'r' || hash::text || md5(COALESCE(cron, '') || input))), stop DESC)
+    WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND (key IS NOT NULL OR repeat > interval '0' OR cron IS NOT NULL);

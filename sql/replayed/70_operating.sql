@@ -1,0 +1,550 @@
+-- Operating a database's tasks: counters and the view task_stats, the event
+-- of a task's end (NOTIFY pg_task_py_done), pausing a group, rate limits.
+-- The scheduling functions (40_scheduling.sql) call in here with one line each:
+-- finish_task (task_ended), the claims (group_paused, rate_has_room,
+-- take_start_slot) and expire_inactive_tasks (group_paused).  The tables are
+-- in sql/created_once/36_operating.sql.
+
+-- --- Counters ---------------------------------------------------------------
+
+-- Count one row of (owner, group) that became `state` at `at`: a change that
+-- fold_group_counts adds to the counters.  (PL/pgSQL: it keeps the INSERT's
+-- plan for the session, where an SQL function with SET plans it on every call.)
+CREATE FUNCTION pgtaskpy.count_end(task_owner name, task_group text, end_state @extschema@.state,
+                                   at timestamptz, error text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n, at, error)
+    VALUES (task_owner, task_group, end_state, 1, at, CASE WHEN end_state = 'FAIL' THEN left(error, 2000) END);
+END
+$$;
+
+-- Add the changes to the counters, in the launcher's housekeeping: the
+-- changes committed by now, read and deleted in one statement.
+CREATE FUNCTION pgtaskpy.fold_group_counts() RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH folded AS (
+        DELETE FROM pgtaskpy.group_count_changes RETURNING *
+    )
+    INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error)
+    SELECT f.owner, f."group",
+           COALESCE(sum(f.n) FILTER (WHERE f.state = 'DONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'FAIL'), 0),
+           COALESCE(sum(f.n) FILTER (WHERE f.state = 'GONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'STOP'), 0),
+           max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0), max(f.at) FILTER (WHERE f.state = 'FAIL' AND f.n > 0),
+           (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1]
+    FROM folded AS f
+    GROUP BY f.owner, f."group"
+    ON CONFLICT (owner, "group") DO UPDATE
+    SET done = c.done + excluded.done, fail = c.fail + excluded.fail, gone = c.gone + excluded.gone,
+        stop = c.stop + excluded.stop,
+        last_success = greatest(excluded.last_success, c.last_success),
+        last_failure = greatest(excluded.last_failure, c.last_failure),
+        last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
+                          THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END
+$$;
+
+-- finish_task's hook, in the transaction that ends the task: count it, and
+-- tell the applications that LISTEN (pg_task_py.notify_done).
+CREATE FUNCTION pgtaskpy.task_ended(t @extschema@.task) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.count_end(t.owner, t."group", t.state, t.stop, t.error);
+    IF pgtaskpy.notify_done(t.owner) THEN
+        -- (a payload is at most 8000 bytes: a long group name is cut)
+        PERFORM pg_notify(pgtaskpy.name_of('done channel'),
+                          json_build_object('id', t.id, 'state', t.state, 'group', left(t."group", 1000),
+                                            'owner', t.owner)::text);
+    END IF;
+END
+$$;
+
+-- A task author stops a waiting task with an UPDATE, or inserts a row that
+-- has ended already (STOP, or a copy restored by hand): no scheduler function
+-- sees that, so a trigger counts it.  SECURITY DEFINER: the author may not
+-- write the counters.
+CREATE FUNCTION pgtaskpy.count_finished_task() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pgtaskpy.count_end(NEW.owner, NEW."group", NEW.state, NEW.stop, NEW.error);
+    RETURN NULL;
+END
+$$;
+
+-- Deleted finished rows leave the counters (retention, keep_runs, a task that
+-- produced nothing, a user's DELETE): one change a group and state, not a row.
+CREATE FUNCTION pgtaskpy.uncount_deleted_tasks() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n)
+    SELECT o.owner, o."group", o.state, -count(*)
+    FROM deleted_tasks AS o
+    WHERE o.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+    GROUP BY o.owner, o."group", o.state;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgtaskpy.uncount_truncated_tasks() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgtaskpy.group_count_changes;
+    UPDATE pgtaskpy.group_counts SET done = 0, fail = 0, gone = 0, stop = 0;
+    RETURN NULL;
+END
+$$;
+
+-- (WHEN: a task inserted to wait, as nearly all are, queues no trigger call)
+CREATE TRIGGER task_count_finished_insert
+    AFTER INSERT ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.state IN ('DONE', 'FAIL', 'GONE', 'STOP'))
+    EXECUTE FUNCTION pgtaskpy.count_finished_task();
+
+CREATE TRIGGER task_count_stopped_update
+    AFTER UPDATE OF state ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.state = 'STOP' AND OLD.state <> 'STOP')
+    EXECUTE FUNCTION pgtaskpy.count_finished_task();
+
+CREATE TRIGGER task_count_deleted
+    AFTER DELETE ON @extschema@.task
+    REFERENCING OLD TABLE AS deleted_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskpy.uncount_deleted_tasks();
+
+CREATE TRIGGER task_count_truncated
+    AFTER TRUNCATE ON @extschema@.task
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskpy.uncount_truncated_tasks();
+
+-- --- Events -----------------------------------------------------------------
+
+-- pg_task_py.notify_done for the tasks of `owner`: ALTER ROLE owner [IN
+-- DATABASE] SET first, then the database's and the server's (scheduler_setting).
+-- Read from the catalog (the owner's settings are not this session's), at
+-- most once a second per session and owner: this runs at every task's end,
+-- and the reading costs more than the rest of the hook.
+CREATE FUNCTION pgtaskpy.notify_done(owner name) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    last_read text := current_setting('pgtaskpy.notify_done_read', true);  -- 'epoch|t|owner' or 'epoch|f|owner'
+    now_s double precision := extract(epoch FROM clock_timestamp());
+    bar integer := strpos(last_read, '|');
+    setting text;
+    notify boolean := false;
+BEGIN
+    IF bar > 0 AND substr(last_read, bar + 3) = owner
+       AND now_s - substr(last_read, 1, bar - 1)::double precision BETWEEN 0 AND 1 THEN
+        RETURN substr(last_read, bar + 1, 1) = 't';
+    END IF;
+    setting := COALESCE(
+        (SELECT substr(c, length('pg_task_py.notify_done=') + 1)
+         FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+         WHERE s.setrole = to_regrole(quote_ident(owner))
+           AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+           AND starts_with(c, 'pg_task_py.notify_done=')
+         ORDER BY s.setdatabase DESC LIMIT 1),
+        pgtaskpy.scheduler_setting('pg_task_py.notify_done'));
+    IF setting IS NOT NULL AND setting <> '' THEN
+        BEGIN
+            notify := setting::boolean;
+        EXCEPTION WHEN data_exception THEN
+            RAISE WARNING 'pg_task_py: ignoring pg_task_py.notify_done = "%" for role %: not a boolean', setting, owner;
+        END;
+    END IF;
+    PERFORM set_config('pgtaskpy.notify_done_read', now_s::text || '|' || (CASE WHEN notify THEN 't' ELSE 'f' END)
+                                                     || '|' || owner, false);
+    RETURN notify;
+END
+$$;
+
+-- --- Pausing ----------------------------------------------------------------
+
+-- Whether the owner's group is paused (the claims start none of its tasks,
+-- expiry leaves them waiting).  Plain SQL without SET: inlined into the claims.
+CREATE FUNCTION pgtaskpy.group_paused(task_owner name, task_group text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT EXISTS (SELECT FROM pgtaskpy.group_pause AS p
+                     WHERE p.owner OPERATOR(pg_catalog.=) task_owner
+                       AND p."group" OPERATOR(pg_catalog.=) task_group) $$;
+
+-- The owner whose group a caller may steer: the caller's own, another's only
+-- for members of pgtaskpy_admin (and superusers).
+CREATE FUNCTION pgtaskpy.steered_owner(task_group text, task_owner name, what text) RETURNS name
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF task_group IS NULL THEN
+        RAISE EXCEPTION '%: the group must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF COALESCE(task_owner, current_user) <> current_user AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to %(%) of role "%"', what, quote_literal(task_group), task_owner
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A role steers its own groups; members of pgtaskpy_admin steer everyone''s.';
+    END IF;
+    RETURN COALESCE(task_owner, current_user);
+END
+$$;
+
+-- Pause the owner's group (default: the caller's): none of its tasks starts
+-- until task_resume; running ones finish.  False when it was paused already.
+CREATE FUNCTION @extschema@.task_pause("group" text, owner name DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    whose name := pgtaskpy.steered_owner(task_pause."group", task_pause.owner, 'task_pause');
+BEGIN
+    INSERT INTO pgtaskpy.group_pause AS p (owner, "group") VALUES (whose, task_pause."group")
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_pause IS 'start none of the group''s tasks until task_resume (admins: any owner''s)';
+
+-- Resume a paused group.  Its waiting tasks get the time they were paused
+-- added to `active`, so that a pause never makes a task GONE.  False when it
+-- was not paused.
+CREATE FUNCTION @extschema@.task_resume("group" text, owner name DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    whose name := pgtaskpy.steered_owner(task_resume."group", task_resume.owner, 'task_resume');
+    paused_since timestamptz;
+BEGIN
+    DELETE FROM pgtaskpy.group_pause AS p WHERE p.owner = whose AND p."group" = task_resume."group"
+    RETURNING p.since INTO paused_since;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.task AS t
+    SET active = t.active + (now() - greatest(t.plan, paused_since))
+    WHERE t.state = 'PLAN' AND t.owner = whose AND t."group" = task_resume."group" AND t.plan < now();
+    PERFORM pgtaskpy.wake_launchers();
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_resume IS 'let a paused group''s tasks start again (admins: any owner''s)';
+
+-- --- Rate limits ------------------------------------------------------------
+
+-- Whether the owner's group may start its rank-th due task now (rank 1: the
+-- next): fewer than `starts` claims in the last `per`, counting those before
+-- it.  Plain SQL without SET: inlined into claim_due_tasks.  The clock, not
+-- now(): a worker's claim may come late in a long transaction.
+CREATE FUNCTION pgtaskpy.rate_has_room(task_owner name, task_group text, rank bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT NOT EXISTS (
+          SELECT FROM pgtaskpy.group_limit AS l
+          WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
+            -- (OPERATOR(...) binds left to right: the parentheses say the order)
+            AND ((SELECT pg_catalog.count(*) FROM pg_catalog.unnest(l.recent) AS r
+                  WHERE r OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per))
+                 OPERATOR(pg_catalog.+) rank) OPERATOR(pg_catalog.>) l.starts) $$;
+
+-- A limit's window after `claims` more claims now: the claims still inside
+-- `per`, then the new ones, the last `starts` of them.
+CREATE FUNCTION pgtaskpy.rate_window(recent timestamptz[], starts integer, per interval, claims bigint)
+RETURNS timestamptz[]
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT COALESCE(array_agg(w.at ORDER BY w.at), '{}')
+    FROM (SELECT a.at FROM (SELECT r AS at FROM unnest(recent) AS r WHERE r > clock_timestamp() - per
+                            UNION ALL
+                            SELECT clock_timestamp() FROM generate_series(1, least(claims, starts))) AS a
+          ORDER BY a.at DESC LIMIT starts) AS w
+$$;
+
+-- claim_due_tasks' claims count in their groups' windows.  (PL/pgSQL: a
+-- plan kept for the session; this runs on every claim.)
+CREATE FUNCTION pgtaskpy.note_claims(owners name[], groups text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgtaskpy.group_limit AS l
+    SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, c.n)
+    FROM (SELECT u.owner, u."group", count(*) AS n FROM unnest(owners, groups) AS u(owner, "group")
+          GROUP BY u.owner, u."group") AS c
+    WHERE l.owner = c.owner AND l."group" = c."group";
+END
+$$;
+
+-- claim_next_task's claim of one task of a limited group: takes a place in
+-- the window, or says there is none.  The row lock makes two workers of the
+-- group take their places one after the other.
+CREATE FUNCTION pgtaskpy.take_start_slot(task_owner name, task_group text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group) THEN
+        RETURN true;
+    END IF;
+    UPDATE pgtaskpy.group_limit AS l SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, 1)
+    WHERE l.owner = task_owner AND l."group" = task_group
+      AND (SELECT count(*) FROM unnest(l.recent) AS r WHERE r > clock_timestamp() - l.per) < l.starts;
+    RETURN FOUND;
+END
+$$;
+
+-- At most `starts` starts of the owner's group (default: the caller's) in any
+-- `per`, across all launchers; tasks over it wait, in order.  starts NULL or
+-- 0 removes the limit.
+CREATE FUNCTION @extschema@.task_limit("group" text, starts integer, per interval DEFAULT interval '1 second',
+                                       owner name DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    whose name := pgtaskpy.steered_owner(task_limit."group", task_limit.owner, 'task_limit');
+BEGIN
+    IF COALESCE(task_limit.starts, 0) = 0 THEN
+        DELETE FROM pgtaskpy.group_limit AS l WHERE l.owner = whose AND l."group" = task_limit."group";
+        PERFORM pgtaskpy.wake_launchers();
+        RETURN;
+    END IF;
+    IF task_limit.starts < 0 THEN
+        RAISE EXCEPTION 'task_limit: starts must be 1 or more (0 or NULL removes the limit), not %', task_limit.starts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF task_limit.per IS NULL OR task_limit.per <= interval '0' OR NOT pgtaskpy.interval_is_sane(task_limit.per) THEN
+        RAISE EXCEPTION 'task_limit: per must be an interval greater than zero, at most 1000 years and with no negative part, not %', COALESCE(task_limit.per::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example task_limit(''mail'', 5, ''1 second'').';
+    END IF;
+    INSERT INTO pgtaskpy.group_limit AS l (owner, "group", starts, per)
+    VALUES (whose, task_limit."group", task_limit.starts, task_limit.per)
+    ON CONFLICT ON CONSTRAINT group_limit_pkey DO UPDATE SET starts = excluded.starts, per = excluded.per;
+    PERFORM pgtaskpy.wake_launchers();
+END
+$$;
+COMMENT ON FUNCTION @extschema@.task_limit IS 'at most starts starts of the group in any per (0 or NULL: no limit)';
+
+-- --- Bounded history --------------------------------------------------------
+
+-- pg_task_py.keep_runs: each series keeps its newest N finished runs (a named
+-- series by owner and key; a repeating task's runs by owner, group, remote,
+-- cron and input: the index task_series_finished).  delete_old_tasks calls it
+-- in housekeeping: it looks at up to 100 series a call, going on after the
+-- last one it looked at (kept in this session), and deletes at most `batch`
+-- rows, so that its share of the scheduling lock stays small however many
+-- series there are.
+CREATE FUNCTION pgtaskpy.delete_surplus_runs(batch integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    setting text := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.keep_runs'), '');
+    after json := NULLIF(current_setting('pgtaskpy.keep_runs_after', true), '')::json;
+    series record;
+    last_series text := '';
+    looked integer := 0;
+    deleted integer := 0;
+    n integer;
+BEGIN
+    IF setting IS NULL OR batch <= 0 THEN
+        RETURN 0;
+    ELSIF setting !~ '^\s*[0-9]{1,9}\s*$' THEN
+        RAISE WARNING 'pg_task_py: ignoring pg_task_py.keep_runs = "%" of %: not a whole number of runs',
+            setting, pgtaskpy.scheduler_setting_source('pg_task_py.keep_runs');
+        RETURN 0;
+    END IF;
+    FOR series IN
+        WITH RECURSIVE s AS (  -- the next series after `after`, one index probe each
+            (SELECT f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) AS id
+             FROM @extschema@.task AS f
+             WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+               AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+               AND (f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)))
+                   > (COALESCE(after ->> 0, '')::name, COALESCE(after ->> 1, ''))
+             ORDER BY 1, 2 LIMIT 1)
+            UNION ALL
+            SELECT n.owner, n.id FROM s CROSS JOIN LATERAL (
+                SELECT f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) AS id
+                FROM @extschema@.task AS f
+                WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                  AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+                  AND (f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)))
+                      > (s.owner, s.id)
+                ORDER BY 1, 2 LIMIT 1) AS n
+        )
+        SELECT s.owner, s.id FROM s LIMIT 100
+    LOOP
+        looked := looked + 1;
+        last_series := json_build_array(series.owner, series.id)::text;
+        DELETE FROM @extschema@.task AS t
+        WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                         AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+                         AND f.owner = series.owner
+                         AND COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) = series.id
+                       ORDER BY f.stop DESC OFFSET setting::integer LIMIT batch - deleted
+                       FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+        EXIT WHEN deleted >= batch;
+    END LOOP;
+    -- Next time: on after this one, or from the start when the last series was reached.
+    PERFORM set_config('pgtaskpy.keep_runs_after',
+                       CASE WHEN looked = 100 OR deleted >= batch THEN last_series ELSE '' END, false);
+    RETURN deleted;
+END
+$$;
+
+-- --- The launcher's metrics ------------------------------------------------
+
+-- What the launcher's --metrics reads once a second besides dispatch()'s
+-- events: waiting due tasks by owner and group with the lateness of the
+-- oldest, the start lags of the tasks that ended after `since` (at most
+-- 10000), the database's worker backends, and the time to pass as `since`
+-- next time.
+CREATE FUNCTION pgtaskpy.metrics_snapshot(since timestamptz) RETURNS json
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT json_build_object(
+        'groups', (SELECT COALESCE(json_agg(json_build_array(d.owner, d."group", d.due, d.oldest)), '[]')
+                   FROM (SELECT t.owner, t."group", count(*) AS due,
+                                extract(epoch FROM now() - min(t.plan))::float8 AS oldest
+                         FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()
+                         GROUP BY t.owner, t."group") AS d),
+        'lags', (SELECT COALESCE(json_agg(l.lag), '[]')
+                 FROM (SELECT extract(epoch FROM f.start - f.plan)::float8 AS lag
+                       FROM @extschema@.task AS f
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > since AND f.stop <= now()
+                         AND f.start IS NOT NULL
+                       LIMIT 10000) AS l),
+        'workers', (SELECT count(*) FROM pg_stat_activity AS a
+                    WHERE a.datname = current_database() AND a.application_name = pgtaskpy.name_of('worker')),
+        'at', now())
+$$;
+
+-- --- The view ---------------------------------------------------------------
+
+-- Marks a query that must not start parallel workers (PARALLEL UNSAFE; folded
+-- away as a constant): for a role that row-level security filters, the
+-- planner would start workers for task_stats, and starting them costs more
+-- than the whole answer.
+CREATE FUNCTION pgtaskpy.serial_plan() RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL UNSAFE
+AS $$ SELECT true $$;
+
+-- One row a (owner, group) the caller may see (security_invoker: row-level
+-- security applies to every table read).  Waiting and running tasks are read
+-- from their small indexes, the last hour's ends from the stop index, totals
+-- from group_counts and the changes not yet added to it: the cost does not
+-- grow with the finished rows kept.  Groups are compared byte by byte
+-- (COLLATE "C"): sorting and hashing a thousand group names by the
+-- database's collation cost more than the rest.
+CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
+WITH active AS (
+    SELECT a.owner, a."group",
+           count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS due,
+           count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan > now()) AS later,
+           count(*) FILTER (WHERE a.state <> 'PLAN') AS running,
+           now() - min(a.plan) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS oldest_due_lateness
+    FROM (SELECT w.owner, w."group" COLLATE "C" AS "group", w.state, w.plan
+          FROM @extschema@.task AS w WHERE w.state = 'PLAN'
+          UNION ALL
+          SELECT r.owner, r."group" COLLATE "C", r.state, r.plan
+          FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
+    GROUP BY a.owner, a."group"
+), hour AS (
+    -- Nearest-rank percentiles from two window sorts of the hour's rows, not
+    -- two sorts a group (percentile_cont's), which cost more with many groups.
+    SELECT r.owner, r."group",
+           count(*) FILTER (WHERE r.state = 'DONE') AS done_1h, count(*) FILTER (WHERE r.state = 'FAIL') AS fail_1h,
+           count(*) FILTER (WHERE r.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE r.state = 'STOP') AS stop_1h,
+           -- (ranks ceil(n / 2) and ceil(0.95 n) in integers)
+           min(r.run_time) FILTER (WHERE r.run_rank = (r.runs + 1) / 2) AS run_time_p50,
+           min(r.run_time) FILTER (WHERE r.run_rank = (95 * r.runs + 99) / 100) AS run_time_p95,
+           min(r.start_lag) FILTER (WHERE r.lag_rank = (r.runs + 1) / 2) AS start_lag_p50,
+           min(r.start_lag) FILTER (WHERE r.lag_rank = (95 * r.runs + 99) / 100) AS start_lag_p95
+    FROM (SELECT e.*, count(e.start) OVER per_group AS runs,  -- (the ended rows that ran: NULLs sort last)
+                 row_number() OVER (per_group ORDER BY e.run_time) AS run_rank,
+                 row_number() OVER (per_group ORDER BY e.start_lag) AS lag_rank
+          FROM (SELECT f.owner, f."group" COLLATE "C" AS "group", f.state, f.start,
+                       f.stop - f.start AS run_time, f.start - f.plan AS start_lag
+                FROM @extschema@.task AS f
+                WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour') AS e
+          WINDOW per_group AS (PARTITION BY e.owner, e."group")) AS r
+    GROUP BY r.owner, r."group"
+), pending AS (  -- changes not yet added to group_counts (at most about a second's)
+    SELECT p.owner, p."group" COLLATE "C" AS "group",
+           sum(p.n) FILTER (WHERE p.state = 'DONE') AS done, sum(p.n) FILTER (WHERE p.state = 'FAIL') AS fail,
+           sum(p.n) FILTER (WHERE p.state = 'GONE') AS gone, sum(p.n) FILTER (WHERE p.state = 'STOP') AS stop,
+           max(p.at) FILTER (WHERE p.state = 'DONE' AND p.n > 0) AS last_success,
+           max(p.at) FILTER (WHERE p.state = 'FAIL' AND p.n > 0) AS last_failure,
+           (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error
+    FROM pgtaskpy.group_count_changes AS p
+    GROUP BY p.owner, p."group" COLLATE "C"
+), counts AS (
+    SELECT c.owner, c."group" COLLATE "C" AS "group", c.done, c.fail, c.gone, c.stop,
+           c.last_success, c.last_failure, c.last_error
+    FROM pgtaskpy.group_counts AS c
+), pauses AS (
+    SELECT p.owner, p."group" COLLATE "C" AS "group" FROM pgtaskpy.group_pause AS p
+)
+-- One row a group from each part that has it, then one aggregation: cheaper
+-- than joining the parts (each column has a value in one part only).
+SELECT u.owner, u."group" COLLATE "default" AS "group",
+       COALESCE(max(u.due), 0) AS due, COALESCE(max(u.later), 0) AS later, COALESCE(max(u.running), 0) AS running,
+       COALESCE(max(u.done_1h), 0) AS done_1h, COALESCE(max(u.fail_1h), 0) AS fail_1h,
+       COALESCE(max(u.gone_1h), 0) AS gone_1h, COALESCE(max(u.stop_1h), 0) AS stop_1h,
+       (COALESCE(max(u.done), 0) + COALESCE(max(u.pending_done), 0))::bigint AS done_total,
+       (COALESCE(max(u.fail), 0) + COALESCE(max(u.pending_fail), 0))::bigint AS fail_total,
+       (COALESCE(max(u.gone), 0) + COALESCE(max(u.pending_gone), 0))::bigint AS gone_total,
+       (COALESCE(max(u.stop), 0) + COALESCE(max(u.pending_stop), 0))::bigint AS stop_total,
+       max(u.oldest_due_lateness) AS oldest_due_lateness,
+       max(u.run_time_p50) AS run_time_p50, max(u.run_time_p95) AS run_time_p95,
+       max(u.start_lag_p50) AS start_lag_p50, max(u.start_lag_p95) AS start_lag_p95,
+       greatest(max(u.last_success), max(u.pending_last_success)) AS last_success,
+       greatest(max(u.last_failure), max(u.pending_last_failure)) AS last_failure,
+       CASE WHEN max(u.pending_last_failure) >= max(u.last_failure) OR max(u.last_failure) IS NULL
+            THEN COALESCE(max(u.pending_last_error), max(u.last_error)) ELSE max(u.last_error) END AS last_error,
+       bool_or(u.paused) AS paused
+FROM (SELECT a.owner, a."group", a.due, a.later, a.running, a.oldest_due_lateness,
+             NULL::bigint AS done_1h, NULL::bigint AS fail_1h, NULL::bigint AS gone_1h, NULL::bigint AS stop_1h,
+             NULL::interval AS run_time_p50, NULL::interval AS run_time_p95,
+             NULL::interval AS start_lag_p50, NULL::interval AS start_lag_p95,
+             NULL::bigint AS done, NULL::bigint AS fail, NULL::bigint AS gone, NULL::bigint AS stop,
+             NULL::timestamptz AS last_success, NULL::timestamptz AS last_failure, NULL::text AS last_error,
+             NULL::numeric AS pending_done, NULL::numeric AS pending_fail, NULL::numeric AS pending_gone,
+             NULL::numeric AS pending_stop, NULL::timestamptz AS pending_last_success,
+             NULL::timestamptz AS pending_last_failure, NULL::text AS pending_last_error, false AS paused
+      FROM active AS a
+      UNION ALL
+      SELECT h.owner, h."group", NULL, NULL, NULL, NULL, h.done_1h, h.fail_1h, h.gone_1h, h.stop_1h,
+             h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
+      FROM hour AS h
+      UNION ALL
+      SELECT c.owner, c."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             c.done, c.fail, c.gone, c.stop, c.last_success, c.last_failure, c.last_error,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
+      FROM counts AS c
+      UNION ALL
+      SELECT d.owner, d."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             d.done, d.fail, d.gone, d.stop, d.last_success, d.last_failure, d.last_error, false
+      FROM pending AS d
+      UNION ALL
+      SELECT p.owner, p."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+      FROM pauses AS p) AS u
+WHERE pgtaskpy.serial_plan()
+GROUP BY u.owner, u."group";
+COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the caller''s tasks: waiting, running, ends, lateness, paused';
+
+REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fold_group_counts() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.note_claims(name[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.metrics_snapshot(timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.task_pause(text, name), @extschema@.task_resume(text, name),
+    @extschema@.task_limit(text, integer, interval, name) TO pgtaskpy_user;
+GRANT SELECT ON @extschema@.task_stats TO pgtaskpy_user;

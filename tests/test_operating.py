@@ -1,0 +1,442 @@
+"""Operating: the view task_stats, the pg_task_py_done event, pausing groups, rate limits,
+bounded history, the launcher's metrics and `pg_task_py status` (README "Operating")."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+
+import psycopg
+import pytest
+from pg_task_py_testing import LAUNCHER, Launcher, throwaway_cluster, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+ROLES = ("ops_alice", "ops_bob")
+
+
+@pytest.fixture
+def authors(running):
+    """Two task authors with nothing but pgtaskpy_user (README's one grant)."""
+    for role in ROLES:
+        running.sql(f"CREATE ROLE {role} LOGIN IN ROLE pgtaskpy_user")
+    conns = {role.removeprefix("ops_"): running.connect(role) for role in ROLES}
+    yield conns
+    for conn in conns.values():
+        conn.close()
+    running.sql("DELETE FROM task")
+    for role in ROLES:
+        running.sql(f"ALTER ROLE {role} RESET ALL")
+        running.sql(f"DROP OWNED BY {role}")
+        running.sql(f"DROP ROLE {role}")
+
+
+def insert_as(conn, input, **columns):
+    names = ", ".join(["input", *(f'"{name}"' for name in columns)])
+    marks = ", ".join(["%s"] * (1 + len(columns)))
+    return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
+                        [input, *columns.values()]).fetchone()[0]
+
+
+def stats(conn, group=None):
+    """task_stats as the connection's role sees it: {(owner, group): row as a dict}."""
+    cursor = conn.execute("SELECT * FROM task_stats")
+    names = [d.name for d in cursor.description]
+    rows = {(row[0], row[1]): dict(zip(names, row)) for row in cursor.fetchall()}
+    return rows if group is None else rows.get(group)
+
+
+def states(db, ids):
+    return [db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) for task_id in ids]
+
+
+# --- task_stats ---------------------------------------------------------------------------------
+
+def test_task_stats_of_a_scripted_workload(running, authors):
+    alice, bob = authors["alice"], authors["bob"]
+    done = [insert_as(alice, "SELECT pg_sleep(0.05)", group="work", delete=False) for _ in range(4)]
+    failed = [insert_as(alice, "SELECT 1/0", group="work", delete=False) for _ in range(2)]
+    later = insert_as(alice, "SELECT 1", group="work", plan="9999-01-01")
+    stopped = insert_as(alice, "SELECT 1", group="work", plan="9999-01-01")
+    alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [stopped])
+    alice.execute("SELECT task_pause('late')")
+    late = insert_as(alice, "SELECT 1", group="late", plan=running.value("SELECT now() - interval '90 s'"))
+    bobs = insert_as(bob, "SELECT 1", group="bobs", delete=False)
+    for task_id in [*done, *failed, bobs]:
+        running.wait_done(task_id)
+
+    work = stats(alice, ("ops_alice", "work"))
+    assert (work["due"], work["later"], work["running"]) == (0, 1, 0)
+    assert (work["done_1h"], work["fail_1h"], work["gone_1h"], work["stop_1h"]) == (4, 2, 0, 1)
+    assert (work["done_total"], work["fail_total"], work["gone_total"], work["stop_total"]) == (4, 2, 0, 1)
+    assert timedelta(seconds=0.04) <= work["run_time_p50"] < timedelta(seconds=5)
+    assert work["run_time_p95"] >= work["run_time_p50"]
+    assert timedelta(0) <= work["start_lag_p50"] <= work["start_lag_p95"] < timedelta(seconds=10)
+    assert work["last_error"].startswith("ERROR:  division by zero")
+    last_fail = running.value("SELECT max(stop) FROM task WHERE id = ANY(%s)", [failed])
+    assert work["last_failure"] == last_fail and work["last_success"] is not None
+    assert work["paused"] is False and work["oldest_due_lateness"] is None
+
+    lagging = stats(alice, ("ops_alice", "late"))
+    assert lagging["paused"] is True and lagging["due"] == 1
+    assert timedelta(seconds=90) <= lagging["oldest_due_lateness"] < timedelta(seconds=200)
+    assert states(running, [late, later]) == ["PLAN", "PLAN"]
+
+    # Row-level security: each role sees its own groups; an admin sees everyone's.
+    assert set(stats(alice)) == {("ops_alice", "work"), ("ops_alice", "late")}
+    assert set(stats(bob)) == {("ops_bob", "bobs")}
+    assert {("ops_alice", "work"), ("ops_bob", "bobs")} <= set(stats(running.conn))
+
+    # Totals are the rows in the table: deleted rows leave them, ended ones join them.
+    alice.execute("DELETE FROM task WHERE id = ANY(%s)", [done[:3]])
+    work = stats(alice, ("ops_alice", "work"))
+    assert (work["done_total"], work["fail_total"], work["stop_total"]) == (1, 2, 1)
+    running.wait_done(insert_as(alice, "SELECT 1", group="work", delete=False))
+    assert stats(alice, ("ops_alice", "work"))["done_total"] == 2
+    running.sql("TRUNCATE task")
+    assert running.value("SELECT sum(done_total + fail_total + gone_total + stop_total) FROM task_stats") == 0
+
+
+# --- Events -------------------------------------------------------------------------------------
+
+def test_listen_receives_one_event_per_ended_task(running, authors):
+    listener = running.connect()
+    listener.execute("LISTEN pg_task_py_done")
+    quiet = running.insert("SELECT 1", delete=False)  # notify_done is off by default
+    running.wait_done(quiet)
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.notify_done = on")
+    read_afresh(running)
+    try:
+        ids = {running.insert("SELECT 1", group="ev", delete=False): "DONE",
+               running.insert("SELECT 1/0", group="ev", delete=False): "FAIL",
+               insert_as(authors["alice"], "SELECT 1", group="ev2", active="10 ms",
+                         plan=running.value("SELECT now() - interval '1 s'")): "GONE"}
+        events = []
+        for notify in listener.notifies(timeout=20, stop_after=3):
+            events.append(json.loads(notify.payload))
+        # The quiet task's end came first: had it notified, it would be here.
+        assert sorted(events, key=lambda e: e["id"]) == sorted(
+            [{"id": task_id, "state": state, "group": "ev2" if state == "GONE" else "ev",
+              "owner": "ops_alice" if state == "GONE" else "postgres"} for task_id, state in ids.items()],
+            key=lambda e: e["id"])
+        # Per role: ALTER ROLE ... SET turns it off for that role's tasks only.
+        running.sql("ALTER ROLE ops_alice SET pg_task_py.notify_done = off")
+        read_afresh(running)
+        alices = insert_as(authors["alice"], "SELECT 1", delete=False)
+        running.wait_done(alices)
+        mine = running.insert("SELECT 1", delete=False)
+        event = json.loads(next(iter(listener.notifies(timeout=20, stop_after=1))).payload)
+        assert event["id"] == mine
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.notify_done")
+        listener.close()
+
+
+def read_afresh(db):
+    """Until a session's reading of pg_task_py.notify_done is out of date: at most a second."""
+    changed = db.value("SELECT clock_timestamp()")
+    wait_until(lambda: db.value("SELECT clock_timestamp() - %s > interval '1.1 s'", [changed]), 5,
+               message="a second since the setting changed")
+
+
+# --- Pausing ------------------------------------------------------------------------------------
+
+def started(db, ids):
+    return db.value("SELECT count(*) FROM task WHERE id = ANY(%s) AND start IS NOT NULL", [ids])
+
+
+def test_a_paused_group_starts_nothing_and_keeps_its_tasks(running, authors):
+    alice = authors["alice"]
+    assert alice.execute("SELECT task_pause('batch')").fetchone() == (True,)
+    assert alice.execute("SELECT task_pause('batch')").fetchone() == (False,)  # already paused
+    ids = [insert_as(alice, "SELECT clock_timestamp()", group="batch", active="1 s", delete=False)
+           for _ in range(5)]
+    other = insert_as(alice, "SELECT 1", group="other", delete=False)
+    assert running.wait_done(other)["state"] == "DONE"  # other groups go on
+    # Two housekeeping turns past `active`: still waiting, none GONE, none started.
+    wait_until(lambda: running.value("SELECT now() - min(plan) > interval '2.2 s' FROM task WHERE id = ANY(%s)",
+                                     [ids]), 10, message="2 s of pause")
+    assert states(running, ids) == ["PLAN"] * 5 and started(running, ids) == 0
+    assert stats(alice, ("ops_alice", "batch"))["paused"] is True
+    assert alice.execute("SELECT task_resume('batch')").fetchone() == (True,)
+    assert alice.execute("SELECT task_resume('batch')").fetchone() == (False,)
+    rows = [running.wait_done(task_id) for task_id in ids]
+    assert [row["state"] for row in rows] == ["DONE"] * 5
+    starts = [row["start"] for row in rows]
+    assert starts == sorted(starts)  # in their order (max 0: one at a time, by id)
+
+
+def test_pause_stops_a_worker_going_on_with_its_group(running, authors):
+    alice = authors["alice"]
+    ids = [insert_as(alice, "SELECT pg_sleep(0.05)", group="chain", count=1000, delete=False) for _ in range(200)]
+    wait_until(lambda: started(running, ids) >= 3, 20, message="the group to run")
+    alice.execute("SELECT task_pause('chain')")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id = ANY(%s) AND state IN ('TAKE', 'WORK')",
+                                     [ids]) == 0, 10, message="the running task to finish")
+    so_far = started(running, ids)
+    assert so_far < len(ids)
+    wait_until(lambda: running.value("SELECT clock_timestamp() - max(stop) > interval '1.5 s' FROM task"
+                                     " WHERE id = ANY(%s)", [ids]), 10, message="1.5 s after the last end")
+    assert started(running, ids) == so_far
+    alice.execute("SELECT task_resume('chain')")
+    wait_until(lambda: started(running, ids) > so_far, 10, message="the group to go on")
+    alice.execute("DELETE FROM task WHERE state = 'PLAN'")
+
+
+def test_pause_survives_a_launcher_restart(running, authors):
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('kept')")
+    assert running.launchers[0].stop() == 0
+    running.launchers.clear()
+    launcher = running.launcher()
+    task_id = insert_as(alice, "SELECT 1", group="kept", delete=False)
+    marker = insert_as(alice, "SELECT 1", group="free", delete=False)
+    running.wait_done(marker)
+    wait_until(lambda: running.value("SELECT now() - plan > interval '1.2 s' FROM task WHERE id = %s", [task_id]),
+               10, message="a housekeeping turn")
+    assert states(running, [task_id]) == ["PLAN"]
+    alice.execute("SELECT task_resume('kept')")
+    assert running.wait_done(task_id)["state"] == "DONE"
+    running.launchers.append(launcher)
+
+
+def test_who_may_pause_whose_group(running, authors):
+    alice, bob = authors["alice"], authors["bob"]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to task_pause"):
+        bob.execute("SELECT task_pause('work', 'ops_alice')")
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="the group must not be NULL"):
+        bob.execute("SELECT task_pause(NULL)")
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_pause") == 0
+    # A superuser (or a member of pgtaskpy_admin) pauses another owner's group; it holds only that owner's tasks.
+    running.sql("SELECT task_pause('work', 'ops_alice')")
+    alices = insert_as(alice, "SELECT 1", group="work", delete=False)
+    bobs = insert_as(bob, "SELECT 1", group="work", delete=False)
+    assert running.wait_done(bobs)["state"] == "DONE"
+    assert stats(bob, ("ops_bob", "work"))["paused"] is False
+    assert stats(alice, ("ops_alice", "work"))["paused"] is True
+    running.sql("GRANT pgtaskpy_admin TO ops_bob")
+    assert bob.execute("SELECT task_resume('work', 'ops_alice')").fetchone() == (True,)
+    assert running.wait_done(alices)["state"] == "DONE"
+
+
+# --- Rate limits --------------------------------------------------------------------------------
+
+def test_a_rate_limit_spreads_starts_over_time(running, authors):
+    alice = authors["alice"]
+    alice.execute("SELECT task_limit('mail', 5, '1 second')")
+    ids = [insert_as(alice, "SELECT 1", group="mail", max=9, delete=False) for _ in range(50)]
+    running.wait_all_done(timeout=90)
+    rows = running.sql("SELECT state::text, extract(epoch FROM start)::float8 FROM task WHERE id = ANY(%s)"
+                       " ORDER BY start", [ids])
+    assert [state for state, _ in rows] == ["DONE"] * 50
+    starts = [start for _, start in rows]
+    # Any one second holds at most 5 starts.  The limit counts claims, and a start follows its
+    # claim by a few milliseconds: windows of 0.95 s allow for that.
+    busiest = max(sum(1 for other in starts if start <= other < start + 0.95) for start in starts)
+    assert busiest <= 5
+    assert starts[-1] - starts[0] >= 9 * 0.95  # 50 starts, 5 a second
+    assert busiest == 5  # and the limit was used, not just undershot
+
+
+def test_a_rate_limit_is_set_changed_and_removed(running, authors):
+    alice = authors["alice"]
+    for starts, per, error in ((-1, "1 s", "starts must be 1 or more"), (1, "0 s", "per must be an interval"),
+                               (1, "-1 s", "per must be an interval"), (1, "2000 years", "per must be an interval")):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=error):
+            alice.execute("SELECT task_limit('g', %s, %s)", [starts, per])
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to task_limit"):
+        alice.execute("SELECT task_limit('g', 1, '1 s', 'ops_bob')")
+    alice.execute("SELECT task_limit('slow', 1, '1 hour')")
+    first, second = (insert_as(alice, "SELECT 1", group="slow", delete=False) for _ in range(2))
+    assert running.wait_done(first)["state"] == "DONE"
+    wait_until(lambda: running.value("SELECT now() - plan > interval '1.2 s' FROM task WHERE id = %s", [second]),
+               10, message="a housekeeping turn")
+    assert states(running, [second]) == ["PLAN"]
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 1
+    alice.execute("SELECT task_limit('slow', 0)")  # 0 (or NULL) removes the limit
+    assert running.wait_done(second)["state"] == "DONE"
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 0
+
+
+# --- Bounded history ----------------------------------------------------------------------------
+
+def finished_rows(db, state, stop_ago, count, **columns):
+    """Rows that ended `stop_ago` ago, written by hand (a superuser may)."""
+    names = "".join(f', "{name}"' for name in columns)
+    marks = "".join(", %s" for _ in columns)
+    return [db.value(f"INSERT INTO task (input, state, stop, delete{names})"
+                     f" VALUES ('SELECT 1', %s, now() - %s::interval - %s * interval '1 s', false{marks}) RETURNING id",
+                     [state, stop_ago, i, *columns.values()]) for i in range(count)]
+
+
+def present(db, ids):
+    return db.value("SELECT count(*) FROM task WHERE id = ANY(%s)", [ids])
+
+
+def test_retention_by_state_and_keep_runs_under_a_workload(running):
+    db = running
+    gone_soon = {"done": finished_rows(db, "DONE", "2 days", 5), "fail": finished_rows(db, "FAIL", "40 days", 5),
+                 "gone": finished_rows(db, "GONE", "8 days", 3)}
+    kept = {"done": finished_rows(db, "DONE", "1 hour", 8), "fail": finished_rows(db, "FAIL", "2 days", 5),
+            "stop": finished_rows(db, "STOP", "6 days", 3)}
+    nightly = finished_rows(db, "DONE", "1 minute", 8, key="nightly")  # newest first
+    db.sql("CREATE SEQUENCE ticks")
+    series = db.insert("SELECT nextval('ticks')", repeat="0.2 s", delete=False)
+    busy = [db.insert("SELECT pg_sleep(0.01)", group="busy", delete=False) for _ in range(20)]
+    for name, value in (("retention", "7 days"), ("retention_done", "1 day"), ("retention_fail", "30 days"),
+                        ("keep_runs", "5")):
+        db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.{name} = '{value}'")
+    try:
+        wait_until(lambda: all(present(db, ids) == 0 for ids in gone_soon.values()), 15,
+                   message="rows past their state's retention to be deleted")
+        wait_until(lambda: db.value("SELECT last_value FROM ticks") >= 9, 20, message="9 runs of the series")
+        # End the series: stop its waiting run (while a run is in flight, there is none: again).
+        waiting = wait_until(lambda: db.value("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'"
+                                              " AND input = 'SELECT nextval(''ticks'')' RETURNING id"),
+                             10, message="the series' waiting run to stop")
+        runs = "SELECT array_agg(id ORDER BY id) FROM task WHERE input = 'SELECT nextval(''ticks'')'"
+        wait_until(lambda: len(db.value(runs)) == 5, 15, message="the series cut to 5 runs")
+        assert db.value(runs)[-1] == waiting  # the newest kept
+        wait_until(lambda: present(db, nightly) == 5, 15, message="the named series cut to 5 runs")
+        assert present(db, nightly[:5]) == 5  # its 5 newest
+        db.wait_all_done()
+        for name, ids in kept.items():
+            assert present(db, ids) == len(ids), name
+        assert present(db, busy) == 20 and present(db, [series]) == 0
+        # Totals follow the rows (hand-written rows count too).
+        totals = db.sql("SELECT sum(done_total), sum(fail_total), sum(gone_total), sum(stop_total) FROM task_stats")[0]
+        assert totals == db.sql("SELECT count(*) FILTER (WHERE state = 'DONE'), count(*) FILTER (WHERE state = 'FAIL'),"
+                                " count(*) FILTER (WHERE state = 'GONE'), count(*) FILTER (WHERE state = 'STOP')"
+                                " FROM task")[0]
+    finally:
+        for name in ("retention", "retention_done", "retention_fail", "keep_runs"):
+            db.sql(f"ALTER DATABASE {db.name} RESET pg_task_py.{name}")
+
+
+def test_bad_retention_settings_keep_rows_and_say_why(db):
+    old = finished_rows(db, "DONE", "2 days", 3)
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_done = 'soon'")
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.keep_runs = 'many'")
+    with db.connect() as conn:
+        notices = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+        assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (0,)
+    assert present(db, old) == 3
+    assert any('pg_task_py.retention_done = "soon"' in n for n in notices), notices
+    assert any('pg_task_py.keep_runs = "many"' in n for n in notices), notices
+
+
+# --- The launcher's metrics ---------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as answer:
+        return answer.code, answer.read().decode()
+    except OSError:
+        return 0, ""  # not listening yet
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """The sum of a metric's samples that carry these labels (0 when there are none)."""
+    _, text = scrape(port, "/metrics")
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_rise_with_the_workload_and_health_follows_the_server():
+    port = free_port()
+    with throwaway_cluster() as cluster:
+        cluster.create_database("metered")
+        launcher = Launcher(cluster.dsn("metered"), args=("--metrics", f"127.0.0.1:{port}")).start()
+        try:
+            launcher.wait_active()
+            wait_until(lambda: scrape(port, "/health")[0] == 200, 10, message="/health 200")
+            assert scrape(port, "/nothing")[0] == 404
+            with cluster.connect("metered") as conn:
+                conn.execute("SELECT task_pause('held')")
+                conn.execute("INSERT INTO task (\"group\", plan, input)"
+                             " VALUES ('held', now() - interval '1 min', 'SELECT 1')")
+                conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, 20)")
+                conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1/0', false FROM generate_series(1, 5)")
+            wait_until(lambda: metric(port, "pg_task_py_tasks_ended_total", state="DONE") == 20
+                       and metric(port, "pg_task_py_tasks_ended_total", state="FAIL") == 5, 30,
+                       message=f"the ends counted: {scrape(port, '/metrics')[1]}")
+            assert metric(port, "pg_task_py_tasks_started_total") == 25
+            assert metric(port, "pg_task_py_task_run_seconds_count") == 25
+            wait_until(lambda: metric(port, "pg_task_py_task_start_lag_seconds_count") == 25, 10,
+                       message="the start lags observed")
+            assert metric(port, "pg_task_py_due_tasks", group="held", owner="postgres") == 1
+            assert 60 <= metric(port, "pg_task_py_oldest_due_seconds", group="held") < 120
+            assert metric(port, "pg_task_py_workers") >= 1
+            assert abs(metric(port, "pg_task_py_last_turn_timestamp_seconds") - time.time()) < 5
+            cluster.stop()
+            wait_until(lambda: scrape(port, "/health")[0] == 503, 20, message="/health 503 with the server down")
+            assert "no turn within" in scrape(port, "/health")[1]
+            wait_until(lambda: metric(port, "pg_task_py_reconnects_total") >= 1, 20, message="a reconnect counted")
+            cluster.start()
+            wait_until(lambda: scrape(port, "/health")[0] == 200, 30, message="/health 200 again")
+        finally:
+            assert launcher.stop() == 0, launcher.output()
+
+
+def test_metrics_flag_is_checked():
+    for bad in ("9187", "host:", "host:port", "host:70000"):
+        result = subprocess.run([str(LAUNCHER), "run", "--metrics", bad], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and "--metrics: must be ADDR:PORT" in result.stderr, result.stderr
+
+
+# --- pg_task_py status --------------------------------------------------------------------------
+
+def test_status_prints_the_groups_at_a_glance(running, authors):
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('held')")
+    insert_as(alice, "SELECT 1", group="held", plan=running.value("SELECT now() - interval '5 min'"))
+    running.wait_done(insert_as(alice, "SELECT 1/0", group="broken", delete=False))
+    alice_dsn = running.cluster.dsn(running.name, "ops_alice")
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", alice_dsn], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    header, rule, *lines = result.stdout.splitlines()
+    assert header.split() == ["owner", "group", "running", "due", "late", "later", "done", "1h", "fail", "1h",
+                              "gone", "1h", "paused", "last", "error"]
+    assert set(rule) == {"-", " "}
+    held = lines[0].split()
+    assert held[:4] + held[5:] == ["ops_alice", "held", "0", "1", "0", "0", "0", "0", "PAUSED"]
+    assert held[4] in {f"5m{second:02d}s" for second in range(20)}  # late by 5 minutes and the test's time
+    assert lines[1].split()[:9] == ["ops_alice", "broken", "0", "0", "0", "0", "1", "0", "ERROR:"]  # (no lateness)
+    assert lines[1].endswith("ERROR:  division by zero") and len(lines) == 2  # only alice's groups
+
+
+def test_status_watch_refreshes_until_interrupted(running):
+    running.insert("SELECT 1", plan="9999-01-01")
+    watcher = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn, "--watch", "0.2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        screens = []
+        wait_until(lambda: screens.append(watcher.stdout.readline()) or sum("owner" in s for s in screens) >= 3,
+                   20, interval=0, message="three refreshes")
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(10) == 0, watcher.stderr.read()
+    assert "\033[2J" in "".join(screens)
+
+
+def test_status_says_why_it_cannot_read(db):
+    db.sql("DROP EXTENSION pg_task_py CASCADE")
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "no view task_stats here" in result.stderr and "Traceback" not in result.stderr
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.cluster.dsn("no_such_database")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and 'database "no_such_database" does not exist' in result.stderr

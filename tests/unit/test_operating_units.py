@@ -1,0 +1,58 @@
+"""The launcher's metrics and `status` table, in process: no server."""
+
+import argparse
+import time
+from datetime import timedelta
+
+import pytest
+from pg_task_py.cli import listen_address
+from pg_task_py.metrics import HEALTHY_WITHIN, Metrics
+from pg_task_py.status import duration, render
+from prometheus_client import generate_latest
+
+
+@pytest.mark.parametrize(("text", "address"), [("127.0.0.1:9187", ("127.0.0.1", 9187)), (":9187", ("0.0.0.0", 9187)),
+                                               ("[::1]:9187", ("::1", 9187)), ("host:1", ("host", 1))])
+def test_metrics_address(text, address):
+    assert listen_address(text) == address
+
+
+@pytest.mark.parametrize("text", ["9187", "host:", "host:port", "host:0", "host:65536"])
+def test_metrics_address_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="ADDR:PORT"):
+        listen_address(text)
+
+
+def test_metrics_from_dispatch_events():
+    metrics = Metrics()
+    metrics.expect("app")
+    assert metrics.stale() == ["app"]  # no turn yet
+    events = [{"event": "start", "id": 1}, {"event": "end", "id": 1, "state": "DONE", "seconds": 0.02},
+              {"event": "end", "id": 2, "state": "FAIL", "seconds": None}, {"event": "recovered", "count": 1}]
+    metrics.turn("app", events, running=3)
+    metrics.snapshot("app", [("alice", "mail", 4, 90.0)], [0.5, 0.25], workers=2)
+    text = generate_latest(metrics.registry).decode()
+    for line in ('pg_task_py_tasks_started_total{database="app"} 1.0',
+                 'pg_task_py_tasks_ended_total{database="app",state="DONE"} 1.0',
+                 'pg_task_py_tasks_ended_total{database="app",state="FAIL"} 1.0',
+                 'pg_task_py_task_run_seconds_count{database="app"} 1.0',
+                 'pg_task_py_task_start_lag_seconds_count{database="app"} 2.0',
+                 'pg_task_py_running_tasks{database="app"} 3.0',
+                 'pg_task_py_due_tasks{database="app",group="mail",owner="alice"} 4.0',
+                 'pg_task_py_oldest_due_seconds{database="app",group="mail",owner="alice"} 90.0',
+                 'pg_task_py_workers{database="app"} 2.0'):
+        assert line in text, line
+    assert metrics.stale() == []
+    metrics.snapshot("app", [], [], workers=0)  # the group has nothing due any more: its series go
+    assert 'group="mail"' not in generate_latest(metrics.registry).decode()
+    metrics.turns["app"] = time.monotonic() - HEALTHY_WITHIN - 1
+    assert metrics.stale() == ["app"]
+
+
+def test_status_table_and_durations():
+    assert [duration(timedelta(seconds=s)) for s in (1.25, 42, 245, 3 * 3600 + 120, 2 * 86400 + 4 * 3600)] == \
+        ["1.2s", "42s", "4m05s", "3h02m", "2d04h"]
+    assert render([]) == "no tasks\n"
+    table = render([("app", "mail", 2, 10, timedelta(minutes=5), 0, 7, 1, 0, True, "ERROR:  boom")]).splitlines()
+    assert table[0].split()[:4] == ["owner", "group", "running", "due"]
+    assert table[2].split() == ["app", "mail", "2", "10", "5m00s", "0", "7", "1", "0", "PAUSED", "ERROR:", "boom"]
