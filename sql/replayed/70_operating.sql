@@ -335,7 +335,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     setting text := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.keep_runs'), '');
-    after json := NULLIF(current_setting('pgtaskpy.keep_runs_after', true), '')::json;
+    resume_after json := NULLIF(current_setting('pgtaskpy.keep_runs_after', true), '')::json;
     series record;
     last_series text := '';
     looked integer := 0;
@@ -350,13 +350,13 @@ BEGIN
         RETURN 0;
     END IF;
     FOR series IN
-        WITH RECURSIVE s AS (  -- the next series after `after`, one index probe each
+        WITH RECURSIVE s AS (  -- the next series after `resume_after`, one index probe each
             (SELECT f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) AS id
              FROM @extschema@.task AS f
              WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
                AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
                AND (f.owner, COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)))
-                   > (COALESCE(after ->> 0, '')::name, COALESCE(after ->> 1, ''))
+                   > (COALESCE(resume_after ->> 0, '')::name, COALESCE(resume_after ->> 1, ''))
              ORDER BY 1, 2 LIMIT 1)
             UNION ALL
             SELECT n.owner, n.id FROM s CROSS JOIN LATERAL (
