@@ -20,6 +20,7 @@ log = logging.getLogger("pg_task_py")
 
 # The channel of extensions 1.0-1.2, which do not name it themselves (pgtaskpy.name_of).
 LEGACY_CHANNEL = "pg_task_py"
+PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database.
@@ -77,6 +78,9 @@ class Scheduler:
                     self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
                     self._check_role(conn)
                     self._check_extension(conn)
+                    if not self._wait_for_promotion(conn):
+                        log.info("%s: stopped", self.name)
+                        return
                     conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(wake_channel(conn))))
                     log.info("%s: scheduling (active)", self.name)
                     backoff = 0.5
@@ -119,6 +123,22 @@ class Scheduler:
             log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
                         "run ALTER EXTENSION pg_task_py UPDATE; in this database",
                         self.name, row[1], __version__)
+
+    def _wait_for_promotion(self, conn: psycopg.Connection) -> bool:
+        """On a standby, claim and run nothing (dispatch() would only answer "standby", and
+        LISTEN is refused there): look every PROMOTION_LOOK_EVERY seconds whether the server
+        was promoted.  True once it is a primary, False when stopping first."""
+        announced = False
+        while not self.stopping.is_set():
+            if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+                if announced:
+                    log.info("%s: promoted: taking over the scheduling", self.name)
+                return True
+            if not announced:
+                log.info("%s: a standby (in recovery): running nothing, waiting for a promotion", self.name)
+                announced = True
+            self.stopping.wait(PROMOTION_LOOK_EVERY)
+        return False
 
     def _dispatch(self, conn: psycopg.Connection, run_limit: int,
                   cancel: bool = False) -> tuple[float, int]:
@@ -245,6 +265,8 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
     if kind == "spare_failed":
         return logging.ERROR, f"cannot open a worker backend: {event['message']}"
+    if kind == "standby":
+        return logging.INFO, "a standby (in recovery): running nothing"
     if kind == "recovered":
         return logging.WARNING, f"recovered {event['count']} task(s) of dead backends"
     if kind == "deleted_old":

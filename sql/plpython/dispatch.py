@@ -29,6 +29,7 @@ KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the nex
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
+STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
 def quote_conninfo(value):
@@ -306,9 +307,23 @@ def cancel_running_tasks(ctx, pool, events):
         events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
 
 
+def in_recovery(ctx):
+    """Whether this server is a standby.  A promotion is for good (a primary becomes a
+    standby only through a restart, which ends this session): once not, never asked again."""
+    if ctx.GD.get("pgtaskpy.primary"):
+        return False
+    standby = ctx.run("in_recovery", "SELECT pg_catalog.pg_is_in_recovery() AS r")[0]["r"]
+    ctx.GD["pgtaskpy.primary"] = not standby
+    return standby
+
+
 def main(plpy, GD, SD, run_limit, cancel_running):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
+    if in_recovery(ctx):
+        # A standby is read-only and its rows are the primary's, whose launcher runs them:
+        # claim, recover and start nothing here; look again soon for a promotion.
+        return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
     pool = state(ctx)
     events = []
     # Workers go on with their group's tasks only while their launcher's session

@@ -1,0 +1,220 @@
+"""Standbys and failover, against a real primary and a streaming standby made by `pg_basebackup -R`
+(testkit's ReplicatedPair): a launcher on a standby runs nothing and takes over within 2 s of a
+promotion; a launcher given every node follows the primary; what becomes of each task at a
+failover; an old primary rejoining as a standby runs nothing."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+from pg_task_py_testing import Launcher, ReplicatedPair, multi_host_dsn, replicated_pair, wait_until
+
+pytestmark = pytest.mark.failover
+
+DB = "app"
+ACTIVE = "scheduling (active)"
+WAITING = "waiting for a promotion"
+# Each one-off task records its own id: a second run would violate the primary key and FAIL.
+AUDITED = "INSERT INTO audit VALUES (current_setting('pg_task.id')::bigint)"
+WORKER_GONE = "ERROR:  task worker ended before the task finished"
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    """A primary with database `app` (the extension, table audit) and its streaming standby."""
+    with replicated_pair() as pair:
+        with pair.primary.connect() as conn:
+            conn.execute(f"CREATE DATABASE {DB}")
+        with pair.primary.connect(DB) as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+            conn.execute("CREATE TABLE audit (task_id bigint PRIMARY KEY,"
+                         " ran_at timestamptz DEFAULT clock_timestamp())")
+        pair.wait_replayed()
+        launchers: list[Launcher] = []
+        pair.launchers = launchers
+        try:
+            yield pair
+        finally:
+            for launcher in launchers:
+                launcher.kill()
+
+
+def launch(pair: ReplicatedPair, dsn: str) -> Launcher:
+    launcher = Launcher(dsn, args=("--grace", "1")).start()
+    pair.launchers.append(launcher)
+    return launcher
+
+
+def wait_log(launcher: Launcher, text: str, timeout: float = 30.0, after: int = 0) -> None:
+    wait_until(lambda: text in launcher.output()[after:] or launcher.process.poll() is not None, timeout,
+               message=f"{text!r} in the launcher's log")
+    assert launcher.process.poll() is None, f"launcher exited:\n{launcher.output()}"
+
+
+def workers_on(node) -> int:
+    with node.connect(DB) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py %%'"
+                            " AND application_name <> 'pg_task_py launcher'").fetchone()[0]
+
+
+def started(launcher: Launcher, after: int = 0) -> list[str]:
+    return re.findall(r"task \d+ started", launcher.output()[after:])
+
+
+def test_a_standby_launcher_runs_nothing_and_writes_nothing(pair):
+    on_primary = launch(pair, pair.primary.dsn(DB))
+    on_standby = launch(pair, pair.standby.dsn(DB))
+    on_primary.wait_active()
+    wait_log(on_standby, WAITING)
+    with pair.primary.connect(DB) as conn:
+        ids = [conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                            [f"{AUDITED}; SELECT pg_is_in_recovery()"]).fetchone()[0] for _ in range(5)]
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state = 'DONE'").fetchone()[0] == 5, 20,
+                   message="the primary's launcher to run the tasks")
+        outputs = conn.execute("SELECT output FROM task WHERE id = ANY(%s)", [ids]).fetchall()
+    assert {output for (output,) in outputs} == {"INSERT 0 1\nf"}
+    pair.wait_replayed()
+    # The standby's launcher stayed connected, opened no worker and wrote nothing (a standby refuses writes:
+    # any attempt would have logged an error and reconnected).
+    time.sleep(1.5)  # three of its looks for a promotion
+    assert on_standby.process.poll() is None
+    assert started(on_standby) == []
+    assert workers_on(pair.standby) == 0
+    log = on_standby.output()
+    assert log.count(WAITING) == 1, log
+    assert "WARNING" not in log and "ERROR" not in log and ACTIVE not in log, log
+    # dispatch() itself, called on a standby, claims nothing and answers "standby".
+    with pair.standby.connect(DB) as conn:
+        events, wake_in, running = conn.execute("SELECT * FROM pgtaskpy.dispatch(10)").fetchone()
+    assert (events, running) == ([{"event": "standby"}], 0) and 0 < wake_in <= 1
+
+
+@pytest.mark.parametrize("mode, rejoin", [("fast", "base backup"), ("immediate", "pg_rewind")])
+def test_failover_takes_over_within_2_s_and_loses_nothing(pair, mode, rejoin):
+    old_primary = pair.primary
+    on_primary = launch(pair, pair.primary.dsn(DB))
+    on_standby = launch(pair, pair.standby.dsn(DB))
+    on_primary.wait_active()
+    wait_log(on_standby, WAITING)
+    with pair.primary.connect(DB) as conn:
+        running = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                               ["SELECT pg_sleep(60)"]).fetchone()[0]
+        wait_until(lambda: conn.execute("SELECT state::text FROM task WHERE id = %s", [running]).fetchone()[0]
+                   == "WORK", 20, message="the long task to run")
+        # A task claimed by the old primary's launcher that no worker had taken yet (TAKE, its claimer's pid).
+        claimer = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'pg_task_py launcher'"
+                               ).fetchone()[0]
+        claimed = conn.execute("INSERT INTO task (input, state, worker, delete) VALUES (%s, 'TAKE', %s, false)"
+                               " RETURNING id", [AUDITED, claimer]).fetchone()[0]
+        series = conn.execute("INSERT INTO task (input, repeat, \"group\", delete, data)"
+                              " VALUES ('SELECT 1', '0.5 s', 'series', false, 'series') RETURNING id").fetchone()[0]
+        waiting = [conn.execute("INSERT INTO task (input, plan, delete) VALUES (%s, now() + %s * interval '1 s',"
+                                " false) RETURNING id", [AUDITED, seconds]).fetchone()[0] for seconds in (5, 7)]
+        backlog = [conn.execute("INSERT INTO task (input, \"group\", max, delete) VALUES (%s, 'backlog', 0, false)"
+                                " RETURNING id", [f"{AUDITED}; SELECT pg_sleep(0.05)"]).fetchone()[0]
+                   for _ in range(20)]
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE parent = %s", [series]).fetchone()[0], 10,
+                   message="the series' next run")
+    pair.wait_replayed()
+    pair.fail_over(mode)
+    promoted = time.monotonic()
+    wait_log(on_standby, ACTIVE, timeout=10)
+    took_over = time.monotonic() - promoted
+    assert took_over < 2.0, (took_over, on_standby.output())
+
+    with pair.primary.connect(DB) as conn:
+        def state(task_id: int) -> str:
+            return conn.execute("SELECT state::text FROM task WHERE id = %s", [task_id]).fetchone()[0]
+
+        def ended(task_id: int) -> bool:
+            return state(task_id) not in ("PLAN", "TAKE", "WORK")
+        ids = [running, claimed, *waiting, *backlog]
+        wait_until(lambda: all(ended(task_id) for task_id in ids), 30, 0.1,
+                   f"every task to end; launcher's log:\n{on_standby.output()[-3000:]}")
+        # Running when the primary died: may have run in part, so not again (at most once): FAIL.
+        row = conn.execute("SELECT state::text, error FROM task WHERE id = %s", [running]).fetchone()
+        assert row[0] == "FAIL" and row[1].startswith(WORKER_GONE), row
+        # Claimed but not started: it runs, once.
+        assert state(claimed) == "DONE"
+        # Waiting ones run on time, and every one-off task ran exactly once.
+        for task_id in waiting:
+            late = conn.execute("SELECT extract(epoch FROM a.ran_at - t.plan) FROM task t JOIN audit a"
+                                " ON a.task_id = t.id WHERE t.id = %s", [task_id]).fetchone()
+            assert late is not None and 0 <= late[0] < 2, (task_id, late)
+        # Every other task ran once (a second run would have hit audit's key); one of the backlog (one at a
+        # time) may have been running too, and ends as the long one did.
+        failed = conn.execute("SELECT id, error FROM task WHERE id = ANY(%s) AND state <> 'DONE'", [ids]).fetchall()
+        assert running in [task_id for task_id, _ in failed] and len(failed) <= 2, failed
+        assert all(error.startswith(WORKER_GONE) for _, error in failed), failed
+        unaudited = conn.execute("SELECT count(*) FROM task t WHERE t.id = ANY(%s) AND t.state = 'DONE'"
+                                 " AND NOT EXISTS (SELECT FROM audit a WHERE a.task_id = t.id)", [ids]).fetchone()[0]
+        assert unaudited == 0
+        # The series goes on with exactly one next run at any time, never two after one run.
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE data = 'series' AND state = 'DONE'"
+                                        " AND stop > now() - interval '1 s'").fetchone()[0], 10,
+                   message="the series to run on the new primary")
+        twice = conn.execute("SELECT parent FROM task WHERE data = 'series' AND parent IS NOT NULL"
+                             " GROUP BY parent HAVING count(*) > 1").fetchall()
+        assert twice == []
+        conn.execute("UPDATE task SET state = 'STOP' WHERE data = 'series' AND state = 'PLAN'")
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                                        ).fetchone()[0] == 0, 10, message="nothing left in PLAN, TAKE or WORK")
+        assert conn.execute("SELECT count(*) FROM task WHERE data = 'series' AND state = 'STOP'").fetchone()[0] == 1
+
+    # The old primary rejoins as a standby of the new one: its launcher reconnects and runs nothing.
+    mark = len(on_primary.output())
+    pair.rejoin("pg_rewind" if rejoin == "pg_rewind" else "base backup")
+    assert pair.standby is old_primary and old_primary.in_recovery()
+    wait_log(on_primary, WAITING, timeout=30, after=mark)
+    with pair.primary.connect(DB) as conn:
+        after = [conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                              [AUDITED]).fetchone()[0] for _ in range(5)]
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE id = ANY(%s) AND state = 'DONE'",
+                                        [after]).fetchone()[0] == 5, 20, message="the new primary to run them")
+    pair.wait_replayed()
+    assert started(on_primary, after=mark) == []
+    assert workers_on(old_primary) == 0
+    assert on_primary.stop() == 0 and on_standby.stop() == 0
+
+
+def test_a_launcher_given_every_node_follows_the_primary(pair):
+    dsn = multi_host_dsn([pair.primary, pair.standby], DB, target_session_attrs="read-write")
+    launcher = launch(pair, dsn)
+    launcher.wait_active()
+    where = "SELECT current_setting('port') || ' ' || pg_is_in_recovery()"
+    with pair.primary.connect(DB) as conn:
+        first = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id", [where]).fetchone()[0]
+        wait_until(lambda: conn.execute("SELECT state = 'DONE' FROM task WHERE id = %s", [first]).fetchone()[0], 20,
+                   message="the first task")
+        output = conn.execute("SELECT output FROM task WHERE id = %s", [first]).fetchone()[0]
+        assert output == f"{pair.primary.port} false"
+    pair.wait_replayed()
+    mark = len(launcher.output())
+    pair.fail_over("immediate")
+    wait_log(launcher, ACTIVE, timeout=30, after=mark)
+    with pair.primary.connect(DB) as conn:
+        # Worker backends and task sessions are the new primary's: the task runs there, supervised there.
+        second = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                              [f"{where} FROM pg_sleep(1)"]).fetchone()[0]
+        worker = wait_until(lambda: conn.execute("SELECT worker FROM task WHERE id = %s AND state = 'WORK'",
+                                                 [second]).fetchone(), 20, message="the task to run")[0]
+        app = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", [worker]).fetchone()
+        assert app == ("pg_task_py worker",)
+        wait_until(lambda: conn.execute("SELECT state = 'DONE' FROM task WHERE id = %s", [second]).fetchone()[0], 20,
+                   message="the task to end")
+        assert conn.execute("SELECT output FROM task WHERE id = %s", [second]).fetchone()[0] == \
+            f"{pair.primary.port} false"
+    assert launcher.stop() == 0, launcher.output()
+
+
+def test_a_standby_without_the_extension_is_refused_as_a_primary_is(pair):
+    """CREATE EXTENSION replicates: a database without it is refused on a standby as on a primary."""
+    with pair.primary.connect() as conn:
+        conn.execute("CREATE DATABASE bare")
+    pair.wait_replayed()
+    launcher = launch(pair, pair.standby.dsn("bare"))
+    assert launcher.process.wait(30) == 1
+    assert "the pg_task_py extension is not installed in this database" in launcher.output()
