@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from pg_task_py_testing import Launcher, ReplicatedPair, multi_host_dsn, replicated_pair, wait_until
 
@@ -218,3 +219,96 @@ def test_a_standby_without_the_extension_is_refused_as_a_primary_is(pair):
     launcher = launch(pair, pair.standby.dsn("bare"))
     assert launcher.process.wait(30) == 1
     assert "the pg_task_py extension is not installed in this database" in launcher.output()
+
+
+# --- target = 'standby' ------------------------------------------------------------------------
+
+def wait_task(node, task_id: int, timeout: float = 20.0) -> dict:
+    """The task's row on `node` once it has ended."""
+    with node.connect(DB) as conn:
+        def ended():
+            cursor = conn.execute("SELECT state::text AS state, output, error FROM task WHERE id = %s"
+                                  " AND state NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id])
+            row = cursor.fetchone()
+            return dict(zip([d.name for d in cursor.description], row)) if row else None
+        return wait_until(ended, timeout, message=f"task {task_id} to end")
+
+
+def insert(node, input: str, **columns: object) -> int:
+    names = ", ".join(["input", "delete", *(f'"{name}"' for name in columns)])
+    marks = ", ".join(["%s"] * (2 + len(columns)))
+    with node.connect(DB) as conn:
+        return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
+                            [input, False, *columns.values()]).fetchone()[0]
+
+
+WHERE = "SELECT pg_is_in_recovery()"
+
+
+def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_primary(pair):
+    launcher = Launcher(pair.primary.dsn(DB), args=("--standby", f"host={pair.standby.socket_dir} "
+                                                    f"port={pair.standby.port}")).start()
+    pair.launchers.append(launcher)
+    launcher.wait_active()
+    # On the standby: its session is in recovery; a write fails with PostgreSQL's read-only error.
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+    assert wait_task(pair.primary, insert(pair.primary, WHERE))["output"] == "f"
+    write = wait_task(pair.primary, insert(pair.primary, "INSERT INTO audit VALUES (1)", target="standby"))
+    assert write["state"] == "FAIL"
+    assert write["error"].startswith("ERROR:  cannot execute INSERT in a read-only transaction"), write
+    # task_cancel reaches its query there (through its worker: the pid is the standby's).
+    sleeper = insert(pair.primary, "SELECT pg_sleep(30)", target="standby")
+    with pair.primary.connect(DB) as conn:
+        wait_until(lambda: conn.execute("SELECT state = 'WORK' FROM task WHERE id = %s", [sleeper]).fetchone()[0],
+                   10, message="the sleeper to run")
+        assert conn.execute("SELECT task_cancel(%s)", [sleeper]).fetchone()[0] is True
+    cancelled = wait_task(pair.primary, sleeper)
+    assert cancelled["error"].startswith("ERROR:  canceling statement due to user request"), cancelled
+    # A repeating task keeps its target in every run.
+    series = insert(pair.primary, WHERE, target="standby", repeat="0.2 s")
+    with pair.primary.connect(DB) as conn:
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE parent = %s AND state = 'DONE'",
+                                        [series]).fetchone()[0], 10, message="the series' second run")
+        assert conn.execute("SELECT DISTINCT target, output FROM task WHERE (id = %s OR parent = %s)"
+                            " AND state = 'DONE'", [series, series]).fetchall() == [("standby", "t")]
+        conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
+
+    # The standby stopped: its tasks run on the primary.
+    pair.standby.stop("fast")
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "f"
+    pair.standby.start()
+    pair.wait_streaming()
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+
+    # The standby lags more than pg_task_py.standby_max_lag: on the primary, until it catches up.
+    with pair.primary.connect(DB) as conn:
+        conn.execute(f"ALTER DATABASE {DB} SET pg_task_py.standby_max_lag = '1 s'")
+    pair.wait_replayed()
+    with pair.standby.connect(DB) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+        with pair.primary.connect(DB) as primary:
+            primary.execute("INSERT INTO audit VALUES (2)")
+        time.sleep(1.5)  # the last transaction the standby replayed is now older than 1 s
+        assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "f"
+        conn.execute("SELECT pg_wal_replay_resume()")
+    pair.wait_replayed()
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+    assert launcher.stop() == 0, launcher.output()
+    assert "Traceback" not in launcher.output()
+
+
+def test_target_is_null_or_standby(db):
+    for bad, columns in (("primary", {}), ("Standby", {}), ("standby", {"remote": "host=elsewhere"})):
+        with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):
+            db.insert("SELECT 1", target=bad, **columns)
+    task_id = db.insert("SELECT 1", target="standby")
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):
+        db.sql("UPDATE task SET target = 'replica' WHERE id = %s", [task_id])
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):
+        db.sql("UPDATE task SET remote = 'host=elsewhere' WHERE id = %s", [task_id])
+    assert db.value("SELECT count(*) FROM task") == 1
+
+
+def test_target_standby_without_a_standby_runs_on_the_primary(running):
+    """A launcher without --standby: a task of target 'standby' runs where its table is."""
+    assert running.wait_done(running.insert(WHERE, target="standby"))["output"] == "f"

@@ -50,6 +50,7 @@ class Settings:
     run: int = 2147483647  # most tasks running at once (pg_task.run)
     grace: float = 30.0  # seconds a graceful stop waits for running tasks
     max_backoff: float = 10.0  # longest pause between reconnection attempts
+    standby: str | None = None  # conninfo of a standby for tasks of target 'standby' (--standby)
 
 
 class Scheduler:
@@ -78,6 +79,9 @@ class Scheduler:
                     self.name = f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}"
                     self._check_role(conn)
                     self._check_extension(conn)
+                    if self.settings.standby is not None:
+                        # dispatch() hands it to the worker backends it opens (sql/plpython/dispatch.py).
+                        conn.execute("SELECT set_config('pgtaskpy.standby', %s, false)", [self.settings.standby])
                     if not self._wait_for_promotion(conn):
                         log.info("%s: stopped", self.name)
                         return

@@ -37,7 +37,8 @@ CREATE TABLE @extschema@.task (
     notice      text,
     cron        text,
     tz          text NOT NULL DEFAULT pgtaskpy.setting_default('tz', 'UTC'::text),
-    key         text
+    key         text,
+    target      text
     -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
@@ -49,6 +50,7 @@ COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET
 COMMENT ON COLUMN @extschema@.task.cron IS 'cron expression (pg_cron syntax): each run''s end inserts the next run at its next match';
 COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
+COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''standby'' a read-only session on the launcher''s standby';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.

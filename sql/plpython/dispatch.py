@@ -229,12 +229,20 @@ def pick_worker(ctx, pool, task):
     return new_worker(ctx, pool)
 
 
+def launcher_standby(ctx):
+    """The launcher's --standby conninfo ('' when none): a setting of its session (launcher.py)."""
+    return ctx.run("launcher_standby", "SELECT coalesce(current_setting('pgtaskpy.standby', true), '') AS s")[0]["s"]
+
+
 def new_worker(ctx, pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
     ctx.run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo(ctx)])
-    pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
-                  ["text"], [name])[0]["p"]
+    # The worker learns the launcher's standby (--standby) with its pid: it opens the sessions
+    # of tasks of target 'standby' there (sessions.py, open_standby).
+    pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, pg_catalog.format("
+                  "'SELECT pg_backend_pid(), pg_catalog.set_config(''pgtaskpy.standby'', %L, false)', $2))"
+                  " AS r(p integer, s text)", ["text", "text"], [name, launcher_standby(ctx)])[0]["p"]
     pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
     return name
 

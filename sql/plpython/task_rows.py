@@ -10,7 +10,7 @@ LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still a
 # What a worker reads of the task it runs, from the row it took or claimed.
 TASK_COLUMNS = (
     "id, state::text AS state, worker, input, owner, remote, \"group\", hash, timeout, count, live, save,"
-    " header, string, delimiter, quote, escape, \"null\","
+    " header, string, delimiter, quote, escape, \"null\", target,"
     " extract(epoch FROM timeout)::float8 AS timeout_s,"
     " extract(epoch FROM live)::float8 AS live_s"
 )

@@ -78,6 +78,8 @@ BEGIN
         WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
         WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
+        WHEN NOT (NEW.target IS NULL OR (NEW.target = 'standby' AND NEW.remote IS NULL))
+            THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
     END;
     IF violated IS NOT NULL THEN
         RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
@@ -106,7 +108,7 @@ $$;
 
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz
+        cron, tz, target, remote
     ON @extschema@.task
     FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_task();
 

@@ -489,12 +489,12 @@ BEGIN
             INSERT INTO @extschema@.task (
                 parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
                 string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
-                cron, tz, key)
+                cron, tz, key, target)
             VALUES (
                 t.id, pgtaskpy.next_plan(t), t.active, t.live, t.repeat, t.timeout, t.count,
                 t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
                 t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
-                t.cron, t.tz, t.key);
+                t.cron, t.tz, t.key, t.target);
             PERFORM set_config('pgtaskpy.next_run', 'off', true);
         END IF;
     END IF;

@@ -33,3 +33,7 @@ COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
 CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
 CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
+
+-- Tasks that ask for a standby (column target, sql/created_once/20_table.sql).
+ALTER TABLE @extschema@.task ADD COLUMN target text;
+COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''standby'' a read-only session on the launcher''s standby';

@@ -1,0 +1,31 @@
+-- Standbys.  dispatch() answers "standby" and does nothing while the database
+-- is in recovery (sql/plpython/dispatch.py); a task of target 'standby' runs in
+-- a session on the launcher's standby (sql/plpython/sessions.py, open_standby).
+
+-- pg_task_py.standby_max_lag (ALTER DATABASE ... SET or postgresql.conf,
+-- default 10 s), in seconds: how far a standby may be behind the primary and
+-- still run a task of target 'standby'.  A value that is not an interval of
+-- zero or more is ignored with a warning (the default applies): a bad value
+-- must not stop reporting tasks, which then run where they always could.
+CREATE FUNCTION pgtaskpy.standby_max_lag() RETURNS double precision
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    value text := NULLIF(pgtaskpy.scheduler_setting('pg_task_py.standby_max_lag'), '');
+    lag interval;
+BEGIN
+    BEGIN
+        lag := value::interval;
+    EXCEPTION WHEN data_exception THEN
+        lag := interval '-1 s';
+    END;
+    IF lag < interval '0' THEN
+        RAISE WARNING 'pg_task_py: ignoring pg_task_py.standby_max_lag = "%" of %: not an interval of zero or more',
+            value, pgtaskpy.scheduler_setting_source('pg_task_py.standby_max_lag');
+        lag := NULL;
+    END IF;
+    RETURN extract(epoch FROM COALESCE(lag, interval '10 s'))::double precision;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pgtaskpy.standby_max_lag() FROM PUBLIC;
