@@ -312,3 +312,20 @@ def test_target_is_null_or_standby(db):
 def test_target_standby_without_a_standby_runs_on_the_primary(running):
     """A launcher without --standby: a task of target 'standby' runs where its table is."""
     assert running.wait_done(running.insert(WHERE, target="standby"))["output"] == "f"
+
+
+def test_a_claim_from_the_old_primary_with_a_pid_alive_here_runs(running):
+    """After a failover between machines (or containers) a replicated claim (TAKE) may carry the pid
+    of a scheduler backend alive on the new primary: the launcher or an idle worker of that pid
+    knows the claim is not its own, and the task runs.  (The rows are written as the failover
+    leaves them; pids of one machine cannot collide.)"""
+    wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                                     " 'pg_task_py worker' AND state = 'idle'"), 10, message="an idle spare worker")
+    launcher_pid, worker_pid = (
+        running.value("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+        for name in ("pg_task_py launcher", "pg_task_py worker"))
+    ids = [running.value("INSERT INTO task (input, state, worker, delete) VALUES ('SELECT 42', 'TAKE', %s, false)"
+                         " RETURNING id", [pid]) for pid in (launcher_pid, worker_pid)]
+    for task_id in ids:
+        row = running.wait_done(task_id, timeout=10)
+        assert (row["state"], row["output"]) == ("DONE", "42"), row

@@ -204,6 +204,7 @@ def housekeeping(ctx, pool, events, run_limit):
         if pool["cap"] >= run_limit:
             pool["cap"] = None
     recovered = ctx.run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
+    recovered += unclaim_strays(ctx, pool)
     expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
@@ -215,6 +216,15 @@ def housekeeping(ctx, pool, events, run_limit):
         events.append({"event": "recovered", "count": recovered})
     if expired:
         events.append({"event": "expired", "count": expired})
+
+
+def unclaim_strays(ctx, pool):
+    """Claims that carry this launcher's or an idle worker's pid but are not theirs (after a
+    failover: pgtaskpy.unclaim_strays) wait again."""
+    workers = pool["workers"].values()
+    return ctx.run("strays", "SELECT pgtaskpy.unclaim_strays($1, $2, $3) AS n", ["integer", "bigint[]", "integer[]"],
+                   [pool["pid"], [w["task"] for w in workers if w["task"] is not None],
+                    [w["pid"] for w in workers if w["task"] is None]])[0]["n"]
 
 
 def pick_worker(ctx, pool, task):

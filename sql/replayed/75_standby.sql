@@ -28,4 +28,22 @@ BEGIN
 END
 $$;
 
+-- After a failover, the new primary has the old one's claims (TAKE) with pids
+-- of the old primary's backends.  recover_orphaned_tasks sends them back to
+-- PLAN, unless a pid is by chance that of a live scheduler backend here (the
+-- pids of two machines, or of two containers, overlap): then only that
+-- backend can tell.  The launcher `claimer` knows its own claims, the tasks it
+-- handed to its workers (`handed`), and its idle workers (`idle_workers`) have
+-- none: any other TAKE row with one of those pids is not theirs, back to PLAN.
+-- Called in the launcher's housekeeping, under the scheduling lock.
+CREATE FUNCTION pgtaskpy.unclaim_strays(claimer integer, handed bigint[], idle_workers integer[]) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pgtaskpy.unclaim_tasks(ARRAY(
+        SELECT t.id FROM @extschema@.task AS t
+        WHERE t.state = 'TAKE'
+          AND ((t.worker = claimer AND t.id <> ALL (handed)) OR t.worker = ANY (idle_workers))), NULL)
+$$;
+
 REVOKE ALL ON FUNCTION pgtaskpy.standby_max_lag() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.unclaim_strays(integer, bigint[], integer[]) FROM PUBLIC;
