@@ -22,6 +22,8 @@ log = logging.getLogger("pg_task_py")
 LEGACY_CHANNEL = "pg_task_py"
 PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
+# libpq's words when target_session_attrs refuses a standby (read-write; primary).
+STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode")
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database.
 # libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
@@ -71,6 +73,8 @@ class Scheduler:
             except psycopg.Error as exc:
                 if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
+                if only_standbys(exc):  # a promotion may be under way: look again soon
+                    backoff = min(backoff, PROMOTION_LOOK_EVERY * 2)
                 log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, first_line(exc), backoff)
                 backoff = self._pause(backoff)
                 continue
@@ -207,6 +211,12 @@ def wake_channel(conn: psycopg.Connection) -> str:
     if conn.execute("SELECT to_regprocedure('pgtaskpy.name_of(text)') IS NULL").fetchone()[0]:
         return LEGACY_CHANNEL
     return conn.execute("SELECT pgtaskpy.name_of('channel')").fetchone()[0]
+
+
+def only_standbys(exc: psycopg.Error) -> bool:
+    """Whether a failed attempt reached a server, but one that target_session_attrs refuses as a
+    standby (libpq's words for read-write and primary): no primary yet, during a failover."""
+    return any(phrase in str(exc) for phrase in STANDBY_PHRASES)
 
 
 def display_name(dsn: str) -> str:
