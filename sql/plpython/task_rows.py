@@ -70,8 +70,9 @@ def claim_next_task(ctx, task, launcher, session_pid):
         "next",
         f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
         ["integer", "integer", "integer", "name", "text", "integer", "interval"],
-        [task["hash"], launcher if look else None, session_pid, task["owner"], task["remote"], task["count"],
-         task["live"]],
+        # (A session of a target is offered to no other task: claim_next_task does not compare targets.)
+        [task["hash"], launcher if look else None, session_pid if task["target"] is None else None, task["owner"],
+         task["remote"], task["count"], task["live"]],
     )
     return rows[0] if rows else None
 
