@@ -91,6 +91,9 @@ def test_a_standby_launcher_runs_nothing_and_writes_nothing(pair):
     with pair.standby.connect(DB) as conn:
         events, wake_in, running = conn.execute("SELECT * FROM pgtaskpy.dispatch(10)").fetchone()
     assert (events, running) == ([{"event": "standby"}], 0) and 0 < wake_in <= 1
+    # A waiting launcher stops at once, cleanly.
+    assert on_standby.stop(timeout=5) == 0
+    assert on_standby.output().rstrip().endswith("stopped"), on_standby.output()
 
 
 @pytest.mark.parametrize("mode, rejoin", [("fast", "base backup"), ("immediate", "pg_rewind")])
