@@ -1,6 +1,7 @@
 # pg_task_py: PGXS for the extension, plus the developer entry points.
 #   make install          install the control file and sql/ scripts (as root)
 #   make demo             a throw-away cluster, the launcher and example tasks
+#   make demo-ha          a primary and a standby, a launcher on each, a failover
 #   make test             the whole test suite: the unit tier, then the integration tier against a real server
 #   make unit             the unit tier alone (tests/unit: no server, seconds)
 #   make bench            the benchmark (bench/bench.py; figures in bench/RESULTS.md)
@@ -30,12 +31,15 @@ sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 VENV ?= .venv
 PYTEST = $(VENV)/bin/python -m pytest
 
-.PHONY: setup demo test unit bench lint
+.PHONY: setup demo demo-ha test unit bench lint
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	$(VENV)/bin/python scripts/demo.py
+
+demo-ha: setup
+	$(VENV)/bin/python scripts/demo_ha.py
 
 # Two runs of pytest, two summaries: the unit tier (seconds) stops a broken build early.
 test: setup

@@ -1,7 +1,8 @@
 """Faults under load: killed worker backends and task sessions, SIGKILLed launchers, several
-launchers at once, server restarts.  At the end the table itself must show that no task was
-lost, none ran twice, none is stuck, every repeat series has exactly one next run, and every
-retry the rules ask for was inserted once (a third of the tasks retry every error twice).
+launchers at once, server restarts, failovers to a standby.  At the end the table itself must
+show that no task was lost, none ran twice, none is stuck, every repeat series has exactly one
+next run, and every retry the rules ask for was inserted once (a third of the tasks retry every
+error twice).
 
 The default run lasts about 30 s; CHAOS_SECONDS=600 makes it a soak.
 """
@@ -14,7 +15,7 @@ import signal
 import time
 
 import pytest
-from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
+from pg_task_py_testing import Launcher, multi_host_dsn, replicated_pair, throwaway_cluster, wait_until
 
 CHAOS_SECONDS = float(os.environ.get("CHAOS_SECONDS", "30"))
 ONE_OFF_TASKS = 1500
@@ -120,6 +121,64 @@ def check_retries(conn, one_off: str) -> None:
         assert retries == wanted, (task_id, attempt, retry, sqlstate, started, retries)
     assert conn.execute(f"SELECT count(*) FROM task WHERE {one_off} AND state = 'FAIL' AND sqlstate IS NULL"
                         ).fetchone()[0] == 0
+
+
+def test_no_task_lost_or_run_twice_across_failovers():
+    """The failover round: a launcher on each node and one following the primary (multi-host conninfo)
+    while the primary is stopped (fast or immediate), the standby promoted and the old primary
+    rewound to be the new standby, between killed workers and launchers."""
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "7")))
+    with replicated_pair() as pair:
+        nodes = [pair.primary, pair.standby]
+        dsn = multi_host_dsn(nodes, "chaos", target_session_attrs="read-write")
+        with pair.primary.connect() as conn:
+            conn.execute("CREATE DATABASE chaos")
+        with pair.primary.connect("chaos") as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+            enqueue(conn, rng)
+        pair.wait_replayed()
+        dsns = [nodes[0].dsn("chaos"), nodes[1].dsn("chaos"), dsn]
+        # --run: two launchers schedule the primary at once; this test's own connections (promotion,
+        # pg_rewind) need free slots, which the other test leaves to the launchers' learnt limit.
+        args = ("--grace", "2", "--run", "15")
+        launchers = [Launcher(d, args=args).start() for d in dsns]
+        faults: dict[str, int] = {}
+        try:
+            deadline = time.monotonic() + CHAOS_SECONDS
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.5, 2.0))
+                fault = rng.choice(["fail over fast", "fail over immediate", "terminate worker", "kill launcher"])
+                faults[fault] = faults.get(fault, 0) + 1
+                if fault.startswith("fail over"):
+                    pair.fail_over(fault.split()[2])
+                    pair.rejoin("pg_rewind")
+                elif fault == "terminate worker":
+                    conn = try_connect(pair.primary)  # (None when the server has no connection to spare)
+                    if conn is not None:
+                        with conn:
+                            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                         " WHERE application_name = 'pg_task_py worker' ORDER BY random() LIMIT 1")
+                else:
+                    victim = rng.randrange(len(launchers))
+                    launchers[victim].signal(signal.SIGKILL)
+                    launchers[victim].process.wait(10)
+                    launchers[victim] = Launcher(dsns[victim], args=args).start()
+            with connect(pair.primary) as conn:
+                def settled():
+                    conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN' AND data = 'series'")
+                    unfinished = "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                    return conn.execute(unfinished).fetchone()[0] == 0
+                wait_until(settled, 120, 0.2, "every task to end")
+                check_invariants(conn, faults)
+            # The standby's launcher ran nothing while it waited: no worker of it there.
+            with connect(pair.standby) as conn:
+                assert conn.execute("SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name = 'pg_task_py worker'").fetchone()[0] == 0
+        finally:
+            statuses = [launcher.stop(30) for launcher in launchers]
+        assert statuses == [0] * len(statuses), [launcher.output()[-2000:] for launcher in launchers]
+        tracebacks = [launcher.output() for launcher in launchers if "Traceback" in launcher.output()]
+        assert not tracebacks, tracebacks[0][tracebacks[0].index("Traceback") - 500:][:3000]
 
 
 def check_invariants(conn, faults: dict[str, int]) -> None:

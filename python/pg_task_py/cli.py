@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+import psycopg
+
 from pg_task_py import __version__
 from pg_task_py.launcher import Scheduler, Settings, SetupError
 from pg_task_py.metrics import Metrics, serve
@@ -34,7 +36,15 @@ connection:
   (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...) decides, as for psql.
 
 config file (--config), in the spirit of pg_task.json, one entry a database:
-  [{"dsn": "dbname=app1"}, {"dsn": "dbname=app2", "run": 4, "grace": 60}]
+  [{"dsn": "dbname=app1"}, {"dsn": "dbname=app2", "run": 4, "grace": 60,
+    "standby": "host=replica1"}]
+
+standbys and failover:
+  On a standby (in recovery) the launcher runs nothing, and takes over within
+  a second of a promotion.  A multi-host --dsn with
+  target_session_attrs=read-write ('host=db1,db2 port=5432,5432 ...') follows
+  the primary after a failover.  --standby names a standby for tasks whose
+  target is 'standby'.
 
 exit status: 0 after a clean stop; 2 for bad usage (flags, config file); 1
 when a database cannot be scheduled (wrong credentials, missing database or
@@ -62,13 +72,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--dsn", action="append", default=[], metavar="CONNINFO",
                      help="database to schedule; repeat for several databases")
     run.add_argument("--config", type=Path, metavar="FILE",
-                     help="JSON list of databases: [{\"dsn\": ..., \"run\": N, \"grace\": S}]")
+                     help="JSON list of databases: [{\"dsn\": ..., \"run\": N, \"grace\": S, \"standby\": ...}]")
     run.add_argument("--run", type=positive_int, default=Settings.run, metavar="N",
                      help="most tasks running at once per database, like pg_task.run "
                           "(default: unlimited; each running task uses two backends)")
     run.add_argument("--grace", type=non_negative_seconds, default=Settings.grace, metavar="SECONDS",
                      help="on SIGINT/SIGTERM, how long to wait for running tasks "
                           "before cancelling them; 0 or more (default: %(default)s)")
+    run.add_argument("--standby", type=conninfo, metavar="CONNINFO",
+                     help="a standby of the databases' server (libpq conninfo: host, port, ...; user, password "
+                          "and dbname are the task's own) where tasks of target 'standby' run, read-only; they "
+                          "run on the primary when it cannot be reached or lags more than "
+                          "pg_task_py.standby_max_lag")
     run.add_argument("--log-level", default="INFO", type=str.upper, metavar="LEVEL",
                      choices=LOG_LEVELS, help=f"{', '.join(LOG_LEVELS)}, any case (default: %(default)s)")
     run.add_argument("--log-json", action="store_true", help="log one JSON object a line")
@@ -132,9 +147,27 @@ def number(value: object, kind: type, problem: str) -> int | float:
         raise argparse.ArgumentTypeError(problem) from None
 
 
+def optional_conninfo(value: object) -> str | None:
+    """A config entry's "standby": null or a conninfo."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise argparse.ArgumentTypeError("must be a libpq conninfo string")
+    return conninfo(value)
+
+
+def conninfo(text: str) -> str:
+    """--standby and a config entry's "standby": a conninfo libpq can read (not shown: it may hold a password)."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(text)
+    except psycopg.ProgrammingError:
+        raise argparse.ArgumentTypeError("must be a libpq conninfo, such as 'host=standby1 port=5432'") from None
+    return text
+
+
 def load_settings(args: argparse.Namespace) -> list[Settings]:
     """One Settings per database, from --dsn flags and the --config file."""
-    settings = [Settings(dsn=dsn, run=args.run, grace=args.grace) for dsn in args.dsn]
+    settings = [Settings(dsn=dsn, run=args.run, grace=args.grace, standby=args.standby) for dsn in args.dsn]
     if args.config is not None:
         try:
             entries = json.loads(args.config.read_text())
@@ -144,22 +177,24 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
             raise SetupError(f"config file {args.config}: expected a JSON list of objects with a \"dsn\"")
         settings += [config_entry(args.config, position, entry, args)
                      for position, entry in enumerate(entries, 1)]
-    return settings or [Settings(dsn="", run=args.run, grace=args.grace)]
+    return settings or [Settings(dsn="", run=args.run, grace=args.grace, standby=args.standby)]
 
 
 def config_entry(path: Path, position: int, entry: dict, args: argparse.Namespace) -> Settings:
     """One database of the config file, checked as strictly as the flags (a typo must not run)."""
-    unknown = set(entry) - {"dsn", "run", "grace"}
+    unknown = set(entry) - {"dsn", "run", "grace", "standby"}
     if unknown:
         raise SetupError(f"config file {path}: unknown key(s) {sorted(unknown)}")
     values = {}
-    for key, check, default in (("run", positive_int, args.run), ("grace", non_negative_seconds, args.grace)):
+    for key, check, default in (("run", positive_int, args.run), ("grace", non_negative_seconds, args.grace),
+                                ("standby", optional_conninfo, args.standby)):
         value = entry.get(key, default)
         try:
             values[key] = check(value)
         except argparse.ArgumentTypeError as exc:
-            # The entry's position, not its dsn: a dsn may hold a password.
-            raise SetupError(f'config file {path}: entry {position}: "{key}" {exc} (got {json.dumps(value)})') from None
+            # The entry's position, not its dsn (nor a bad standby): a conninfo may hold a password.
+            got = "" if key == "standby" else f" (got {json.dumps(value)})"
+            raise SetupError(f'config file {path}: entry {position}: "{key}" {exc}{got}') from None
     return Settings(dsn=str(entry["dsn"]), **values)
 
 

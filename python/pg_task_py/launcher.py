@@ -22,8 +22,11 @@ log = logging.getLogger("pg_task_py")
 
 # The channel of extensions 1.0-1.2, which do not name it themselves (pgtaskpy.name_of).
 LEGACY_CHANNEL = "pg_task_py"
+PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
 SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (with --metrics)
+# libpq's words when target_session_attrs refuses a standby (read-write; primary).
+STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode")
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database.
 # libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
@@ -52,6 +55,7 @@ class Settings:
     run: int = 2147483647  # most tasks running at once (pg_task.run)
     grace: float = 30.0  # seconds a graceful stop waits for running tasks
     max_backoff: float = 10.0  # longest pause between reconnection attempts
+    standby: str | None = None  # conninfo of a standby for tasks of target 'standby' (--standby)
 
 
 class Scheduler:
@@ -77,6 +81,8 @@ class Scheduler:
             except psycopg.Error as exc:
                 if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
+                if only_standbys(exc):  # a promotion may be under way: look again soon
+                    backoff = min(backoff, PROMOTION_LOOK_EVERY * 2)
                 log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, first_line(exc), backoff)
                 if self.metrics:
                     self.metrics.reconnect(self.name)
@@ -87,6 +93,12 @@ class Scheduler:
                     self._rename(f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}")
                     self._check_role(conn)
                     self._check_extension(conn)
+                    if self.settings.standby is not None:
+                        # dispatch() hands it to the worker backends it opens (sql/plpython/dispatch.py).
+                        conn.execute("SELECT set_config('pgtaskpy.standby', %s, false)", [self.settings.standby])
+                    if not self._wait_for_promotion(conn):
+                        log.info("%s: stopped", self.name)
+                        return
                     conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(wake_channel(conn))))
                     log.info("%s: scheduling (active)", self.name)
                     backoff = 0.5
@@ -136,6 +148,22 @@ class Scheduler:
             log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
                         "run ALTER EXTENSION pg_task_py UPDATE; in this database",
                         self.name, row[1], __version__)
+
+    def _wait_for_promotion(self, conn: psycopg.Connection) -> bool:
+        """On a standby, claim and run nothing (dispatch() would only answer "standby", and
+        LISTEN is refused there): look every PROMOTION_LOOK_EVERY seconds whether the server
+        was promoted.  True once it is a primary, False when stopping first."""
+        announced = False
+        while not self.stopping.is_set():
+            if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+                if announced:
+                    log.info("%s: promoted: taking over the scheduling", self.name)
+                return True
+            if not announced:
+                log.info("%s: a standby (in recovery): running nothing, waiting for a promotion", self.name)
+                announced = True
+            self.stopping.wait(PROMOTION_LOOK_EVERY)
+        return False
 
     def _dispatch(self, conn: psycopg.Connection, run_limit: int,
                   cancel: bool = False) -> tuple[float, int]:
@@ -218,6 +246,12 @@ def wake_channel(conn: psycopg.Connection) -> str:
     return conn.execute("SELECT pgtaskpy.name_of('channel')").fetchone()[0]
 
 
+def only_standbys(exc: psycopg.Error) -> bool:
+    """Whether a failed attempt reached a server, but one that target_session_attrs refuses as a
+    standby (libpq's words for read-write and primary): no primary yet, during a failover."""
+    return any(phrase in str(exc) for phrase in STANDBY_PHRASES)
+
+
 def display_name(dsn: str) -> str:
     """How logs name a database before the launcher has connected: its conninfo without the password."""
     if not dsn:
@@ -278,6 +312,8 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
     if kind == "spare_failed":
         return logging.ERROR, f"cannot open a worker backend: {event['message']}"
+    if kind == "standby":
+        return logging.INFO, "a standby (in recovery): running nothing"
     if kind == "recovered":
         return logging.WARNING, f"recovered {event['count']} task(s) of dead backends"
     if kind == "deleted_old":

@@ -48,7 +48,8 @@ CREATE TABLE @extschema@.task (
     after       bigint[],
     after_any   boolean NOT NULL DEFAULT false,
     waiting_for integer NOT NULL DEFAULT 0,
-    exclusive   boolean NOT NULL DEFAULT false
+    exclusive   boolean NOT NULL DEFAULT false,
+    target      text
     -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
@@ -67,6 +68,7 @@ COMMENT ON COLUMN @extschema@.task.after IS 'ids of the prerequisites: the task 
 COMMENT ON COLUMN @extschema@.task.after_any IS 'run once every prerequisite has ended, whatever its end state';
 COMMENT ON COLUMN @extschema@.task.waiting_for IS 'how many prerequisites have not ended yet (the scheduler counts them down)';
 COMMENT ON COLUMN @extschema@.task.exclusive IS 'start only when no other task of the database runs, and let none start while it runs';
+COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''standby'' a read-only session on the launcher''s standby';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.

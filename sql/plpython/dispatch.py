@@ -29,6 +29,7 @@ KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the nex
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
+STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
 def quote_conninfo(value):
@@ -203,6 +204,7 @@ def housekeeping(ctx, pool, events, run_limit):
         if pool["cap"] >= run_limit:
             pool["cap"] = None
     recovered = ctx.run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
+    recovered += unclaim_strays(ctx, pool)
     expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
@@ -217,6 +219,15 @@ def housekeeping(ctx, pool, events, run_limit):
         events.append({"event": "expired", "count": expired})
 
 
+def unclaim_strays(ctx, pool):
+    """Claims that carry this launcher's or an idle worker's pid but are not theirs (after a
+    failover: pgtaskpy.unclaim_strays) wait again."""
+    workers = pool["workers"].values()
+    return ctx.run("strays", "SELECT pgtaskpy.unclaim_strays($1, $2, $3) AS n", ["integer", "bigint[]", "integer[]"],
+                   [pool["pid"], [w["task"] for w in workers if w["task"] is not None],
+                    [w["pid"] for w in workers if w["task"] is None]])[0]["n"]
+
+
 def pick_worker(ctx, pool, task):
     """An idle worker for the task: the one holding its reusable session, else any."""
     idle = [(name, w) for name, w in pool["workers"].items() if w["task"] is None]
@@ -229,12 +240,20 @@ def pick_worker(ctx, pool, task):
     return new_worker(ctx, pool)
 
 
+def launcher_standby(ctx):
+    """The launcher's --standby conninfo ('' when none): a setting of its session (launcher.py)."""
+    return ctx.run("launcher_standby", "SELECT coalesce(current_setting('pgtaskpy.standby', true), '') AS s")[0]["s"]
+
+
 def new_worker(ctx, pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
     ctx.run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo(ctx)])
-    pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, 'SELECT pg_backend_pid()') AS r(p integer)",
-                  ["text"], [name])[0]["p"]
+    # The worker learns the launcher's standby (--standby) with its pid: it opens the sessions
+    # of tasks of target 'standby' there (sessions.py, open_standby).
+    pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, pg_catalog.format("
+                  "'SELECT pg_backend_pid(), pg_catalog.set_config(''pgtaskpy.standby'', %L, false)', $2))"
+                  " AS r(p integer, s text)", ["text", "text"], [name, launcher_standby(ctx)])[0]["p"]
     pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
     return name
 
@@ -307,9 +326,23 @@ def cancel_running_tasks(ctx, pool, events):
         events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
 
 
+def in_recovery(ctx):
+    """Whether this server is a standby.  A promotion is for good (a primary becomes a
+    standby only through a restart, which ends this session): once not, never asked again."""
+    if ctx.GD.get("pgtaskpy.primary"):
+        return False
+    standby = ctx.run("in_recovery", "SELECT pg_catalog.pg_is_in_recovery() AS r")[0]["r"]
+    ctx.GD["pgtaskpy.primary"] = not standby
+    return standby
+
+
 def main(plpy, GD, SD, run_limit, cancel_running):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
+    if in_recovery(ctx):
+        # A standby is read-only and its rows are the primary's, whose launcher runs them:
+        # claim, recover and start nothing here; look again soon for a promotion.
+        return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
     pool = state(ctx)
     events = []
     # Workers go on with their group's tasks only while their launcher's session

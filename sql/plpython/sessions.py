@@ -25,6 +25,15 @@ TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call
 if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
     from libpq import ConnectError, Session, conninfo_options
 
+# How far the standby a session is on is behind the primary, in seconds: 0 when it has replayed
+# the primary's WAL up to $1 (the primary's flush position when the task's session was asked for),
+# else the age of the last transaction it replayed (NULL: none since it started, or not a
+# standby).  Run as the task's owner: these functions need no privilege.
+STANDBY_LAG = ("SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL"
+               " WHEN pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_catalog.pg_lsn THEN 0"
+               " ELSE pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()"
+               " - pg_catalog.pg_last_xact_replay_timestamp()) END")
+
 # Where a worker keeps its TaskSessions in GD: they outlive the call that opened them.
 # (Code of 1.2 kept its sessions under other keys; dispatch's POOL_LAYOUT drops its workers.)
 SESSIONS_KEY = "pgtaskpy.task_sessions"
@@ -43,11 +52,12 @@ def reuses_sessions(task):
 class KeptSession:
     """The session a task runs or ran in, kept for the next task of its owner, remote and group."""
 
-    __slots__ = ("key", "session", "runs", "born", "resetting")
+    __slots__ = ("key", "session", "runs", "born", "resetting", "target")
 
-    def __init__(self, key, session):
+    def __init__(self, key, session, target=None):
         self.key = key
         self.session = session
+        self.target = target  # the target of the task it was opened for
         self.runs = 0  # tasks run in it
         self.born = time.monotonic()
         self.resetting = False  # a reset is sent and its answer not read yet
@@ -56,6 +66,7 @@ class KeptSession:
         """Whether `count`/`live` let the task run in this session."""
         return (
             self.key == session_key(task)
+            and self.target == task["target"]
             and self.session.ok
             and (task["count"] <= 0 or self.runs < task["count"])
             and (task["live_s"] <= 0 or time.monotonic() < self.born + task["live_s"])
@@ -145,7 +156,7 @@ class TaskSessions:
         """
         if self.kept is not None and self.kept.may_run(task):
             return SessionChoice(kept=self.kept, ready=True)
-        if task["remote"] is not None or reuses_sessions(task):
+        if task["remote"] is not None or task["target"] is not None or reuses_sessions(task):
             return SessionChoice()
         ahead = next((entry for entry in self.ahead if entry.owner == task["owner"]), None)
         if ahead is None or not ahead.connected():
@@ -161,13 +172,15 @@ class TaskSessions:
         self.close_kept()
         if task["remote"] is not None:
             session = self.open_remote(task)
+        elif task["target"] == "standby":
+            session = self.open_standby(task["owner"]) or Session(self.loopback_keywords(task["owner"]))
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
             session = choice.ahead.session
         else:
             session = (self.take_ahead(task["owner"], choice.fingerprint)
                        or Session(self.loopback_keywords(task["owner"])))
-        self.kept = KeptSession(session_key(task), session)
+        self.kept = KeptSession(session_key(task), session, task["target"])
         return self.kept
 
     def release(self, task):
@@ -275,6 +288,36 @@ class TaskSessions:
             "user": owner,
             "application_name": self.ctx.name_of("task"),
         }
+
+    def open_standby(self, owner):
+        """A session of `owner` in this database on the launcher's standby (--standby), read-only
+        as every session of a standby is; None when the launcher gave none, it cannot be reached,
+        it is not in recovery, or it lags more than pg_task_py.standby_max_lag: the task then
+        runs here, on the primary.  The conninfo's host, port and options are used; user,
+        password and database are the task's own, as for a session here."""
+        conninfo = self.ctx.run("standby", "SELECT pg_catalog.current_setting('pgtaskpy.standby', true) AS s")[0]["s"]
+        if not conninfo:
+            return None
+        limit = self.ctx.run("standby_limit", "SELECT pgtaskpy.standby_max_lag() AS lag,"
+                             " pg_catalog.pg_current_wal_flush_lsn()::text AS lsn")[0]
+        keywords = {"target_session_attrs": "standby", "connect_timeout": "2"}
+        keywords.update(conninfo_options(conninfo))
+        for secret_or_ours in ("password", "passfile", "user", "dbname"):
+            keywords.pop(secret_or_ours, None)
+        keywords.update(user=owner, dbname=self.loopback_keywords(owner)["dbname"],
+                        application_name=self.ctx.name_of("task"))
+        try:
+            session = Session(keywords)
+        except ConnectError:
+            return None
+        try:
+            lag = session.execute(STANDBY_LAG, [limit["lsn"]])[0][0]
+        except ConnectError:
+            lag = None
+        if lag is None or float(lag) > limit["lag"]:
+            session.close()
+            return None
+        return session
 
     def open_remote(self, task):
         """The session on `remote`, under dblink's rule for roles that are not superusers:

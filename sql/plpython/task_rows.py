@@ -10,7 +10,7 @@ LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still a
 # What a worker reads of the task it runs, from the row it took or claimed.
 TASK_COLUMNS = (
     "id, state::text AS state, worker, input, owner, remote, \"group\", hash, timeout, count, live, save,"
-    " header, string, delimiter, quote, escape, \"null\","
+    " header, string, delimiter, quote, escape, \"null\", target,"
     " extract(epoch FROM timeout)::float8 AS timeout_s,"
     " extract(epoch FROM live)::float8 AS live_s, retry"
 )
@@ -84,8 +84,9 @@ def claim_next_task(ctx, task, launcher, session_pid):
         "next",
         f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
         ["integer", "integer", "integer", "name", "text", "integer", "interval"],
-        [task["hash"], launcher if look else None, session_pid, task["owner"], task["remote"], task["count"],
-         task["live"]],
+        # (A session of a target is offered to no other task: claim_next_task does not compare targets.)
+        [task["hash"], launcher if look else None, session_pid if task["target"] is None else None, task["owner"],
+         task["remote"], task["count"], task["live"]],
     )
     return rows[0] if rows else None
 

@@ -92,6 +92,8 @@ BEGIN
             THEN 'task.retry_delay and retry_max must be at most 1000 years, without negative parts'
         WHEN NOT pgtaskpy.retry_on_is_valid(NEW.retry_on)
             THEN 'task.retry_on must hold SQLSTATEs (40001), classes (08) or *'
+        WHEN NOT (NEW.target IS NULL OR (NEW.target = 'standby' AND NEW.remote IS NULL))
+            THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
     END;
     IF violated IS NOT NULL THEN
         RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
@@ -124,7 +126,7 @@ $$;
 -- every check).  Only in a superuser's session: anyone can set the mark.
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote
     ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on'

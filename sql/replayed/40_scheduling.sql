@@ -611,13 +611,13 @@ BEGIN
         INSERT INTO @extschema@.task (
             parent, plan, active, live, repeat, timeout, count, max, delete, drift, header,
             string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
-            cron, tz, key, retry, retry_delay, retry_max, retry_on, retry_unsafe, attempt, exclusive)
+            cron, tz, key, retry, retry_delay, retry_max, retry_on, retry_unsafe, attempt, exclusive, target)
         VALUES (
             t.id, COALESCE(retry_at, next_at), t.active, t.live, t.repeat, t.timeout, t.count,
             t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
             t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
             t.cron, t.tz, t.key, t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe,
-            CASE WHEN retry_at IS NOT NULL THEN t.attempt + 1 ELSE 1 END, t.exclusive)
+            CASE WHEN retry_at IS NOT NULL THEN t.attempt + 1 ELSE 1 END, t.exclusive, t.target)
         RETURNING id INTO next_id;
         PERFORM set_config('pgtaskpy.next_run', 'off', true);
     END IF;

@@ -154,8 +154,8 @@ COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a 
 -- starts; a running one is cancelled through the backend that really runs
 -- it, found from the row the scheduler wrote (task authors cannot write
 -- state, pid or worker) and checked against the server: the task's session
--- (a backend of this database logged in as the owner) or, for a remote task,
--- its worker (a worker backend of this database, started before the task).
+-- (a backend of this database logged in as the owner) or, for a remote task
+-- or one of a target, its worker (a worker backend of this database, started before the task).
 -- SECURITY DEFINER, since those backends are not the caller's (a remote
 -- task's worker belongs to the launcher's role); so the caller's right to the
 -- task is checked here again, for its session user, as task_cancel's own
@@ -182,7 +182,8 @@ BEGIN
     IF stop_series THEN  -- the run's end inserts the next run only while repeat > 0 or cron is set
         UPDATE @extschema@.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = task_id;
     END IF;
-    IF t.remote IS NULL AND EXISTS (
+    -- (A task of target 'standby' may run on the standby, whose pids are not this server's.)
+    IF t.remote IS NULL AND t.target IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE t.pid IS NOT NULL AND a.usesysid = to_regrole(quote_ident(t.owner))
           AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())) THEN
@@ -200,7 +201,7 @@ BEGIN
             PERFORM pg_sleep(0.005);
         END LOOP;
         RETURN pg_cancel_backend(t.pid);
-    ELSIF t.remote IS NOT NULL AND pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
+    ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
     RETURN false;  -- its backend is gone: recovery ends it

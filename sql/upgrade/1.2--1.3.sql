@@ -179,3 +179,6 @@ SELECT t.owner, t."group",
 FROM @extschema@.task AS t
 WHERE t.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
 GROUP BY t.owner, t."group";
+-- Tasks that ask for a standby (column target, sql/created_once/20_table.sql).
+ALTER TABLE @extschema@.task ADD COLUMN target text;
+COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''standby'' a read-only session on the launcher''s standby';

@@ -34,6 +34,7 @@ def test_version(capsys):
     (["run", "--run", "two"], "argument --run: must be a whole number, at least 1"),
     (["run", "--grace", "-1"], "argument --grace: must be a number of seconds, 0 or more"),
     (["run", "--grace", "inf"], "argument --grace: must be a number of seconds, 0 or more"),
+    (["run", "--standby", "host"], "argument --standby: must be a libpq conninfo"),
     (["run", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
     ([], "the following arguments are required: COMMAND"),
 ])
@@ -66,6 +67,8 @@ def test_config_file_entries_follow_the_flags_and_take_them_as_defaults(tmp_path
      'entry 2: "grace" must be a number of seconds, 0 or more (got -1)'),
     ([{"dsn": "dbname=a", "run": True}], 'entry 1: "run" must be a whole number, at least 1 (got true)'),
     ([{"dsn": "dbname=a", "run": 0}], 'entry 1: "run" must be at least 1 (got 0)'),
+    ([{"dsn": "dbname=a", "standby": "password=secret host"}], 'entry 1: "standby" must be a libpq conninfo'),
+    ([{"dsn": "dbname=a", "standby": 5}], 'entry 1: "standby" must be a libpq conninfo string'),
 ])
 def test_bad_config_file_says_what_and_where_never_the_dsn(tmp_path, content, says):
     path = config(tmp_path, content)
@@ -78,3 +81,13 @@ def test_bad_config_file_says_what_and_where_never_the_dsn(tmp_path, content, sa
 def test_missing_config_file(tmp_path):
     with pytest.raises(SetupError, match="cannot read config file .*nothing.json"):
         load_settings(parse_args(["run", "--config", str(tmp_path / "nothing.json")]))
+
+
+def test_standby_flag_and_config_entry(tmp_path):
+    path = config(tmp_path, [{"dsn": "dbname=b"}, {"dsn": "dbname=c", "standby": "host=replica2"},
+                             {"dsn": "dbname=d", "standby": None}])
+    args = parse_args(["run", "--dsn", "dbname=a", "--standby", "host=replica1 port=5433", "--config", str(path)])
+    assert [(s.dsn, s.standby) for s in load_settings(args)] == [
+        ("dbname=a", "host=replica1 port=5433"), ("dbname=b", "host=replica1 port=5433"),
+        ("dbname=c", "host=replica2"), ("dbname=d", None)]
+    assert parse_args(["run"]).standby is None

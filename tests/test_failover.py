@@ -1,0 +1,345 @@
+"""Standbys and failover, against a real primary and a streaming standby made by `pg_basebackup -R`
+(testkit's ReplicatedPair): a launcher on a standby runs nothing and takes over within 2 s of a
+promotion; a launcher given every node follows the primary; what becomes of each task at a
+failover; an old primary rejoining as a standby runs nothing."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from pg_task_py_testing import Launcher, ReplicatedPair, multi_host_dsn, replicated_pair, wait_until
+
+pytestmark = pytest.mark.failover
+
+DB = "app"
+ACTIVE = "scheduling (active)"
+WAITING = "waiting for a promotion"
+# Each one-off task records its own id: a second run would violate the primary key and FAIL.
+AUDITED = "INSERT INTO audit VALUES (current_setting('pg_task.id')::bigint)"
+WORKER_GONE = "ERROR:  task worker ended before the task finished"
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    """A primary with database `app` (the extension, table audit) and its streaming standby."""
+    with replicated_pair() as pair:
+        with pair.primary.connect() as conn:
+            conn.execute(f"CREATE DATABASE {DB}")
+        with pair.primary.connect(DB) as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+            conn.execute("CREATE TABLE audit (task_id bigint PRIMARY KEY,"
+                         " ran_at timestamptz DEFAULT clock_timestamp())")
+        pair.wait_replayed()
+        launchers: list[Launcher] = []
+        pair.launchers = launchers
+        try:
+            yield pair
+        finally:
+            for launcher in launchers:
+                launcher.kill()
+
+
+def launch(pair: ReplicatedPair, dsn: str) -> Launcher:
+    launcher = Launcher(dsn, args=("--grace", "1")).start()
+    pair.launchers.append(launcher)
+    return launcher
+
+
+def wait_log(launcher: Launcher, text: str, timeout: float = 30.0, after: int = 0) -> None:
+    wait_until(lambda: text in launcher.output()[after:] or launcher.process.poll() is not None, timeout,
+               message=f"{text!r} in the launcher's log")
+    assert launcher.process.poll() is None, f"launcher exited:\n{launcher.output()}"
+
+
+def workers_on(node) -> int:
+    with node.connect(DB) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py %%'"
+                            " AND application_name <> 'pg_task_py launcher'").fetchone()[0]
+
+
+def started(launcher: Launcher, after: int = 0) -> list[str]:
+    return re.findall(r"task \d+ started", launcher.output()[after:])
+
+
+def test_a_standby_launcher_runs_nothing_and_writes_nothing(pair):
+    on_primary = launch(pair, pair.primary.dsn(DB))
+    on_standby = launch(pair, pair.standby.dsn(DB))
+    on_primary.wait_active()
+    wait_log(on_standby, WAITING)
+    with pair.primary.connect(DB) as conn:
+        ids = [conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                            [f"{AUDITED}; SELECT pg_is_in_recovery()"]).fetchone()[0] for _ in range(5)]
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state = 'DONE'").fetchone()[0] == 5, 20,
+                   message="the primary's launcher to run the tasks")
+        outputs = conn.execute("SELECT output FROM task WHERE id = ANY(%s)", [ids]).fetchall()
+    assert {output for (output,) in outputs} == {"INSERT 0 1\nf"}
+    pair.wait_replayed()
+    # The standby's launcher stayed connected, opened no worker and wrote nothing (a standby refuses writes:
+    # any attempt would have logged an error and reconnected).
+    time.sleep(1.5)  # three of its looks for a promotion
+    assert on_standby.process.poll() is None
+    assert started(on_standby) == []
+    assert workers_on(pair.standby) == 0
+    log = on_standby.output()
+    assert log.count(WAITING) == 1, log
+    assert "WARNING" not in log and "ERROR" not in log and ACTIVE not in log, log
+    # dispatch() itself, called on a standby, claims nothing and answers "standby".
+    with pair.standby.connect(DB) as conn:
+        events, wake_in, running = conn.execute("SELECT * FROM pgtaskpy.dispatch(10)").fetchone()
+    assert (events, running) == ([{"event": "standby"}], 0) and 0 < wake_in <= 1
+    # A waiting launcher stops at once, cleanly.
+    assert on_standby.stop(timeout=5) == 0
+    assert on_standby.output().rstrip().endswith("stopped"), on_standby.output()
+
+
+@pytest.mark.parametrize("mode, rejoin", [("fast", "base backup"), ("immediate", "pg_rewind")])
+def test_failover_takes_over_within_2_s_and_loses_nothing(pair, mode, rejoin):
+    old_primary = pair.primary
+    on_primary = launch(pair, pair.primary.dsn(DB))
+    on_standby = launch(pair, pair.standby.dsn(DB))
+    on_primary.wait_active()
+    wait_log(on_standby, WAITING)
+    with pair.primary.connect(DB) as conn:
+        running = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                               ["SELECT pg_sleep(60)"]).fetchone()[0]
+        wait_until(lambda: conn.execute("SELECT state::text FROM task WHERE id = %s", [running]).fetchone()[0]
+                   == "WORK", 20, message="the long task to run")
+        # A task claimed by the old primary's launcher that no worker had taken yet (TAKE, its claimer's pid).
+        claimer = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'pg_task_py launcher'"
+                               ).fetchone()[0]
+        claimed = conn.execute("INSERT INTO task (input, state, worker, delete) VALUES (%s, 'TAKE', %s, false)"
+                               " RETURNING id", [AUDITED, claimer]).fetchone()[0]
+        series = conn.execute("INSERT INTO task (input, repeat, \"group\", delete, data)"
+                              " VALUES ('SELECT 1', '0.5 s', 'series', false, 'series') RETURNING id").fetchone()[0]
+        waiting = [conn.execute("INSERT INTO task (input, plan, delete) VALUES (%s, now() + %s * interval '1 s',"
+                                " false) RETURNING id", [AUDITED, seconds]).fetchone()[0] for seconds in (5, 7)]
+        backlog = [conn.execute("INSERT INTO task (input, \"group\", max, delete) VALUES (%s, 'backlog', 0, false)"
+                                " RETURNING id", [f"{AUDITED}; SELECT pg_sleep(0.05)"]).fetchone()[0]
+                   for _ in range(20)]
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE parent = %s", [series]).fetchone()[0], 10,
+                   message="the series' next run")
+    pair.wait_replayed()
+    pair.fail_over(mode)
+    promoted = time.monotonic()
+    wait_log(on_standby, ACTIVE, timeout=10)
+    took_over = time.monotonic() - promoted
+    assert took_over < 2.0, (took_over, on_standby.output())
+
+    with pair.primary.connect(DB) as conn:
+        def state(task_id: int) -> str:
+            return conn.execute("SELECT state::text FROM task WHERE id = %s", [task_id]).fetchone()[0]
+
+        def ended(task_id: int) -> bool:
+            return state(task_id) not in ("PLAN", "TAKE", "WORK")
+        ids = [running, claimed, *waiting, *backlog]
+        wait_until(lambda: all(ended(task_id) for task_id in ids), 30, 0.1,
+                   f"every task to end; launcher's log:\n{on_standby.output()[-3000:]}")
+        # Running when the primary died: may have run in part, so not again (at most once): FAIL.
+        row = conn.execute("SELECT state::text, error FROM task WHERE id = %s", [running]).fetchone()
+        assert row[0] == "FAIL" and row[1].startswith(WORKER_GONE), row
+        # Claimed but not started: it runs, once.
+        assert state(claimed) == "DONE"
+        # Waiting ones run on time, and every one-off task ran exactly once.
+        for task_id in waiting:
+            late = conn.execute("SELECT extract(epoch FROM a.ran_at - t.plan) FROM task t JOIN audit a"
+                                " ON a.task_id = t.id WHERE t.id = %s", [task_id]).fetchone()
+            assert late is not None and 0 <= late[0] < 2, (task_id, late)
+        # Every other task ran once (a second run would have hit audit's key); one of the backlog (one at a
+        # time) may have been running too, and ends as the long one did.
+        failed = conn.execute("SELECT id, error FROM task WHERE id = ANY(%s) AND state <> 'DONE'", [ids]).fetchall()
+        assert running in [task_id for task_id, _ in failed] and len(failed) <= 2, failed
+        assert all(error.startswith(WORKER_GONE) for _, error in failed), failed
+        unaudited = conn.execute("SELECT count(*) FROM task t WHERE t.id = ANY(%s) AND t.state = 'DONE'"
+                                 " AND NOT EXISTS (SELECT FROM audit a WHERE a.task_id = t.id)", [ids]).fetchone()[0]
+        assert unaudited == 0
+        # The series goes on with exactly one next run at any time, never two after one run.
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE data = 'series' AND state = 'DONE'"
+                                        " AND stop > now() - interval '1 s'").fetchone()[0], 10,
+                   message="the series to run on the new primary")
+        twice = conn.execute("SELECT parent FROM task WHERE data = 'series' AND parent IS NOT NULL"
+                             " GROUP BY parent HAVING count(*) > 1").fetchall()
+        assert twice == []
+        conn.execute("UPDATE task SET state = 'STOP' WHERE data = 'series' AND state = 'PLAN'")
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                                        ).fetchone()[0] == 0, 10, message="nothing left in PLAN, TAKE or WORK")
+        assert conn.execute("SELECT count(*) FROM task WHERE data = 'series' AND state = 'STOP'").fetchone()[0] == 1
+
+    # The old primary rejoins as a standby of the new one: its launcher reconnects and runs nothing.
+    mark = len(on_primary.output())
+    pair.rejoin("pg_rewind" if rejoin == "pg_rewind" else "base backup")
+    assert pair.standby is old_primary and old_primary.in_recovery()
+    wait_log(on_primary, WAITING, timeout=30, after=mark)
+    with pair.primary.connect(DB) as conn:
+        after = [conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                              [AUDITED]).fetchone()[0] for _ in range(5)]
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE id = ANY(%s) AND state = 'DONE'",
+                                        [after]).fetchone()[0] == 5, 20, message="the new primary to run them")
+    pair.wait_replayed()
+    assert started(on_primary, after=mark) == []
+    assert workers_on(old_primary) == 0
+    assert on_primary.stop() == 0 and on_standby.stop() == 0
+
+
+def test_a_launcher_given_every_node_follows_the_primary(pair):
+    dsn = multi_host_dsn([pair.primary, pair.standby], DB, target_session_attrs="read-write")
+    launcher = launch(pair, dsn)
+    launcher.wait_active()
+    where = "SELECT current_setting('port') || ' ' || pg_is_in_recovery()"
+    with pair.primary.connect(DB) as conn:
+        first = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id", [where]).fetchone()[0]
+        wait_until(lambda: conn.execute("SELECT state = 'DONE' FROM task WHERE id = %s", [first]).fetchone()[0], 20,
+                   message="the first task")
+        output = conn.execute("SELECT output FROM task WHERE id = %s", [first]).fetchone()[0]
+        assert output == f"{pair.primary.port} false"
+    pair.wait_replayed()
+    mark = len(launcher.output())
+    pair.fail_over("immediate")
+    wait_log(launcher, ACTIVE, timeout=30, after=mark)
+    with pair.primary.connect(DB) as conn:
+        # Worker backends and task sessions are the new primary's: the task runs there, supervised there.
+        second = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                              [f"{where} FROM pg_sleep(1)"]).fetchone()[0]
+        worker = wait_until(lambda: conn.execute("SELECT worker FROM task WHERE id = %s AND state = 'WORK'",
+                                                 [second]).fetchone(), 20, message="the task to run")[0]
+        app = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", [worker]).fetchone()
+        assert app == ("pg_task_py worker",)
+        wait_until(lambda: conn.execute("SELECT state = 'DONE' FROM task WHERE id = %s", [second]).fetchone()[0], 20,
+                   message="the task to end")
+        assert conn.execute("SELECT output FROM task WHERE id = %s", [second]).fetchone()[0] == \
+            f"{pair.primary.port} false"
+    assert launcher.stop() == 0, launcher.output()
+
+
+def test_a_standby_without_the_extension_is_refused_as_a_primary_is(pair):
+    """CREATE EXTENSION replicates: a database without it is refused on a standby as on a primary."""
+    with pair.primary.connect() as conn:
+        conn.execute("CREATE DATABASE bare")
+    pair.wait_replayed()
+    launcher = launch(pair, pair.standby.dsn("bare"))
+    assert launcher.process.wait(30) == 1
+    assert "the pg_task_py extension is not installed in this database" in launcher.output()
+
+
+# --- target = 'standby' ------------------------------------------------------------------------
+
+def wait_task(node, task_id: int, timeout: float = 20.0) -> dict:
+    """The task's row on `node` once it has ended."""
+    with node.connect(DB) as conn:
+        def ended():
+            cursor = conn.execute("SELECT state::text AS state, output, error FROM task WHERE id = %s"
+                                  " AND state NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id])
+            row = cursor.fetchone()
+            return dict(zip([d.name for d in cursor.description], row)) if row else None
+        return wait_until(ended, timeout, message=f"task {task_id} to end")
+
+
+def insert(node, input: str, **columns: object) -> int:
+    names = ", ".join(["input", "delete", *(f'"{name}"' for name in columns)])
+    marks = ", ".join(["%s"] * (2 + len(columns)))
+    with node.connect(DB) as conn:
+        return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
+                            [input, False, *columns.values()]).fetchone()[0]
+
+
+WHERE = "SELECT pg_is_in_recovery()"
+
+
+def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_primary(pair):
+    launcher = Launcher(pair.primary.dsn(DB), args=("--standby", f"host={pair.standby.socket_dir} "
+                                                    f"port={pair.standby.port}")).start()
+    pair.launchers.append(launcher)
+    launcher.wait_active()
+    # On the standby: its session is in recovery; a write fails with PostgreSQL's read-only error.
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+    assert wait_task(pair.primary, insert(pair.primary, WHERE))["output"] == "f"
+    write = wait_task(pair.primary, insert(pair.primary, "INSERT INTO audit VALUES (1)", target="standby"))
+    assert write["state"] == "FAIL"
+    assert write["error"].startswith("ERROR:  cannot execute INSERT in a read-only transaction"), write
+    # task_cancel reaches its query there (through its worker: the pid is the standby's).
+    sleeper = insert(pair.primary, "SELECT pg_sleep(30)", target="standby")
+    with pair.primary.connect(DB) as conn:
+        wait_until(lambda: conn.execute("SELECT state = 'WORK' FROM task WHERE id = %s", [sleeper]).fetchone()[0],
+                   10, message="the sleeper to run")
+        assert conn.execute("SELECT task_cancel(%s)", [sleeper]).fetchone()[0] is True
+    cancelled = wait_task(pair.primary, sleeper)
+    assert cancelled["error"].startswith("ERROR:  canceling statement due to user request"), cancelled
+    # Groups whose worker goes on with its next tasks in a reused session (count): a group of standby
+    # tasks stays on the standby; in a group of both kinds, a task without target never runs there.
+    with pair.primary.connect(DB) as conn:
+        def group_of(group: str, targets: list) -> list[int]:
+            return [conn.execute("INSERT INTO task (input, \"group\", count, target, delete) VALUES (%s, %s, 10, %s,"
+                                 " false) RETURNING id", [WHERE, group, target]).fetchone()[0] for target in targets]
+        reports = group_of("reports", ["standby"] * 5)
+        mixed = group_of("mixed", ["standby", "standby", None, "standby", None, None, "standby"])
+    assert [wait_task(pair.primary, task_id)["output"] for task_id in reports] == ["t"] * 5
+    outputs = [wait_task(pair.primary, task_id)["output"] for task_id in mixed]
+    assert [outputs[i] for i in (2, 4, 5)] == ["f"] * 3 and outputs[:2] == ["t", "t"], outputs
+    # A repeating task keeps its target in every run.
+    series = insert(pair.primary, WHERE, target="standby", repeat="0.2 s")
+    with pair.primary.connect(DB) as conn:
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE parent = %s AND state = 'DONE'",
+                                        [series]).fetchone()[0], 10, message="the series' second run")
+        assert conn.execute("SELECT DISTINCT target, output FROM task WHERE (id = %s OR parent = %s)"
+                            " AND state = 'DONE'", [series, series]).fetchall() == [("standby", "t")]
+        conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
+
+    # The standby stopped: its tasks run on the primary.
+    pair.standby.stop("fast")
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "f"
+    pair.standby.start()
+    pair.wait_streaming()
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+
+    # The standby lags more than pg_task_py.standby_max_lag: on the primary, until it catches up.
+    with pair.primary.connect(DB) as conn:
+        conn.execute(f"ALTER DATABASE {DB} SET pg_task_py.standby_max_lag = '1 s'")
+    pair.wait_replayed()
+    with pair.standby.connect(DB) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+        with pair.primary.connect(DB) as primary:
+            primary.execute("INSERT INTO audit VALUES (2)")
+        time.sleep(1.5)  # the last transaction the standby replayed is now older than 1 s
+        assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "f"
+        conn.execute("SELECT pg_wal_replay_resume()")
+    pair.wait_replayed()
+    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+    assert launcher.stop() == 0, launcher.output()
+    assert "Traceback" not in launcher.output()
+
+
+def test_target_is_null_or_standby(db):
+    for bad, columns in (("primary", {}), ("Standby", {}), ("standby", {"remote": "host=elsewhere"})):
+        with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):
+            db.insert("SELECT 1", target=bad, **columns)
+    task_id = db.insert("SELECT 1", target="standby")
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):
+        db.sql("UPDATE task SET target = 'replica' WHERE id = %s", [task_id])
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):
+        db.sql("UPDATE task SET remote = 'host=elsewhere' WHERE id = %s", [task_id])
+    assert db.value("SELECT count(*) FROM task") == 1
+
+
+def test_target_standby_without_a_standby_runs_on_the_primary(running):
+    """A launcher without --standby: a task of target 'standby' runs where its table is."""
+    assert running.wait_done(running.insert(WHERE, target="standby"))["output"] == "f"
+
+
+def test_a_claim_from_the_old_primary_with_a_pid_alive_here_runs(running):
+    """After a failover between machines (or containers) a replicated claim (TAKE) may carry the pid
+    of a scheduler backend alive on the new primary: the launcher or an idle worker of that pid
+    knows the claim is not its own, and the task runs.  (The rows are written as the failover
+    leaves them; pids of one machine cannot collide.)"""
+    wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                                     " 'pg_task_py worker' AND state = 'idle'"), 10, message="an idle spare worker")
+    launcher_pid, worker_pid = (
+        running.value("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+        for name in ("pg_task_py launcher", "pg_task_py worker"))
+    ids = [running.value("INSERT INTO task (input, state, worker, delete) VALUES ('SELECT 42', 'TAKE', %s, false)"
+                         " RETURNING id", [pid]) for pid in (launcher_pid, worker_pid)]
+    for task_id in ids:
+        row = running.wait_done(task_id, timeout=10)
+        assert (row["state"], row["output"]) == ("DONE", "42"), row

@@ -1,0 +1,21 @@
+"""The launcher's reading of a failed connection during a failover, in process: no server."""
+
+import psycopg
+from pg_task_py.launcher import describe, is_fatal, only_standbys
+
+# libpq's message for a multi-host conninfo with target_session_attrs=read-write while the primary is
+# down and the standby not yet promoted (as psycopg reports it).
+NO_PRIMARY_YET = ('connection is bad: connection to server on socket "/run/a/.s.PGSQL.5432" failed: No such file or'
+                  ' directory\n\tIs the server running locally and accepting connections on that socket?\n'
+                  'connection to server on socket "/run/b/.s.PGSQL.5432" failed: session is read-only')
+
+
+def test_a_standby_refused_by_target_session_attrs_is_retried_soon_and_not_fatal():
+    error = psycopg.OperationalError(NO_PRIMARY_YET)
+    assert only_standbys(error) and not is_fatal(error)
+    assert only_standbys(psycopg.OperationalError("connection to server failed: server is in hot standby mode"))
+    assert not only_standbys(psycopg.OperationalError('connection to server failed: No such file or directory'))
+
+
+def test_the_standby_answer_of_dispatch_has_a_line():
+    assert describe({"event": "standby"})[1] == "a standby (in recovery): running nothing"
