@@ -159,9 +159,11 @@ class ReplicatedPair:
         wait_until(streaming, timeout, 0.05, f"{node.name} to stream; its log:\n{node.log_tail()}")
 
     def wait_replayed(self, timeout: float = 30.0) -> None:
-        """Wait until the standby has replayed everything the primary has written so far."""
+        """Wait until the standby has replayed everything the primary has written so far: up to its
+        WAL insert position, since with synchronous_commit off a commit returns before its WAL is
+        written (the write position would leave the last commits out)."""
         with self.primary.connect() as conn:
-            lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            lsn = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
 
         def replayed() -> bool:
             with self.standby.connect() as conn:
