@@ -270,7 +270,8 @@ BEGIN
     END IF;
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
        AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
-       AND claimed.count = session_count AND claimed.live = session_live THEN
+       AND claimed.count = session_count AND claimed.live = session_live
+       AND claimed.target IS NULL THEN  -- (workers offer only sessions here: a standby task opens its own)
         claimed := pgtaskpy.start_task(claimed.id, NULL, session_pid);
     ELSE
         UPDATE @extschema@.task AS t SET state = 'TAKE', worker = pg_backend_pid() WHERE t.id = claimed.id
