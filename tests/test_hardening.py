@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pg_task_py_testing import Launcher, wait_until
+from pg_task_py_testing import Launcher, insert_as, wait_until
 
 SCHEDULER_COLUMNS = {"start": "now()", "stop": "now()", "pid": "1", "worker": "1", "output": "'x'",
                      "error": "'x'", "notice": "'x'"}
@@ -27,13 +27,6 @@ def authors(running):
         running.sql(f"ALTER ROLE {role} RESET ALL")
         running.sql(f"DROP OWNED BY {role}")
         running.sql(f"DROP ROLE {role}")
-
-
-def insert_as(conn, input, **columns):
-    names = ", ".join(["input", *(f'"{name}"' for name in columns)])
-    marks = ", ".join(["%s"] * (1 + len(columns)))
-    return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
-                        [input, *columns.values()]).fetchone()[0]
 
 
 def wait_state(db, task_id, state, timeout=20.0):

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import LAUNCHER, Launcher, throwaway_cluster, wait_until
+from pg_task_py_testing import LAUNCHER, Launcher, insert_as, throwaway_cluster, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 ROLES = ("ops_alice", "ops_bob")
@@ -34,13 +34,6 @@ def authors(running):
         running.sql(f"ALTER ROLE {role} RESET ALL")
         running.sql(f"DROP OWNED BY {role}")
         running.sql(f"DROP ROLE {role}")
-
-
-def insert_as(conn, input, **columns):
-    names = ", ".join(["input", *(f'"{name}"' for name in columns)])
-    marks = ", ".join(["%s"] * (1 + len(columns)))
-    return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
-                        [input, *columns.values()]).fetchone()[0]
 
 
 def stats(conn, group=None):

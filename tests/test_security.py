@@ -2,7 +2,7 @@
 
 import psycopg
 import pytest
-from pg_task_py_testing import Launcher, most_at_once, wait_until
+from pg_task_py_testing import Launcher, insert_as, most_at_once, wait_until
 
 
 @pytest.fixture
@@ -19,13 +19,6 @@ def roles(running):
     for role in ("alice", "bob"):
         running.sql(f"DROP OWNED BY {role}")
         running.sql(f"DROP ROLE {role}")
-
-
-def insert_as(conn, input, **columns):
-    names = ", ".join(["input", *columns])
-    marks = ", ".join(["%s"] * (1 + len(columns)))
-    return conn.execute(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
-                        [input, *columns.values()]).fetchone()[0]
 
 
 @pytest.mark.parametrize(

@@ -41,11 +41,7 @@ class Database:
         return rows[0][0] if rows else None
 
     def insert(self, input: str, **columns: object) -> int:
-        names = ["input", *columns]
-        quoted = ", ".join(f'"{name}"' for name in names)
-        marks = ", ".join(["%s"] * len(names))
-        return self.value(f"INSERT INTO task ({quoted}) VALUES ({marks}) RETURNING id",
-                          [input, *columns.values()])
+        return insert_as(self.conn, input, **columns)
 
     def task(self, task_id: int) -> dict | None:
         cursor = self.conn.execute("SELECT * FROM task WHERE id = %s", [task_id])
@@ -83,6 +79,15 @@ class Database:
         if wait:
             launcher.wait_active()
         return launcher
+
+
+def insert_as(conn: psycopg.Connection, input: str, **columns: object) -> int:
+    """INSERT a task with these columns through `conn` (as its role), returning its id."""
+    names = ["input", *columns]
+    quoted = ", ".join(f'"{name}"' for name in names)
+    marks = ", ".join(["%s"] * len(names))
+    return conn.execute(f"INSERT INTO task ({quoted}) VALUES ({marks}) RETURNING id",
+                        [input, *columns.values()]).fetchone()[0]
 
 
 _names = itertools.count()
