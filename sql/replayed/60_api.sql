@@ -188,16 +188,17 @@ BEGIN
         WHERE t.pid IS NOT NULL AND a.usesysid = to_regrole(quote_ident(t.owner))
           AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())) THEN
         -- A task just marked WORK may not have its input in its session yet (the
-        -- worker sends it right after that commit), and a cancel of an idle
-        -- backend is lost: wait until the session runs the input, or ran it
-        -- last (its query a prefix of the input: the view truncates), a second
-        -- at most.  (The task's end waits for this transaction's row lock, so
-        -- it cannot slip by; the view is a snapshot until cleared.)
+        -- worker sends it right after that commit), and a cancel that reaches
+        -- the session before it, even while it runs the short statement that
+        -- prepares it, is lost: wait until the session runs the input, or ran
+        -- it last (its query a prefix of the input: the view truncates), a
+        -- second at most.  (The task's end waits for this transaction's row
+        -- lock, so it cannot slip by; the view is a snapshot until cleared.)
         FOR attempt IN 1..200 LOOP
             PERFORM pg_stat_clear_snapshot();
             EXIT WHEN NOT EXISTS (
                 SELECT FROM pg_stat_get_activity(t.pid) AS a
-                WHERE a.state = 'idle' AND (a.query = '' OR NOT starts_with(t.input, a.query)));
+                WHERE a.query = '' OR NOT starts_with(t.input, a.query));
             PERFORM pg_sleep(0.005);
         END LOOP;
         RETURN pg_cancel_backend(t.pid);
