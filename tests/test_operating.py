@@ -59,6 +59,9 @@ def test_task_stats_of_a_scripted_workload(running, authors):
     alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [stopped])
     alice.execute("SELECT task_pause('late')")
     late = insert_as(alice, "SELECT 1", group="late", plan=running.value("SELECT now() - interval '90 s'"))
+    # Waiting for a prerequisite: never due, whatever its plan.
+    blocked = insert_as(alice, "SELECT 1", group="late", plan=running.value("SELECT now() - interval '900 s'"),
+                        after=[later])
     bobs = insert_as(bob, "SELECT 1", group="bobs", delete=False)
     for task_id in [*done, *failed, bobs]:
         running.wait_done(task_id)
@@ -76,9 +79,9 @@ def test_task_stats_of_a_scripted_workload(running, authors):
     assert work["paused"] is False and work["oldest_due_lateness"] is None
 
     lagging = stats(alice, ("ops_alice", "late"))
-    assert lagging["paused"] is True and lagging["due"] == 1
+    assert lagging["paused"] is True and (lagging["due"], lagging["later"]) == (1, 1)
     assert timedelta(seconds=90) <= lagging["oldest_due_lateness"] < timedelta(seconds=200)
-    assert states(running, [late, later]) == ["PLAN", "PLAN"]
+    assert states(running, [late, later, blocked]) == ["PLAN", "PLAN", "PLAN"]
 
     # Row-level security: each role sees its own groups; an admin sees everyone's.
     assert set(stats(alice)) == {("ops_alice", "work"), ("ops_alice", "late")}

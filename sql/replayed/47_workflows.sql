@@ -24,7 +24,10 @@
 -- enable_seqscan off: these functions look rows up by id, and keep their plans
 -- for the backend's life; a plan made while the table was small (a bulk
 -- INSERT into an empty table, a new worker) would scan the whole table on
--- every later call.
+-- every later call.  plan_cache_mode force_generic_plan: the generic plan of
+-- a lookup by an array of ids looks dearer than a custom one (ten ids
+-- guessed, not one), so without it PostgreSQL plans each statement again on
+-- every call, which cost a link of a chain 0.7 ms (bench/RESULTS.md).
 
 -- The lock on a prerequisite's id: one of 1,024 keys (4 mod 8, apart from the
 -- scheduling (0), owner (odd) and series (2 mod 4) locks of the extension's
@@ -56,7 +59,7 @@ AS $$ SELECT pg_catalog.pg_advisory_xact_lock_shared(
 -- prerequisite that already ended FAIL, GONE or STOP makes the task STOP at
 -- once (unless after_any), as its end would have.  Runs as the inserting role.
 CREATE FUNCTION pgtaskpy.check_prerequisites() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     missing bigint;
@@ -106,7 +109,7 @@ $$;
 -- the inserting role, that it may name these tasks; the locks it took keep
 -- their states as it counted them).
 CREATE FUNCTION pgtaskpy.record_prerequisites() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     INSERT INTO pgtaskpy.pending_prerequisite (prerequisite, dependent)
@@ -141,7 +144,7 @@ $$;
 CREATE FUNCTION pgtaskpy.resolve_dependents(
     task_id bigint, end_state @extschema@.state, going_on integer DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ended bigint[] := ARRAY[task_id];
@@ -157,6 +160,8 @@ BEGIN
             DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = ended[i] RETURNING e.dependent)
         SELECT array_agg(taken.dependent ORDER BY taken.dependent) INTO dependents FROM taken;
         IF dependents IS NOT NULL THEN
+            -- (the scheduler's own plan: the row checks are skipped, as for a next run)
+            PERFORM set_config('pgtaskpy.next_run', 'on', true);
             WITH counted AS (
                 UPDATE @extschema@.task AS d
                 SET waiting_for = d.waiting_for - 1,
@@ -169,6 +174,7 @@ BEGIN
             SELECT released + count(*) FILTER (WHERE counted.waiting_for = 0
                                                  AND (i > 1 OR counted.hash IS DISTINCT FROM going_on OR counted.max > 0))
             INTO released FROM counted;
+            PERFORM set_config('pgtaskpy.next_run', 'off', true);
             IF ended_as[i] <> 'ended DONE' THEN  -- (else nothing to stop)
                 -- (the stop of a dependent is not a user's STOP: task_prerequisite_stopped
                 -- leaves it to this loop)
@@ -207,7 +213,7 @@ $$;
 -- calls this in place of resolve_dependents for such a run.  `after` of each
 -- dependent names the retry from then on.
 CREATE FUNCTION pgtaskpy.pass_dependents_on(from_task bigint, to_task bigint) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     PERFORM pgtaskpy.lock_prerequisite(from_task);

@@ -405,7 +405,7 @@ AS $$
         'groups', (SELECT COALESCE(json_agg(json_build_array(d.owner, d."group", d.due, d.oldest)), '[]')
                    FROM (SELECT t.owner, t."group", count(*) AS due,
                                 extract(epoch FROM now() - min(t.plan))::float8 AS oldest
-                         FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.plan <= now()
+                         FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
                          GROUP BY t.owner, t."group") AS d),
         'lags', (SELECT COALESCE(json_agg(l.lag), '[]')
                  FROM (SELECT extract(epoch FROM f.start - f.plan)::float8 AS lag
@@ -420,32 +420,49 @@ $$;
 
 -- --- The view ---------------------------------------------------------------
 
--- Marks a query that must not start parallel workers (PARALLEL UNSAFE; folded
--- away as a constant): for a role that row-level security filters, the
--- planner would start workers for task_stats, and starting them costs more
--- than the whole answer.
-CREATE FUNCTION pgtaskpy.serial_plan() RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL UNSAFE
-AS $$ SELECT true $$;
-
--- One row a (owner, group) the caller may see (security_invoker: row-level
+-- One row a (owner, group) the caller may see (SECURITY INVOKER: row-level
 -- security applies to every table read).  Waiting and running tasks are read
 -- from their small indexes, the last hour's ends from the stop index, totals
 -- from group_counts and the changes not yet added to it: the cost does not
 -- grow with the finished rows kept.  Groups are compared byte by byte
 -- (COLLATE "C"): sorting and hashing a thousand group names by the
 -- database's collation cost more than the rest.
-CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
+--
+-- A function behind the view, for its settings: under row-level security
+-- the planner may not use the task table's statistics (enum_eq is not
+-- leakproof), guesses a hundred thousand rows where there are a thousand,
+-- and would compile the query (JIT: 70 ms) or start parallel workers, either
+-- costing more than the whole answer.  PL/pgSQL keeps the plan for the
+-- session.
+CREATE FUNCTION pgtaskpy.group_stats()
+RETURNS TABLE (
+    owner name, "group" text, due bigint, later bigint, running bigint,
+    done_1h bigint, fail_1h bigint, gone_1h bigint, stop_1h bigint,
+    done_total bigint, fail_total bigint, gone_total bigint, stop_total bigint,
+    oldest_due_lateness interval, run_time_p50 interval, run_time_p95 interval,
+    start_lag_p50 interval, start_lag_p95 interval,
+    last_success timestamptz, last_failure timestamptz, last_error text, paused boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp SET jit = off SET max_parallel_workers_per_gather = 0
+AS $$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
 WITH active AS (
     SELECT a.owner, a."group",
-           count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS due,
-           count(*) FILTER (WHERE a.state = 'PLAN' AND a.plan > now()) AS later,
+           count(*) FILTER (WHERE a.state = 'PLAN' AND a.runnable AND a.plan <= now()) AS due,
+           count(*) FILTER (WHERE a.state = 'PLAN' AND NOT (a.runnable AND a.plan <= now())) AS later,
            count(*) FILTER (WHERE a.state <> 'PLAN') AS running,
-           now() - min(a.plan) FILTER (WHERE a.state = 'PLAN' AND a.plan <= now()) AS oldest_due_lateness
-    FROM (SELECT w.owner, w."group" COLLATE "C" AS "group", w.state, w.plan
-          FROM @extschema@.task AS w WHERE w.state = 'PLAN'
+           now() - min(a.plan) FILTER (WHERE a.state = 'PLAN' AND a.runnable AND a.plan <= now()) AS oldest_due_lateness
+    -- (three parts, each read from its partial index; a task waiting for
+    -- prerequisites is never due, whatever its plan: it counts as later)
+    FROM (SELECT w.owner, w."group" COLLATE "C" AS "group", w.state, w.plan, true AS runnable
+          FROM @extschema@.task AS w WHERE w.state = 'PLAN' AND w.waiting_for = 0
           UNION ALL
-          SELECT r.owner, r."group" COLLATE "C", r.state, r.plan
+          SELECT b.owner, b."group" COLLATE "C", b.state, b.plan, false
+          FROM @extschema@.task AS b WHERE b.state = 'PLAN' AND b.waiting_for > 0
+          UNION ALL
+          SELECT r.owner, r."group" COLLATE "C", r.state, r.plan, true
           FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
     GROUP BY a.owner, a."group"
 ), hour AS (
@@ -482,57 +499,32 @@ WITH active AS (
            c.last_success, c.last_failure, c.last_error
     FROM pgtaskpy.group_counts AS c
 ), pauses AS (
-    SELECT p.owner, p."group" COLLATE "C" AS "group" FROM pgtaskpy.group_pause AS p
+    SELECT p.owner, p."group" COLLATE "C" AS "group", true AS paused FROM pgtaskpy.group_pause AS p
 )
--- One row a group from each part that has it, then one aggregation: cheaper
--- than joining the parts (each column has a value in one part only).
-SELECT u.owner, u."group" COLLATE "default" AS "group",
-       COALESCE(max(u.due), 0) AS due, COALESCE(max(u.later), 0) AS later, COALESCE(max(u.running), 0) AS running,
-       COALESCE(max(u.done_1h), 0) AS done_1h, COALESCE(max(u.fail_1h), 0) AS fail_1h,
-       COALESCE(max(u.gone_1h), 0) AS gone_1h, COALESCE(max(u.stop_1h), 0) AS stop_1h,
-       (COALESCE(max(u.done), 0) + COALESCE(max(u.pending_done), 0))::bigint AS done_total,
-       (COALESCE(max(u.fail), 0) + COALESCE(max(u.pending_fail), 0))::bigint AS fail_total,
-       (COALESCE(max(u.gone), 0) + COALESCE(max(u.pending_gone), 0))::bigint AS gone_total,
-       (COALESCE(max(u.stop), 0) + COALESCE(max(u.pending_stop), 0))::bigint AS stop_total,
-       max(u.oldest_due_lateness) AS oldest_due_lateness,
-       max(u.run_time_p50) AS run_time_p50, max(u.run_time_p95) AS run_time_p95,
-       max(u.start_lag_p50) AS start_lag_p50, max(u.start_lag_p95) AS start_lag_p95,
-       greatest(max(u.last_success), max(u.pending_last_success)) AS last_success,
-       greatest(max(u.last_failure), max(u.pending_last_failure)) AS last_failure,
-       CASE WHEN max(u.pending_last_failure) >= max(u.last_failure) OR max(u.last_failure) IS NULL
-            THEN COALESCE(max(u.pending_last_error), max(u.last_error)) ELSE max(u.last_error) END AS last_error,
-       bool_or(u.paused) AS paused
-FROM (SELECT a.owner, a."group", a.due, a.later, a.running, a.oldest_due_lateness,
-             NULL::bigint AS done_1h, NULL::bigint AS fail_1h, NULL::bigint AS gone_1h, NULL::bigint AS stop_1h,
-             NULL::interval AS run_time_p50, NULL::interval AS run_time_p95,
-             NULL::interval AS start_lag_p50, NULL::interval AS start_lag_p95,
-             NULL::bigint AS done, NULL::bigint AS fail, NULL::bigint AS gone, NULL::bigint AS stop,
-             NULL::timestamptz AS last_success, NULL::timestamptz AS last_failure, NULL::text AS last_error,
-             NULL::numeric AS pending_done, NULL::numeric AS pending_fail, NULL::numeric AS pending_gone,
-             NULL::numeric AS pending_stop, NULL::timestamptz AS pending_last_success,
-             NULL::timestamptz AS pending_last_failure, NULL::text AS pending_last_error, false AS paused
-      FROM active AS a
-      UNION ALL
-      SELECT h.owner, h."group", NULL, NULL, NULL, NULL, h.done_1h, h.fail_1h, h.gone_1h, h.stop_1h,
-             h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
-             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
-      FROM hour AS h
-      UNION ALL
-      SELECT c.owner, c."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-             c.done, c.fail, c.gone, c.stop, c.last_success, c.last_failure, c.last_error,
-             NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
-      FROM counts AS c
-      UNION ALL
-      SELECT d.owner, d."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-             NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-             d.done, d.fail, d.gone, d.stop, d.last_success, d.last_failure, d.last_error, false
-      FROM pending AS d
-      UNION ALL
-      SELECT p.owner, p."group", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
-      FROM pauses AS p) AS u
-WHERE pgtaskpy.serial_plan()
-GROUP BY u.owner, u."group";
+SELECT owner, "group" COLLATE "default" AS "group",
+       COALESCE(a.due, 0) AS due, COALESCE(a.later, 0) AS later, COALESCE(a.running, 0) AS running,
+       COALESCE(h.done_1h, 0) AS done_1h, COALESCE(h.fail_1h, 0) AS fail_1h,
+       COALESCE(h.gone_1h, 0) AS gone_1h, COALESCE(h.stop_1h, 0) AS stop_1h,
+       (COALESCE(c.done, 0) + COALESCE(d.done, 0))::bigint AS done_total,
+       (COALESCE(c.fail, 0) + COALESCE(d.fail, 0))::bigint AS fail_total,
+       (COALESCE(c.gone, 0) + COALESCE(d.gone, 0))::bigint AS gone_total,
+       (COALESCE(c.stop, 0) + COALESCE(d.stop, 0))::bigint AS stop_total,
+       a.oldest_due_lateness, h.run_time_p50, h.run_time_p95, h.start_lag_p50, h.start_lag_p95,
+       greatest(c.last_success, d.last_success) AS last_success,
+       greatest(c.last_failure, d.last_failure) AS last_failure,
+       CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL
+            THEN COALESCE(d.last_error, c.last_error) ELSE c.last_error END AS last_error,
+       COALESCE(p.paused, false) AS paused
+FROM counts AS c
+FULL JOIN active AS a USING (owner, "group")
+FULL JOIN hour AS h USING (owner, "group")
+FULL JOIN pending AS d USING (owner, "group")
+FULL JOIN pauses AS p USING (owner, "group");
+END
+$$;
+
+CREATE OR REPLACE VIEW @extschema@.task_stats WITH (security_invoker = true) AS
+SELECT * FROM pgtaskpy.group_stats();
 COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the caller''s tasks: waiting, running, ends, lateness, paused';
 
 REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
@@ -547,4 +539,6 @@ REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.metrics_snapshot(timestamptz) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.task_pause(text, name), @extschema@.task_resume(text, name),
     @extschema@.task_limit(text, integer, interval, name) TO pgtaskpy_user;
+REVOKE ALL ON FUNCTION pgtaskpy.group_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgtaskpy.group_stats() TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_stats TO pgtaskpy_user;
