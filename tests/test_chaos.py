@@ -95,11 +95,7 @@ def test_no_task_lost_or_run_twice_under_faults(chaos_cluster):
                 cluster.restart(fault.split()[1])
         # Faults over: stop the repeat series, let everything else end.
         with connect(cluster) as conn:
-            def settled():
-                conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN' AND data = 'series'")
-                unfinished = "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
-                return conn.execute(unfinished).fetchone()[0] == 0
-            wait_until(settled, 120, 0.2, "every task to end")
+            settle(conn)
             check_invariants(conn, faults)
     finally:
         statuses = [launcher.stop(30) for launcher in launchers]
@@ -164,11 +160,7 @@ def test_no_task_lost_or_run_twice_across_failovers():
                     launchers[victim].process.wait(10)
                     launchers[victim] = Launcher(dsns[victim], args=args).start()
             with connect(pair.primary) as conn:
-                def settled():
-                    conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN' AND data = 'series'")
-                    unfinished = "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
-                    return conn.execute(unfinished).fetchone()[0] == 0
-                wait_until(settled, 120, 0.2, "every task to end")
+                settle(conn)
                 check_invariants(conn, faults)
             # The standby's launcher ran nothing while it waited: no worker of it there.
             with connect(pair.standby) as conn:
@@ -179,6 +171,15 @@ def test_no_task_lost_or_run_twice_across_failovers():
         assert statuses == [0] * len(statuses), [launcher.output()[-2000:] for launcher in launchers]
         tracebacks = [launcher.output() for launcher in launchers if "Traceback" in launcher.output()]
         assert not tracebacks, tracebacks[0][tracebacks[0].index("Traceback") - 500:][:3000]
+
+
+def settle(conn) -> None:
+    """Faults over: stop the repeat series and wait until every other task has ended."""
+    def settled() -> bool:
+        conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN' AND data = 'series'")
+        unfinished = "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+        return conn.execute(unfinished).fetchone()[0] == 0
+    wait_until(settled, 120, 0.2, "every task to end")
 
 
 def check_invariants(conn, faults: dict[str, int]) -> None:
