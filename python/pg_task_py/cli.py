@@ -215,6 +215,16 @@ def setup_logging(level: str, as_json: bool) -> None:
 
 def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None) -> int:
     """Run one scheduler thread per database; return the exit status."""
+    # Handlers first: the "starting" line tells a supervisor that SIGTERM now stops cleanly.
+    stopping = threading.Event()
+    failures: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logging.getLogger("pg_task_py").info("received %s: stopping", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings))
     metrics = None
     if metrics_at is not None:
@@ -225,15 +235,6 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None)
             logging.getLogger("pg_task_py").error("cannot serve metrics on %s:%d: %s", *metrics_at, exc.strerror or exc)
             return 1
         logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", *server.server_address[:2])
-    stopping = threading.Event()
-    failures: list[str] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logging.getLogger("pg_task_py").info("received %s: stopping", signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
 
     def run_one(entry: Settings) -> None:
         try:

@@ -52,6 +52,9 @@ class Launcher:
         """SIGTERM, then the exit status (killing it if it does not stop in time)."""
         if self.process is None:
             return 0
+        # A SIGTERM before the launcher has set its handlers would kill it outright (status -15).
+        wait_until(lambda: "starting" in self.output() or self.process.poll() is not None,
+                   timeout, message="the launcher to log that it is starting")
         self.signal(signal.SIGTERM)
         try:
             status = self.process.wait(timeout)
