@@ -66,15 +66,24 @@ def latency(conn, planned_ahead: float, samples: int) -> dict:
             "min_ms": round(min(delays), 2), "early": sum(d < 0 for d in delays), "samples": samples}
 
 
-def throughput(conn, insert: str, count: int) -> dict:
-    """Tasks per second from the first start to the last stop."""
-    conn.execute("DELETE FROM task")
+def throughput(conn, insert: str, count: int, fresh: bool = True) -> dict:
+    """Tasks per second from the first start to the last stop (fresh: emptying the table first)."""
+    if fresh:
+        empty_task_table(conn)
     conn.execute(insert, [count])
     wait_all_ended(conn)
     first, last, done = conn.execute(
         "SELECT min(start), max(stop), count(*) FILTER (WHERE state = 'DONE') FROM task").fetchone()
     seconds = (last - first).total_seconds()
     return {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
+
+
+def empty_task_table(conn) -> None:
+    """Delete every task and vacuum: the throw-away cluster's autovacuum does not keep up with a
+    scenario's rounds, and dead rows left by one round slow the next (42,000 after six chain
+    rounds), which made rounds of one scenario incomparable."""
+    conn.execute("DELETE FROM task")
+    conn.execute("VACUUM")
 
 
 FLOOR_SCRIPT = """\
@@ -156,21 +165,33 @@ def backlog(cluster) -> dict:
             "waiting_due_ms": due, "ratio_due": round(due / empty, 2)}
 
 
-def chain(conn, rounds: int = 7) -> dict:
+def chain(conn, launcher, rounds: int = 9) -> dict:
     """A chain of 1,000 tasks (task_chain: each after the one before) against 1,000 independent
     tasks of one group, the serial scenario's shape, in the same run, in turns (so that both see
-    the same machine load): tasks a second, first start to last stop, the median of the rounds."""
-    serial, chained = [], []
+    the same machine load): tasks a second, first start to last stop, the median of the rounds;
+    and the CPU (server and launcher) a task, the median of the rounds, which the machine's load
+    swings less."""
+    count = 1000
+    serial, chained, serial_cpu, chained_cpu = [], [], [], []
     for _ in range(rounds):
-        serial.append(throughput(conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false"
-                                       " FROM generate_series(1, %s)", 1000)["tasks_per_s"])
-        result = throughput(conn, "SELECT task_chain(array_agg('SELECT 1'::text)) FROM generate_series(1, %s)", 1000)
-        if result["done"] != 1000:
-            raise TimedOut(f"only {result['done']} of the chain's 1000 tasks DONE")
-        chained.append(result["tasks_per_s"])
+        for rates, cpus, insert in ((serial, serial_cpu, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false"
+                                                         " FROM generate_series(1, %s)"),
+                                    (chained, chained_cpu, "SELECT task_chain(array_agg('SELECT 1'::text))"
+                                                           " FROM generate_series(1, %s)")):
+            empty_task_table(conn)
+            cpu = server_cpu_seconds(conn, launcher)
+            result = throughput(conn, insert, count, fresh=False)
+            cpus.append(round(1000 * (server_cpu_seconds(conn, launcher) - cpu) / count, 3))  # ms a task
+            if result["done"] != count:
+                raise TimedOut(f"only {result['done']} of {count} tasks DONE")
+            rates.append(result["tasks_per_s"])
     serial_rate, chain_rate = statistics.median(serial), statistics.median(chained)
     return {"serial_tasks_per_s": serial_rate, "chain_tasks_per_s": chain_rate,
-            "ratio": round(chain_rate / serial_rate, 2), "rounds": list(zip(serial, chained))}
+            "ratio": round(chain_rate / serial_rate, 2),
+            "serial_cpu_ms_per_task": statistics.median(serial_cpu),
+            "chain_cpu_ms_per_task": statistics.median(chained_cpu),
+            "cpu_ratio": round(statistics.median(chained_cpu) / statistics.median(serial_cpu), 2),
+            "rounds": list(zip(serial, chained))}
 
 
 def waiting(cluster) -> dict:
@@ -249,7 +270,7 @@ def runs_cost(conn, launcher, insert: str, count: int, runs: int | None = None,
     rows stops (a series' runs: the first ones; `runs` of them, default `count`).  `insert`
     takes `params`, then `count`; `fresh`: on an empty table."""
     if fresh:
-        conn.execute("DELETE FROM task")
+        empty_task_table(conn)
     cpu = server_cpu_seconds(conn, launcher)
     started = time.perf_counter()
     conn.execute(insert, [*params, count])
@@ -265,14 +286,39 @@ def runs_cost(conn, launcher, insert: str, count: int, runs: int | None = None,
     return 1000 * (inserted + (last - first).total_seconds()) / (runs or count), 1000 * cpu / (runs or count)
 
 
+def due_runs_cost(conn, launcher, measured: str, count: int) -> tuple[float, float]:
+    """Milliseconds a run, of the wall clock and of CPU (server and launcher), of the `count`
+    waiting `measured` rows, which the scheduler inserted planned for one time: nothing is done to
+    them, they become due when that time comes, as a series' runs do.  CPU counts from just
+    before that time (the idle wait before it is not counted)."""
+    plan, waiting = conn.execute(f"SELECT min(plan), count(*) FROM task WHERE {measured} AND state = 'PLAN'"
+                                 ).fetchone()
+    assert waiting == count, f"{waiting} of {count} runs waiting"
+    # What the runs before left, vacuumed as the one-off tasks' table is: else autovacuum may
+    # pick the table up while these run, and its CPU counts against them.
+    conn.execute("VACUUM")
+    ahead = (plan - conn.execute("SELECT clock_timestamp()").fetchone()[0]).total_seconds()
+    time.sleep(max(ahead - 0.3, 0))
+    cpu = server_cpu_seconds(conn, launcher)
+    end = time.monotonic() + DEADLINE
+    while conn.execute(f"SELECT count(*) FROM task WHERE {measured} AND state IN ('PLAN', 'TAKE', 'WORK')"
+                       ).fetchone()[0]:
+        if time.monotonic() > end:
+            raise TimedOut(f"runs still unfinished after {DEADLINE}s")
+        time.sleep(0.1)
+    cpu = server_cpu_seconds(conn, launcher) - cpu
+    first, last = conn.execute(f"SELECT min(start), max(stop) FROM task WHERE {measured}").fetchone()
+    return 1000 * (last - first).total_seconds() / count, 1000 * cpu / count
+
+
 def cron(conn, launcher, count: int = 1000) -> dict:
-    """A cron series' run against a one-off task's: the second runs of 1,000 series of '* * * * *'
-    made due at once (as every run after the first: the scheduler inserted it, and its end
-    computes the next match and inserts the next run) against 1,000 one-off tasks a user inserts
-    (the insert counted), in milliseconds a run of the wall clock and of CPU, the best of three
-    rounds each, alternating; the series' first runs (the user's insert counted too) as
-    first_run_ratio; and what computing one next match costs (parse and search, 10,000 calls in
-    one query, each parsing the expression again)."""
+    """A cron series' run against a one-off task's: the second runs of 1,000 series of '* * * * *',
+    which come due together at the next minute (as every run after the first: the scheduler
+    inserted it, and its end computes the next match and inserts the next run), against 1,000
+    one-off tasks a user inserts (the insert counted), in milliseconds a run of the wall clock and
+    of CPU, the best of three rounds each, alternating; the series' first runs (the user's insert
+    counted too) as first_run_ratio; and what computing one next match costs (parse and search,
+    10,000 calls in one query, each parsing the expression again).  Up to a minute a round."""
     one_off, first, series = [], [], []
     for _ in range(3):
         one_off.append(runs_cost(conn, launcher, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false"
@@ -287,11 +333,9 @@ def cron(conn, launcher, count: int = 1000) -> dict:
         low, high, waiting = conn.execute("SELECT min(id), max(id), count(*) FROM task"
                                           " WHERE parent IS NOT NULL AND state = 'PLAN'").fetchone()
         assert waiting == count, "every run of a series has its next run"
-        # The series' second runs, which the scheduler inserted, made due now instead of at the
-        # next minute (the UPDATE counted): a run as every later one is, its end inserting the next.
-        series.append(runs_cost(conn, launcher, "UPDATE task SET plan = now() - interval '1 s'"
-                                                " WHERE state = 'PLAN' AND parent IS NOT NULL AND %s > 0", count,
-                                measured=f"id BETWEEN {low} AND {high}", fresh=False))
+        # The series' second runs, which the scheduler inserted for the next minute: a run as
+        # every later one is, its end inserting the next.
+        series.append(due_runs_cost(conn, launcher, f"id BETWEEN {low} AND {high}", count))
         assert conn.execute(f"SELECT count(*) FROM task WHERE id > {high} AND state = 'PLAN'").fetchone()[0] \
             == count, "every second run of a series has its next run"
     conn.execute("DELETE FROM task")
@@ -448,7 +492,7 @@ SCENARIOS = {
     "reuse": lambda conn: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
-    "chain": chain,
+    "chain": None,  # needs the launcher: see chain()
     "waiting": None,  # needs the cluster: see waiting()
     "cron": None,  # needs the launcher: see cron()
     "retry": None,  # needs the launcher: see retry()
@@ -489,6 +533,8 @@ def main() -> None:
                             results.append({"scenario": name, **waiting(cluster)})
                         elif name == "stats":
                             results.append({"scenario": name, **stats_view(cluster)})
+                        elif name == "chain":
+                            results.append({"scenario": name, **chain(conn, launcher)})
                         elif name == "cron":
                             results.append({"scenario": name, **cron(conn, launcher)})
                         elif name == "retry":

@@ -50,6 +50,25 @@ def states(db, ids):
 
 # --- task_stats ---------------------------------------------------------------------------------
 
+def test_task_stats_percentiles_are_nearest_rank_of_the_runs_of_the_last_hour(db):
+    """p50 and p95 are the values at ranks ceil(n / 2) and ceil(0.95 n) of the tasks that ran and
+    ended in the last hour: an ended task that never started, and one that ended earlier, count in
+    neither."""
+    db.sql("SET session_replication_role = replica")  # finished rows written directly
+    db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop)"
+           " SELECT 'SELECT 1', 'pct', 'DONE', t, t + i * interval '100 ms', t + i * interval '1100 ms'"
+           " FROM generate_series(1, 20) AS i, (SELECT now() - interval '30 min') AS p(t)")
+    db.sql("INSERT INTO task (input, \"group\", state, plan, stop) VALUES ('SELECT 1', 'pct', 'GONE', now(), now())")
+    db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop) VALUES"
+           " ('SELECT 1', 'pct', 'DONE', now() - interval '2 h', now() - interval '2 h', now() - interval '61 min')")
+    db.sql("SET session_replication_role = origin")
+    row = stats(db.conn, ("postgres", "pct"))
+    assert (row["done_1h"], row["gone_1h"]) == (20, 1)
+    # run times 1 s .. 20 s, start lags 0.1 s .. 2.0 s
+    assert (row["run_time_p50"], row["run_time_p95"]) == (timedelta(seconds=10), timedelta(seconds=19))
+    assert (row["start_lag_p50"], row["start_lag_p95"]) == (timedelta(seconds=1), timedelta(seconds=1.9))
+
+
 def test_task_stats_of_a_scripted_workload(running, authors):
     alice, bob = authors["alice"], authors["bob"]
     done = [insert_as(alice, "SELECT pg_sleep(0.05)", group="work", delete=False) for _ in range(4)]

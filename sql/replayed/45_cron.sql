@@ -356,6 +356,16 @@ BEGIN
 END
 $$;
 
+-- cron_parse's answer for expr, kept by the backend for its next calls
+-- (sql/plpython/cron_specs.py); NULL when expr cannot be read.  For the ends
+-- of series, each of which computes its next match (next_plan).  No SET
+-- clause: its one query names its schema.
+CREATE FUNCTION pgtaskpy.cron_spec(expr text) RETURNS bigint[]
+LANGUAGE plpython3u STABLE STRICT
+AS $python$
+{{ cron_specs.py }}
+$python$;
+
 -- The first match of a cron expression strictly after `after`, in zone tz
 -- (NULL: UTC).  What the scheduler plans a cron task's runs by.
 CREATE FUNCTION pgtaskpy.cron_next(cron text, tz text, after timestamptz) RETURNS timestamptz

@@ -466,25 +466,22 @@ WITH active AS (
           FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
     GROUP BY a.owner, a."group"
 ), hour AS (
-    -- Nearest-rank percentiles from two window sorts of the hour's rows, not
-    -- two sorts a group (percentile_cont's), which cost more with many groups.
-    SELECT r.owner, r."group",
-           count(*) FILTER (WHERE r.state = 'DONE') AS done_1h, count(*) FILTER (WHERE r.state = 'FAIL') AS fail_1h,
-           count(*) FILTER (WHERE r.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE r.state = 'STOP') AS stop_1h,
-           -- (ranks ceil(n / 2) and ceil(0.95 n) in integers)
-           min(r.run_time) FILTER (WHERE r.run_rank = (r.runs + 1) / 2) AS run_time_p50,
-           min(r.run_time) FILTER (WHERE r.run_rank = (95 * r.runs + 99) / 100) AS run_time_p95,
-           min(r.start_lag) FILTER (WHERE r.lag_rank = (r.runs + 1) / 2) AS start_lag_p50,
-           min(r.start_lag) FILTER (WHERE r.lag_rank = (95 * r.runs + 99) / 100) AS start_lag_p95
-    FROM (SELECT e.*, count(e.start) OVER per_group AS runs,  -- (the ended rows that ran: NULLs sort last)
-                 row_number() OVER (per_group ORDER BY e.run_time) AS run_rank,
-                 row_number() OVER (per_group ORDER BY e.start_lag) AS lag_rank
-          FROM (SELECT f.owner, f."group" COLLATE "C" AS "group", f.state, f.start,
-                       f.stop - f.start AS run_time, f.start - f.plan AS start_lag
-                FROM @extschema@.task AS f
-                WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour') AS e
-          WINDOW per_group AS (PARTITION BY e.owner, e."group")) AS r
-    GROUP BY r.owner, r."group"
+    -- Nearest-rank percentiles (percentile_disc: the value at rank ceil(p n)
+    -- of the ones that ran; NULLs are left out).  A group's few rows sort
+    -- quicker apart than in window sorts over the hour's rows (about 1 ms of
+    -- 3.4 with 1,000 groups).
+    SELECT e.owner, e."group",
+           count(*) FILTER (WHERE e.state = 'DONE') AS done_1h, count(*) FILTER (WHERE e.state = 'FAIL') AS fail_1h,
+           count(*) FILTER (WHERE e.state = 'GONE') AS gone_1h, count(*) FILTER (WHERE e.state = 'STOP') AS stop_1h,
+           percentile_disc(0.5) WITHIN GROUP (ORDER BY e.run_time) AS run_time_p50,
+           percentile_disc(0.95) WITHIN GROUP (ORDER BY e.run_time) AS run_time_p95,
+           percentile_disc(0.5) WITHIN GROUP (ORDER BY e.start_lag) AS start_lag_p50,
+           percentile_disc(0.95) WITHIN GROUP (ORDER BY e.start_lag) AS start_lag_p95
+    FROM (SELECT f.owner, f."group" COLLATE "C" AS "group", f.state,
+                 f.stop - f.start AS run_time, f.start - f.plan AS start_lag
+          FROM @extschema@.task AS f
+          WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour') AS e
+    GROUP BY e.owner, e."group"
 ), pending AS (  -- changes not yet added to group_counts (at most about a second's)
     SELECT p.owner, p."group" COLLATE "C" AS "group",
            sum(p.n) FILTER (WHERE p.state = 'DONE') AS done, sum(p.n) FILTER (WHERE p.state = 'FAIL') AS fail,
