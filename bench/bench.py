@@ -445,14 +445,17 @@ REUSE = ("INSERT INTO task (max, count, input, delete)"
          " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)")
 
 
-def events(conn, rounds: int = 7) -> dict:
+def events(conn, launcher, rounds: int = 9) -> dict:
     """Reuse throughput without the end-of-task hook (pgtaskpy.task_ended replaced by a no-op for
     the measurement), with it (counters), and with pg_task_py.notify_done on (counters and a
-    NOTIFY a task, with a listener), alternating, median of `rounds` each."""
+    NOTIFY a task, with a listener), alternating, median of `rounds` each; and the CPU (server
+    and launcher) a task of each, the median of the rounds, which other work on the machine
+    swings less than the rate."""
     hook = conn.execute("SELECT pg_get_functiondef('pgtaskpy.task_ended(task)'::regprocedure)").fetchone()[0]
     listener = psycopg.connect(conn.info.dsn, autocommit=True)
     listener.execute("LISTEN pg_task_py_done")
     results: dict[str, list[float]] = {"without": [], "counters": [], "notify": []}
+    cpu: dict[str, list[float]] = {variant: [] for variant in results}
     try:
         for _ in range(rounds):
             for variant in results:
@@ -463,9 +466,13 @@ def events(conn, rounds: int = 7) -> dict:
                     conn.execute(hook)
                 conn.execute(f"ALTER DATABASE bench {'SET' if variant == 'notify' else 'RESET'}"
                              " pg_task_py.notify_done" + (" = on" if variant == "notify" else ""))
-                results[variant].append(throughput(conn, REUSE, 500)["tasks_per_s"])
+                empty_task_table(conn)
+                before = server_cpu_seconds(conn, launcher)
+                results[variant].append(throughput(conn, REUSE, 500, fresh=False)["tasks_per_s"])
+                cpu[variant].append(1000 * (server_cpu_seconds(conn, launcher) - before) / 500)  # ms a task
                 for _ in listener.notifies(timeout=0):  # read what arrived, so the queue stays empty
                     pass
+        hook_us = {variant: hook_cost_us(conn, listener, variant) for variant in ("counters", "notify")}
     finally:
         conn.execute(hook)
         conn.execute("ALTER DATABASE bench RESET pg_task_py.notify_done")
@@ -473,12 +480,51 @@ def events(conn, rounds: int = 7) -> dict:
     # Other processes on the machine make single rounds noisy: the median and the best round of each.
     medians = {variant: statistics.median(values) for variant, values in results.items()}
     best = {variant: max(values) for variant, values in results.items()}
+    cpu_ms = {variant: statistics.median(values) for variant, values in cpu.items()}
     return {**{f"{variant}_tasks_per_s": round(value, 1) for variant, value in medians.items()},
             "counters_cost_percent": round(100 * (1 - medians["counters"] / medians["without"]), 1),
             "notify_cost_percent": round(100 * (1 - medians["notify"] / medians["counters"]), 1),
+            **{f"{variant}_cpu_ms_per_task": round(value, 3) for variant, value in cpu_ms.items()},
+            "counters_cpu_cost_percent": round(100 * (cpu_ms["counters"] / cpu_ms["without"] - 1), 1),
+            "notify_cpu_cost_percent": round(100 * (cpu_ms["notify"] / cpu_ms["counters"] - 1), 1),
+            **{f"{variant}_hook_us_per_task": round(value, 1) for variant, value in hook_us.items()},
+            "counters_hook_percent_of_cpu": round(100 * hook_us["counters"] / (1000 * cpu_ms["counters"]), 1),
+            "notify_hook_percent_of_cpu": round(100 * hook_us["notify"] / (1000 * cpu_ms["notify"]), 1),
             "best_counters_cost_percent": round(100 * (1 - best["counters"] / best["without"]), 1),
             "best_notify_cost_percent": round(100 * (1 - best["notify"] / best["counters"]), 1),
             "runs": {variant: values for variant, values in results.items()}}
+
+
+def hook_cost_us(conn, listener, variant: str, count: int = 500) -> float:
+    """Microseconds a task's end spends in pgtaskpy.task_ended (the counters, and the event when
+    `variant` is notify), by the server's own function timing over one more round of reuse tasks:
+    a figure the machine's noise does not swing, unlike the rounds' rates."""
+    conn.execute(f"ALTER DATABASE bench {'SET' if variant == 'notify' else 'RESET'}"
+                 " pg_task_py.notify_done" + (" = on" if variant == "notify" else ""))
+    conn.execute("ALTER SYSTEM SET track_functions = 'pl'")
+    try:
+        conn.execute("SELECT pg_reload_conf()")
+        time.sleep(0.5)  # every backend has read the configuration again
+        empty_task_table(conn)
+        conn.execute("SELECT pg_stat_reset()")
+        throughput(conn, REUSE, count, fresh=False)
+        for _ in listener.notifies(timeout=0):
+            pass
+        deadline = time.monotonic() + 30  # (backends report their function times when idle, within 10 s)
+        while True:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            calls, total_ms = conn.execute(
+                "SELECT COALESCE(sum(calls), 0)::bigint, COALESCE(sum(total_time), 0)::float8"
+                " FROM pg_stat_user_functions WHERE funcname = 'task_ended'").fetchone()
+            if calls >= count or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if calls < count:
+            raise TimedOut(f"task_ended's timing reported for {calls} of {count} ends")
+        return 1000 * total_ms / calls
+    finally:
+        conn.execute("ALTER SYSTEM RESET track_functions")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 SCENARIOS = {
@@ -499,7 +545,7 @@ SCENARIOS = {
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
     "stats": None,  # needs the cluster: see stats_view()
-    "events": events,
+    "events": None,  # needs the launcher: see events()
 }
 
 
@@ -533,6 +579,8 @@ def main() -> None:
                             results.append({"scenario": name, **waiting(cluster)})
                         elif name == "stats":
                             results.append({"scenario": name, **stats_view(cluster)})
+                        elif name == "events":
+                            results.append({"scenario": name, **events(conn, launcher)})
                         elif name == "chain":
                             results.append({"scenario": name, **chain(conn, launcher)})
                         elif name == "cron":

@@ -571,7 +571,7 @@ $$;
 -- the launchers itself when it does not go on with the group (a worker), so
 -- the row it inserts sends no NOTIFY (see task_notify_insert).
 CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task, quiet boolean DEFAULT false) RETURNS bigint
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql  -- (no SET clause: it runs with finish_task's search_path, as task_ended does)
 AS $$
 DECLARE
     series boolean := t.repeat > interval '0' OR t.cron IS NOT NULL;
