@@ -130,8 +130,8 @@ CREATE TRIGGER task_count_truncated
 -- most once a second per session and owner: this runs at every task's end,
 -- and the reading costs more than the rest of the hook.  No SET clause, as
 -- task_ended has none: both run with the search_path of finish_task, their
--- one caller (a SET clause costs a new reading of the search path at every
--- call: about 7 us of an end, in its own transaction).
+-- one caller (a SET clause sets the search path again at every call: a few
+-- microseconds of each end).
 CREATE FUNCTION pgtaskpy.notify_done(owner name) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
