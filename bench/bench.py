@@ -355,7 +355,9 @@ def cron(conn, launcher, count: int = 1000) -> dict:
             "cpu_ratio": round(cpu[1] / cpu[0], 3), "one_off_ms_per_run": round(wall[0], 3),
             "cron_ms_per_run": round(wall[1], 3), "ratio": round(wall[1] / wall[0], 3),
             "first_run_ratio": round(wall[2] / wall[0], 3), "first_run_cpu_ratio": round(cpu[2] / cpu[0], 3),
-            **match_us}
+            **match_us,
+            # (each round's wall ms a run, one-off against steady: how far single rounds swing)
+            "rounds": [(round(o[0], 3), round(c[0], 3)) for o, c in zip(one_off, series)]}
 
 
 # Fails with a serialization failure while its attempt is at most N (it reads its own row).
