@@ -10,10 +10,12 @@
 -- Count one row of (owner, group) that became `state` at `at`: a change that
 -- fold_group_counts adds to the counters.  (PL/pgSQL: it keeps the INSERT's
 -- plan for the session, where an SQL function with SET plans it on every call.)
+-- No SET clause: its callers, task_ended and count_finished_task, set the
+-- search path (see notify_done).
 CREATE FUNCTION pgtaskpy.count_end(task_owner name, task_group text, end_state @extschema@.state,
                                    at timestamptz, error text)
 RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql
 AS $$
 BEGIN
     INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n, at, error)
@@ -52,9 +54,7 @@ CREATE FUNCTION pgtaskpy.task_ended(t @extschema@.task) RETURNS void
 LANGUAGE plpgsql  -- (no SET clause: see notify_done)
 AS $$
 BEGIN
-    -- (count_end's insert, written out: a call costs more than the insert)
-    INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n, at, error)
-    VALUES (t.owner, t."group", t.state, 1, t.stop, CASE WHEN t.state = 'FAIL' THEN left(t.error, 2000) END);
+    PERFORM pgtaskpy.count_end(t.owner, t."group", t.state, t.stop, t.error);
     IF pgtaskpy.notify_done(t.owner) THEN
         -- (a payload is at most 8000 bytes: a long group name is cut)
         PERFORM pg_notify(pgtaskpy.name_of('done channel'),
@@ -129,9 +129,9 @@ CREATE TRIGGER task_count_truncated
 -- Read from the catalog (the owner's settings are not this session's), at
 -- most once a second per session and owner: this runs at every task's end,
 -- and the reading costs more than the rest of the hook.  No SET clause, as
--- task_ended has none: both run with the search_path of finish_task, their
--- one caller (a SET clause sets the search path again at every call: a few
--- microseconds of each end).
+-- task_ended and count_end have none: they run with the search_path of
+-- finish_task, the hook's one caller (a SET clause sets the search path again
+-- at every call: a few microseconds of each end).
 CREATE FUNCTION pgtaskpy.notify_done(owner name) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
