@@ -31,12 +31,19 @@ class TimedOut(Exception):
     pass
 
 
-def wait_all_ended(conn, deadline: float = DEADLINE) -> None:
+def wait_all_ended(conn, deadline: float = DEADLINE, where: str = "true", poll: float = 0.02) -> None:
+    """Until no task `where` selects waits or runs (TimedOut after `deadline` seconds)."""
     end = time.monotonic() + deadline
-    while conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0]:
+    while conn.execute(f"SELECT count(*) FROM task WHERE {where} AND state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0]:
         if time.monotonic() > end:
             raise TimedOut(f"tasks still unfinished after {deadline}s")
-        time.sleep(0.02)
+        time.sleep(poll)
+
+
+def span_seconds(conn, where: str) -> float:
+    """Seconds from the first start to the last stop of the tasks `where` selects."""
+    first, last = conn.execute(f"SELECT min(start), max(stop) FROM task WHERE {where}").fetchone()
+    return (last - first).total_seconds()
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -275,15 +282,10 @@ def runs_cost(conn, launcher, insert: str, count: int, runs: int | None = None,
     started = time.perf_counter()
     conn.execute(insert, [*params, count])
     inserted = time.perf_counter() - started
-    end = time.monotonic() + DEADLINE
-    while conn.execute(f"SELECT count(*) FROM task WHERE {measured} AND state IN ('PLAN', 'TAKE', 'WORK')"
-                       ).fetchone()[0]:
-        if time.monotonic() > end:
-            raise TimedOut(f"tasks still unfinished after {DEADLINE}s")
-        time.sleep(0.1)
+    wait_all_ended(conn, where=measured, poll=0.1)
     cpu = server_cpu_seconds(conn, launcher) - cpu
-    first, last = conn.execute(f"SELECT min(start), max(stop) FROM task WHERE {measured}").fetchone()
-    return 1000 * (inserted + (last - first).total_seconds()) / (runs or count), 1000 * cpu / (runs or count)
+    return (1000 * (inserted + span_seconds(conn, measured)) / (runs or count),
+            1000 * cpu / (runs or count))
 
 
 def due_runs_cost(conn, launcher, measured: str, count: int) -> tuple[float, float]:
@@ -300,15 +302,9 @@ def due_runs_cost(conn, launcher, measured: str, count: int) -> tuple[float, flo
     ahead = (plan - conn.execute("SELECT clock_timestamp()").fetchone()[0]).total_seconds()
     time.sleep(max(ahead - 0.3, 0))
     cpu = server_cpu_seconds(conn, launcher)
-    end = time.monotonic() + DEADLINE
-    while conn.execute(f"SELECT count(*) FROM task WHERE {measured} AND state IN ('PLAN', 'TAKE', 'WORK')"
-                       ).fetchone()[0]:
-        if time.monotonic() > end:
-            raise TimedOut(f"runs still unfinished after {DEADLINE}s")
-        time.sleep(0.1)
+    wait_all_ended(conn, where=measured, poll=0.1)
     cpu = server_cpu_seconds(conn, launcher) - cpu
-    first, last = conn.execute(f"SELECT min(start), max(stop) FROM task WHERE {measured}").fetchone()
-    return 1000 * (last - first).total_seconds() / count, 1000 * cpu / count
+    return 1000 * span_seconds(conn, measured) / count, 1000 * cpu / count
 
 
 def cron(conn, launcher, count: int = 1000) -> dict:
