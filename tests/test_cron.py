@@ -479,14 +479,27 @@ def series_before(db, first: int) -> list[dict]:
     return [dict(zip([d.name for d in cursor.description], row)) for row in cursor.fetchall()]
 
 
-def test_a_backend_keeps_expressions_parsed_as_cron_parse_reads_them(db):
-    """A series' end reads its expression from the backend's cache (cron_spec): on a miss and on
-    a hit the masks cron_parse gives, and NULL for an expression that cannot be read (next_plan
-    then asks cron_parse for its error).  What it costs is bench's figure (`make bench -s cron`)."""
-    for cron in [*EXPRESSIONS, *(bad for bad, _ in BAD)]:
-        parsed = db.value("SELECT pgtaskpy.cron_parse(%s, false)", [cron])
-        assert db.value("SELECT pgtaskpy.cron_spec(%s)", [cron]) == parsed, cron
-        assert db.value("SELECT pgtaskpy.cron_spec(%s)", [cron]) == parsed, cron
+def test_a_backend_keeps_next_matches_as_cron_next_computes_them(db):
+    """A series' end asks the backend's kept answers (cron_next_kept) before computing its next
+    match: from every time in a row, across daylight-saving changes, one backend's answers are
+    cron_next's, whether kept or computed.  next_plan still raises cron_parse's error for an
+    expression that cannot be read.  What it saves is bench's figure (`make bench -s cron`)."""
+    cases = [(cron, "UTC") for cron in EXPRESSIONS[:12]] + [
+        (cron, tz) for tz, _, _ in TRANSITIONS[:3] for cron in ("30 2 * * *", "*/15 * * * *", "0 3 * * *")]
+    for cron, tz in cases:
+        for start in ("2024-03-09 20:00+00", "2024-11-02 20:00+00", "2024-10-05 10:00+00"):
+            # (times in order, each 7 min 13 s after the one before: most fall in a kept range)
+            pairs = db.sql(
+                "SELECT to_timestamp(pgtaskpy.cron_next_kept(%(cron)s, %(tz)s, extract(epoch FROM t)::float8)),"
+                " pgtaskpy.cron_next(%(cron)s, %(tz)s, t)"
+                " FROM (SELECT %(start)s::timestamptz + i * interval '7 min 13 s' AS t"
+                "       FROM generate_series(0, 400) AS i ORDER BY i) AS s",
+                {"cron": cron, "tz": tz, "start": start})
+            assert [kept for kept, _ in pairs] == [computed for _, computed in pairs], (cron, tz, start)
+    # From a match itself: the one after it, not the match again.
+    match = db.value("SELECT pgtaskpy.cron_next('*/5 * * * *', 'UTC', '2024-01-01 00:01+00')")
+    assert db.value("SELECT to_timestamp(pgtaskpy.cron_next_kept('*/5 * * * *', 'UTC',"
+                    " extract(epoch FROM %s::timestamptz)::float8))", [match]) == match + timedelta(minutes=5)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='cron field "hour": 25 is out of range 0-23'):
         db.sql("DO $$ DECLARE t task; BEGIN t.cron := '0 25 * * *'; t.plan := now();"
                " PERFORM pgtaskpy.next_plan(t); END $$")

@@ -412,10 +412,10 @@ DECLARE
     k bigint;  -- (plan and repeat are bounded, so that k * repeat stays exact)
 BEGIN
     IF task.cron IS NOT NULL THEN
-        -- (cron_next, with the expression the backend parsed before: this runs
-        -- at every end of a series; cron_parse raises the error of a bad one)
-        RETURN pgtaskpy.cron_next_spec(COALESCE(pgtaskpy.cron_spec(task.cron), pgtaskpy.cron_parse(task.cron)),
-                                       COALESCE(task.tz, 'UTC'), greatest(task.plan, clock_timestamp()));
+        -- (cron_next, as the backend computed it for an earlier end: this runs
+        -- at every end of a series)
+        RETURN to_timestamp(pgtaskpy.cron_next_kept(
+            task.cron, COALESCE(task.tz, 'UTC'), extract(epoch FROM greatest(task.plan, clock_timestamp()))::float8));
     ELSIF task.drift THEN
         RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
     END IF;

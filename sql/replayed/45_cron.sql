@@ -356,14 +356,15 @@ BEGIN
 END
 $$;
 
--- cron_parse's answer for expr, kept by the backend for its next calls
--- (sql/plpython/cron_specs.py); NULL when expr cannot be read.  For the ends
--- of series, each of which computes its next match (next_plan).  No SET
--- clause: its one query names its schema.
-CREATE FUNCTION pgtaskpy.cron_spec(expr text) RETURNS bigint[]
+-- cron_next(expr, tz, to_timestamp(after)) as an epoch, remembered by the
+-- backend for the next calls between the same two matches
+-- (sql/plpython/cron_matches.py).  For the ends of series, each of which
+-- computes its next match (next_plan).  No SET clause: its one query names
+-- its schema.
+CREATE FUNCTION pgtaskpy.cron_next_kept(expr text, tz text, after float8) RETURNS float8
 LANGUAGE plpython3u STABLE STRICT
 AS $python$
-{{ cron_specs.py }}
+{{ cron_matches.py }}
 $python$;
 
 -- The first match of a cron expression strictly after `after`, in zone tz
