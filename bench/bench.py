@@ -148,12 +148,15 @@ def claim_ms(conn, repeat: int = 200) -> float:
 
 def backlog(cluster) -> dict:
     """Claim cost of one due task with 1,000,000 finished rows and 100,000 waiting ones (planned
-    ahead), and with those 100,000 all due, against a table holding the one due task only;
-    in a database of its own, with no launcher."""
-    cluster.create_database("backlog")
-    with cluster.connect("backlog") as conn:
-        conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
-        empty = claim_ms(conn)
+    ahead), with those 100,000 all due, in 100 groups and in 10,000, each against a table holding
+    the one due task only, measured in turns with it (so that both see the same machine load); in
+    databases of their own, with no launcher."""
+    for name in ("backlog_empty", "backlog"):
+        cluster.create_database(name)
+        with cluster.connect(name) as conn:
+            conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+    result = {}
+    with cluster.connect("backlog_empty") as empty, cluster.connect("backlog") as conn:
         conn.execute("ALTER TABLE task DISABLE TRIGGER USER")
         conn.execute("INSERT INTO task (input, state, plan, start, stop, output)"
                      " SELECT 'SELECT 1', 'DONE', now() - interval '1 day', now() - interval '1 day',"
@@ -161,15 +164,32 @@ def backlog(cluster) -> dict:
         conn.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || (i % 100),"
                      " now() + interval '1 day' FROM generate_series(1, 100000) AS i")
         conn.execute("ALTER TABLE task ENABLE TRIGGER USER")
-        conn.execute("VACUUM ANALYZE task")
-        conn.execute("CHECKPOINT")  # write the new rows out now, not while the claims are timed
-        ahead = claim_ms(conn)
-        conn.execute("UPDATE task SET plan = now() - interval '1 minute' WHERE state = 'PLAN' AND \"group\" <> 'due'")
-        conn.execute("VACUUM ANALYZE task")
-        conn.execute("CHECKPOINT")
-        due = claim_ms(conn)
-    return {"empty_ms": empty, "waiting_ahead_ms": ahead, "ratio_ahead": round(ahead / empty, 2),
-            "waiting_due_ms": due, "ratio_due": round(due / empty, 2)}
+        for figure, change in (
+                ("waiting_ahead", None),
+                ("waiting_due", "UPDATE task SET plan = now() - interval '1 minute'"
+                                " WHERE state = 'PLAN' AND \"group\" <> 'due'"),
+                ("waiting_due_groups", "UPDATE task SET \"group\" = 'h' || (id % 10000)"
+                                       " WHERE state = 'PLAN' AND \"group\" <> 'due'")):
+            if change:
+                conn.execute(change)
+            settle(conn)
+            times: dict[str, list[float]] = {"empty": [], "held": []}
+            for _ in range(5):
+                times["empty"].append(claim_ms(empty, 40))
+                times["held"].append(claim_ms(conn, 40))
+            empty_ms, held_ms = (statistics.median(times[name]) for name in ("empty", "held"))
+            result.update({f"{figure}_empty_ms": round(empty_ms, 3), f"{figure}_ms": round(held_ms, 3),
+                           f"{figure}_ratio": round(held_ms / empty_ms, 2)})
+        result["groups_due"] = conn.execute(
+            "SELECT count(DISTINCT \"group\") FROM task WHERE state = 'PLAN'").fetchone()[0]
+    return result
+
+
+def settle(conn) -> None:
+    """Vacuum and checkpoint a table just filled: not autovacuum nor the writing of the new rows
+    while claims are timed."""
+    conn.execute("VACUUM ANALYZE task")
+    conn.execute("CHECKPOINT")
 
 
 def chain(conn, launcher, rounds: int = 9) -> dict:

@@ -77,6 +77,9 @@ COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''
 CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
+-- Waiting tasks in priority order across groups: a claim looks at the groups
+-- of the first ones only, however many groups wait (claim_candidate_groups).
+CREATE INDEX task_priority_waiting ON @extschema@.task (max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
 -- Tasks waiting for prerequisites, by id: for resolve_dependents and task_stats
 -- (no claim reads them).
 CREATE INDEX task_blocked ON @extschema@.task (id) WHERE state = 'PLAN' AND waiting_for > 0;

@@ -82,6 +82,16 @@ AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 -- higher max first, then lower id (pg_task's priority).  Claims of all
 -- launchers of a database are serialized by a transaction lock, so two
 -- launchers never both fill the last slot of a group.
+--
+-- Its cost does not grow with the backlog.  The first pass reads waiting
+-- tasks in priority order (due or not, so that the read stays short) until
+-- the due ones among them span claim_limit + 1 groups (one to spare for a
+-- full group), or 4 claim_limit + 32 tasks, and claims only from that
+-- prefix of the order: what it claims is what a look at every group would
+-- have claimed first.  Only when that does not fill claim_limit and tasks
+-- were left unread does the second pass look at every group with due tasks:
+-- those of the due tasks when fewer than 1,000 are due, else one index probe
+-- a group with waiting tasks (a skip scan).
 CREATE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer)
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
 -- A generic plan, made once per backend: planning this query again on every
@@ -90,110 +100,161 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = for
 AS $$
 DECLARE
     due_groups integer[];
+    due_counts integer[];  -- the first pass: due tasks of each group in the prefix
+    last_max integer;  -- the first pass: the last task of the prefix
+    last_id bigint;
+    whole boolean := false;  -- the first pass read every waiting task
+    prefix_most integer;
+    task record;
+    read integer := 0;
     probed bigint;
+    locked boolean := false;
+    claimed integer := 0;
+    n integer;
 BEGIN
     IF claim_limit <= 0
        OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()) THEN
         RETURN;  -- nothing due: one probe of the plan index
     END IF;
-    -- The groups with due tasks.  Few due tasks: read them from the plan index,
-    -- so that tasks planned ahead cost nothing.  Many: one index probe a group
-    -- with waiting tasks (a skip scan), so that a backlog costs per group, not
-    -- per task.
-    SELECT array_agg(DISTINCT d.hash), count(*) INTO due_groups, probed
-    FROM (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
-          ORDER BY t.plan LIMIT 1000) AS d;
-    IF probed >= 1000 THEN
-        WITH RECURSIVE waiting_groups AS (
-            (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 ORDER BY t.hash LIMIT 1)
-            UNION ALL
-            SELECT (SELECT t.hash FROM @extschema@.task AS t
-                    WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
-            FROM waiting_groups AS w WHERE w.hash IS NOT NULL
+    FOR pass IN 1..2 LOOP
+        IF pass = 1 THEN
+            CONTINUE WHEN claim_limit > 1000;  -- (claims in every group with room: the second pass)
+            prefix_most := 4 * claim_limit + 32;
+            due_groups := '{}';
+            due_counts := '{}';
+            whole := true;
+            FOR task IN
+                SELECT t.hash, t.max, t.id, (t.plan <= now() AND t.plan + t.active > now()) IS TRUE AS due
+                FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0
+                ORDER BY t.max DESC, t.id LIMIT prefix_most
+            LOOP
+                read := read + 1;
+                IF task.due THEN
+                    n := array_position(due_groups, task.hash);
+                    IF n IS NOT NULL THEN
+                        due_counts[n] := due_counts[n] + 1;
+                    ELSIF cardinality(due_groups) > claim_limit THEN
+                        whole := false;
+                        EXIT;
+                    ELSE
+                        due_groups := due_groups || task.hash;
+                        due_counts := due_counts || 1;
+                    END IF;
+                END IF;
+                last_max := task.max;
+                last_id := task.id;
+            END LOOP;
+            whole := whole AND read < prefix_most;
+            CONTINUE WHEN cardinality(due_groups) = 0;
+        ELSE
+            EXIT WHEN whole;
+            due_counts := NULL;
+            last_id := NULL;
+            -- The groups with due tasks.  Few due tasks: read them from the plan
+            -- index, so that tasks planned ahead cost nothing.  Many: one index
+            -- probe a group with waiting tasks.
+            SELECT array_agg(DISTINCT d.hash), count(*) INTO due_groups, probed
+            FROM (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
+                  ORDER BY t.plan LIMIT 1000) AS d;
+            IF probed >= 1000 THEN
+                WITH RECURSIVE waiting_groups AS (
+                    (SELECT t.hash FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 ORDER BY t.hash LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT t.hash FROM @extschema@.task AS t
+                            WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash > w.hash ORDER BY t.hash LIMIT 1)
+                    FROM waiting_groups AS w WHERE w.hash IS NOT NULL
+                )
+                SELECT array_agg(w.hash) INTO due_groups FROM waiting_groups AS w
+                WHERE w.hash IS NOT NULL
+                  AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.waiting_for = 0 AND e.hash = w.hash
+                              AND e.plan <= now());
+            END IF;
+        END IF;
+        -- Every group full, as while workers go on with a busy backlog: no lock.
+        -- Taking it would stall each of those workers for this turn, and a slot
+        -- that frees later wakes the launchers (finish_task, wake_launchers).
+        CONTINUE WHEN NOT locked
+            AND EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK'))
+            AND NOT EXISTS (
+                SELECT FROM unnest(due_groups) AS w(hash)
+                CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.waiting_for = 0
+                                    AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1) AS first
+                CROSS JOIN LATERAL (SELECT count(*) AS n FROM @extschema@.task AS r
+                                    WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash) AS g
+                WHERE pgtaskpy.group_has_room(first.max, g.n, 1));
+        IF NOT locked THEN
+            -- Before any row is locked; the claim below reads the table afresh.
+            PERFORM pgtaskpy.lock_scheduling();
+            locked := true;
+            -- While an exclusive task is due or runs, it alone may be claimed
+            -- (sql/replayed/47_workflows.sql).
+            IF pgtaskpy.exclusive_gate() IS NOT NULL THEN
+                RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
+                RETURN;
+            END IF;
+        END IF;
+        RETURN QUERY
+        WITH running AS MATERIALIZED (
+            SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
+        ), due AS MATERIALIZED (
+            -- Per group, the first due tasks in priority order: no more than can
+            -- start (the group's highest max + 1), than may be claimed, nor (first
+            -- pass) than the prefix holds.
+            SELECT c.id, c.hash, c.max, c.owner,
+                   row_number() OVER (PARTITION BY c.hash ORDER BY c.max DESC, c.id) AS rank,
+                   row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank,
+                   c."group", row_number() OVER (PARTITION BY c.owner, c."group" ORDER BY c.max DESC, c.id) AS group_rank
+            FROM unnest(due_groups, due_counts) AS w(hash, n)
+            CROSS JOIN LATERAL (
+                -- "(...) IS TRUE": no index on plan may serve this scan, only the
+                -- one in priority order, whatever the table's statistics say.
+                SELECT t.id, t.hash, t.max, t.owner, t."group"
+                FROM @extschema@.task AS t
+                WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = w.hash
+                  AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+                  AND (last_id IS NULL OR t.max > last_max OR (t.max = last_max AND t.id <= last_id))
+                  AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
+                  AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
+                  -- A task of a named series starts only while no other run of
+                  -- the series (owner, key) is claimed or running: its runs never
+                  -- overlap, also when task_schedule replaced the waiting run
+                  -- while one ran.  (The same in claim_next_task.)
+                  AND (t.key IS NULL OR NOT EXISTS (
+                           SELECT FROM @extschema@.task AS k
+                           WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
+                ORDER BY t.max DESC, t.id
+                LIMIT least(claim_limit - claimed, w.n,
+                            greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.waiting_for = 0
+                                         AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
+            ) AS c
+        ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
+            SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
+                   (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
+            FROM (SELECT DISTINCT due.owner FROM due) AS o
+        ), chosen AS (
+            SELECT d.id
+            FROM due AS d
+            JOIN owners AS o ON o.owner = d.owner
+            CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
+            WHERE pgtaskpy.group_has_room(d.max, g.n, d.rank)
+              AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
+              AND pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank)
+            ORDER BY d.max DESC, d.id
+            LIMIT claim_limit - claimed
+        ), claimed AS (
+            UPDATE @extschema@.task AS t
+            SET state = 'TAKE', worker = claimer
+            FROM chosen AS c
+            WHERE t.id = c.id AND t.state = 'PLAN'
+            RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
+        ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
+            SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
         )
-        SELECT array_agg(w.hash) INTO due_groups FROM waiting_groups AS w
-        WHERE w.hash IS NOT NULL
-          AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.waiting_for = 0 AND e.hash = w.hash
-                      AND e.plan <= now());
-    END IF;
-    -- Every due group full, as while workers go on with a busy backlog: no lock.
-    -- Taking it would stall each of those workers for this turn, and a slot
-    -- that frees later wakes the launchers (finish_task, wake_launchers).
-    IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK'))
-       AND NOT EXISTS (
-           SELECT FROM unnest(due_groups) AS w(hash)
-           CROSS JOIN LATERAL (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.waiting_for = 0
-                               AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1) AS first
-           CROSS JOIN LATERAL (SELECT count(*) AS n FROM @extschema@.task AS r
-                               WHERE r.state IN ('TAKE', 'WORK') AND r.hash = w.hash) AS g
-           WHERE pgtaskpy.group_has_room(first.max, g.n, 1))
-    THEN
-        RETURN;
-    END IF;
-    -- Before any row is locked; the claim below reads the table afresh.
-    PERFORM pgtaskpy.lock_scheduling();
-    -- While an exclusive task is due or runs, it alone may be claimed
-    -- (sql/replayed/47_workflows.sql).
-    IF pgtaskpy.exclusive_gate() IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH running AS MATERIALIZED (
-        SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
-    ), due AS MATERIALIZED (
-        -- Per group, the first due tasks in priority order: no more than can
-        -- start (the group's highest max + 1) nor than may be claimed.
-        SELECT c.id, c.hash, c.max, c.owner,
-               row_number() OVER (PARTITION BY c.hash ORDER BY c.max DESC, c.id) AS rank,
-               row_number() OVER (PARTITION BY c.owner ORDER BY c.max DESC, c.id) AS owner_rank,
-               c."group", row_number() OVER (PARTITION BY c.owner, c."group" ORDER BY c.max DESC, c.id) AS group_rank
-        FROM unnest(due_groups) AS w(hash)
-        CROSS JOIN LATERAL (
-            -- "(...) IS TRUE": no index on plan may serve this scan, only the
-            -- one in priority order, whatever the table's statistics say.
-            SELECT t.id, t.hash, t.max, t.owner, t."group"
-            FROM @extschema@.task AS t
-            WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = w.hash
-              AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
-              AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
-              AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
-              -- A task of a named series starts only while no other run of
-              -- the series (owner, key) is claimed or running: its runs never
-              -- overlap, also when task_schedule replaced the waiting run
-              -- while one ran.  (The same in claim_next_task.)
-              AND (t.key IS NULL OR NOT EXISTS (
-                       SELECT FROM @extschema@.task AS k
-                       WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
-            ORDER BY t.max DESC, t.id
-            LIMIT least(claim_limit,
-                        greatest(1, (SELECT f.max FROM @extschema@.task AS f WHERE f.state = 'PLAN' AND f.waiting_for = 0
-                                     AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
-        ) AS c
-    ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
-        SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
-               (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
-        FROM (SELECT DISTINCT due.owner FROM due) AS o
-    ), chosen AS (
-        SELECT d.id
-        FROM due AS d
-        JOIN owners AS o ON o.owner = d.owner
-        CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
-        WHERE pgtaskpy.group_has_room(d.max, g.n, d.rank)
-          AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
-          AND pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank)
-        ORDER BY d.max DESC, d.id
-        LIMIT claim_limit
-    ), claimed AS (
-        UPDATE @extschema@.task AS t
-        SET state = 'TAKE', worker = claimer
-        FROM chosen AS c
-        WHERE t.id = c.id AND t.state = 'PLAN'
-        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
-    ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
-        SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
-    )
-    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
+        SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        claimed := claimed + n;
+        EXIT WHEN claimed >= claim_limit;
+    END LOOP;
 END
 $$;
 

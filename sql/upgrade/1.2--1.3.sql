@@ -74,6 +74,7 @@ DROP INDEX @extschema@.task_plan_waiting, @extschema@.task_hash_waiting, @extsch
 CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_priority_waiting ON @extschema@.task (max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_blocked ON @extschema@.task (id) WHERE state = 'PLAN' AND waiting_for > 0;
 CREATE INDEX task_exclusive_pending ON @extschema@.task (plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
 CREATE TABLE pgtaskpy.pending_prerequisite (

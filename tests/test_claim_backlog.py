@@ -1,0 +1,121 @@
+"""The launcher's claim over a backlog (pgtaskpy.claim_due_tasks): it reads the waiting tasks of
+only a few groups first, yet claims exactly what a look at every group claims: the first
+claim_limit tasks in priority order (higher max, then lower id) whose groups have room.
+
+No launcher runs: each claim is called in a transaction that is rolled back, against a model of
+the rule written here in Python."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass
+class Waiting:
+    id: int
+    group: str
+    max: int
+    due: bool
+
+
+def expected_claims(waiting: list[Waiting], running: dict[str, int], paused: set[str], limit: int) -> list[int]:
+    """pg_task's rule over every group: per group, the first due tasks in priority order, as
+    many as its first waiting task's max allows (max + 1, at least one) and at most `limit`; the
+    rank-th of them has room while rank + running <= its max + 1 (negative max: only the first,
+    while none runs); of those with room, the first `limit` in priority order."""
+    order = sorted(waiting, key=lambda t: (-t.max, t.id))
+    first_max = {}
+    for task in order:
+        first_max.setdefault(task.group, task.max)
+    ranks: dict[str, int] = {}
+    with_room = []
+    for task in order:
+        if not task.due or task.group in paused:
+            continue
+        rank = ranks[task.group] = ranks.get(task.group, 0) + 1
+        if rank > min(limit, max(1, first_max[task.group] + 1)):
+            continue
+        busy = running.get(task.group, 0)
+        if (rank + busy <= task.max + 1) if task.max >= 0 else (rank == 1 and busy == 0):
+            with_room.append(task.id)
+    return with_room[:limit]
+
+
+def claims(db, limit: int) -> list[int]:
+    """What claim_due_tasks(limit) claims now, in priority order (rolled back)."""
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        rows = conn.execute("SELECT c.id FROM pgtaskpy.claim_due_tasks(%s, pg_backend_pid()) AS c"
+                            " JOIN task AS t USING (id) ORDER BY t.max DESC, t.id", [limit]).fetchall()
+        conn.execute("ROLLBACK")
+    return [row[0] for row in rows]
+
+
+def fill(db, rng: random.Random, groups: int, tasks: int) -> tuple[list[Waiting], dict[str, int], set[str]]:
+    """A backlog of `tasks` waiting tasks in `groups` groups (in runs of one group, as bulk
+    inserts make them), some planned ahead, some groups running tasks, one group paused."""
+    names = [f"g{i}" for i in range(groups)]
+    rows = []
+    while len(rows) < tasks:
+        group = rng.choice(names)
+        rows += [(group, rng.choice((-1, 0, 0, 1, 3)), rng.random() < 0.8) for _ in range(rng.randint(1, 60))]
+    db.sql("INSERT INTO task (\"group\", max, plan, input, delete)"
+           " SELECT g, m, CASE WHEN d THEN now() - interval '1 s' ELSE now() + interval '1 day' END, 'SELECT 1', false"
+           " FROM unnest(%s::text[], %s::int[], %s::bool[]) WITH ORDINALITY AS r(g, m, d, i) ORDER BY i",
+           [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]])
+    running = {name: rng.choice((0, 0, 1, 2, 4)) for name in names}
+    for name, n in running.items():
+        db.sql("INSERT INTO task (\"group\", state, worker, input) SELECT %s, 'TAKE', 1, 'SELECT 1'"
+               " FROM generate_series(1, %s)", [name, n])
+    paused = {rng.choice(names)}
+    for name in paused:
+        db.sql("SELECT task_pause(%s)", [name])
+    waiting = [Waiting(*row) for row in db.sql(
+        "SELECT id, \"group\", max, plan <= now() FROM task WHERE state = 'PLAN'")]
+    return waiting, running, paused
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_claim_over_a_backlog_takes_what_a_look_at_every_group_takes(db, seed):
+    rng = random.Random(seed)
+    waiting, running, paused = fill(db, rng, groups=rng.choice((3, 12, 40)), tasks=rng.choice((200, 1500)))
+    for limit in (1, 2, 5, 20, 2000, 2147483647):  # (the launcher without --run: the most there is)
+        assert claims(db, limit) == expected_claims(waiting, running, paused, limit), f"claim_limit {limit}"
+
+
+def test_full_groups_first_in_priority_do_not_hide_the_others(db):
+    # 500 tasks of a full group come first in priority order; the claim still finds the others.
+    db.sql("INSERT INTO task (\"group\", max, input) SELECT 'busy', 5, 'SELECT 1' FROM generate_series(1, 500)")
+    db.sql("INSERT INTO task (\"group\", max, state, worker, input)"
+           " SELECT 'busy', 5, 'WORK', 1, 'SELECT 1' FROM generate_series(1, 6)")
+    other = db.value("INSERT INTO task (\"group\", input) VALUES ('other', 'SELECT 1') RETURNING id")
+    assert claims(db, 1) == [other]
+
+
+def test_tasks_planned_ahead_first_in_priority_do_not_hide_a_due_one(db):
+    db.sql("INSERT INTO task (\"group\", max, plan, input)"
+           " SELECT 'g' || (i % 50), 1, now() + interval '1 day', 'SELECT 1' FROM generate_series(1, 1000) AS i")
+    due = db.value("INSERT INTO task (\"group\", input) VALUES ('g7', 'SELECT 1') RETURNING id")
+    assert claims(db, 1) == [due]
+
+
+def test_a_paused_group_first_in_priority_does_not_hide_the_others(db):
+    db.sql("INSERT INTO task (\"group\", max, input) SELECT 'held', 2, 'SELECT 1' FROM generate_series(1, 300)")
+    db.sql("SELECT task_pause('held')")
+    free = db.value("INSERT INTO task (\"group\", input) VALUES ('free', 'SELECT 1') RETURNING id")
+    assert claims(db, 3) == [free]
+
+
+def test_a_claim_takes_no_task_of_the_first_groups_past_a_better_one_of_another(db):
+    # In priority order: b1, c1, e1 (their groups full), d1, b2.  The first look covers groups b,
+    # c and e only (claim_limit + 1); b2 has room too, but d1 comes first.
+    def insert(group: str, max: int) -> int:
+        return db.value("INSERT INTO task (\"group\", max, input) VALUES (%s, %s, 'SELECT 1') RETURNING id",
+                        [group, max])
+    b1, _c1, _e1, d1, _b2 = insert("b", 3), insert("c", 3), insert("e", 3), insert("d", 2), insert("b", 1)
+    db.sql("INSERT INTO task (\"group\", max, state, worker, input)"
+           " SELECT g, 3, 'WORK', 1, 'SELECT 1' FROM unnest('{c,e}'::text[]) AS g, generate_series(1, 4)")
+    assert claims(db, 2) == [b1, d1]
