@@ -5,6 +5,7 @@
 #   make test             the whole test suite: the unit tier, then the integration tier against a real server
 #   make unit             the unit tier alone (tests/unit: no server, seconds)
 #   make bench            the benchmark (bench/bench.py; figures in bench/RESULTS.md)
+#   make bench-peers      pg_task_py beside pg_cron, same schedules, same minutes (bench/peers.py)
 #   make lint             ruff on the launcher, the PL/Python sources, the tests and their helpers
 
 EXTENSION = pg_task_py
@@ -31,7 +32,7 @@ sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 VENV ?= .venv
 PYTEST = $(VENV)/bin/python -m pytest
 
-.PHONY: setup demo demo-ha test unit bench lint
+.PHONY: setup demo demo-ha test unit bench bench-peers lint
 setup:
 	bash scripts/setup.sh
 
@@ -52,6 +53,13 @@ unit:
 
 bench: setup
 	$(VENV)/bin/python bench/bench.py $(BENCH_ARGS)
+
+# pg_cron from the distribution (postgresql-15-cron), installed here when missing: only this needs it.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+bench-peers: setup
+	@[ -f "$$($(PG_CONFIG) --sharedir)/extension/pg_cron.control" ] || { $(SUDO) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql-15-cron >/dev/null; }
+	$(VENV)/bin/python bench/peers.py $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check python sql/plpython sql/build.py tests testkit bench scripts

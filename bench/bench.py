@@ -3,10 +3,11 @@
 
 Every figure comes from the server's own timestamps (`plan`, `start`, `stop`);
 every wait has a deadline, and a scenario that times out reports it instead of
-hanging.  Prints one table, then one JSON line a scenario.
+hanging.  Prints a table a cluster, then one JSON line a scenario.
 
-    make bench                      # all scenarios
+    make bench                      # all scenarios, and the start path's on a durable cluster too
     make bench BENCH_ARGS="-s serial -s reuse"
+    make bench BENCH_ARGS="-s serial -s reuse --durable"
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -251,6 +253,59 @@ def waiting(cluster) -> dict:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def burst(count: int = 200, sleep: float = 3.0) -> dict:
+    """`count` tasks of pg_sleep(`sleep`), each in a group of its own, inserted at once with no
+    worker yet: start - plan (median, p95, last), how many ran at once at the most; beside the
+    time this server takes to open `count` plain sessions at once (threads, each connecting), the
+    bound a burst of new sessions cannot beat.  On a cluster of its own with room for the tasks'
+    backends (max_connections 4 count)."""
+    with throwaway_cluster({"max_connections": str(4 * count)}) as cluster:
+        cluster.create_database("burst")
+        launcher = Launcher(cluster.dsn("burst")).start()
+        try:
+            launcher.wait_active()
+            time.sleep(1.0)  # the spare worker warms up
+            sessions_s = open_sessions_seconds(cluster, count)
+            with cluster.connect("burst") as conn:
+                conn.execute("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i, %s, false"
+                             " FROM generate_series(1, %s) AS i", [f"SELECT pg_sleep({sleep})", count])
+                wait_all_ended(conn)
+                lags = [float(row[0]) for row in conn.execute(
+                    "SELECT extract(epoch FROM start - plan) * 1000 FROM task WHERE state = 'DONE'")]
+                most = conn.execute(
+                    "SELECT max(running) FROM (SELECT sum(d) OVER (ORDER BY at, d) AS running"
+                    " FROM (SELECT start AS at, 1 AS d FROM task UNION ALL SELECT stop, -1 FROM task) AS e) AS r"
+                ).fetchone()[0]
+        finally:
+            launcher.stop()
+    return {"tasks": count, "done": len(lags), "start_lag_median_ms": round(statistics.median(lags), 1),
+            "start_lag_p95_ms": round(percentile(lags, 0.95), 1), "start_lag_last_ms": round(max(lags), 1),
+            "most_at_once": most, "open_sessions_ms": round(1000 * sessions_s, 1),
+            "p95_of_open_sessions": round(percentile(lags, 0.95) / (1000 * sessions_s), 2)}
+
+
+def open_sessions_seconds(cluster, count: int) -> float:
+    """Seconds from the first of `count` threads starting to connect to the last connected."""
+    connected = []
+    ready = threading.Barrier(count + 1)
+
+    def session() -> None:
+        ready.wait()
+        connected.append(psycopg.connect(cluster.dsn("burst")))
+
+    threads = [threading.Thread(target=session) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    for conn in connected:
+        conn.close()
+    return seconds
 
 
 def idle(conn, launcher, seconds: float = 10.0) -> dict:
@@ -597,19 +652,23 @@ SCENARIOS = {
     "retry": None,  # needs the launcher: see retry()
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
+    "burst": None,  # a cluster of its own: see burst()
     "stats": None,  # needs the cluster: see stats_view()
     "events": None,  # needs the launcher: see events()
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-s", "--scenario", action="append", choices=list(SCENARIOS),
-                        help="run only these (repeatable)")
-    args = parser.parse_args()
-    chosen = args.scenario or list(SCENARIOS)
+# A production server's settings: every commit waits for its WAL to reach the disk.
+DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+# The scenarios of the start path, which a durable cluster changes most (each task commits).
+DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "reuse")
+
+
+def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> list[dict]:
+    """The floor, then the chosen scenarios, on a throw-away cluster of their own (SETTINGS, with
+    `settings` over them) with one launcher; each result with its ratio to the floor."""
     results = []
-    with throwaway_cluster() as cluster:
+    with throwaway_cluster(settings) as cluster:
         floor_result = None
         cluster.create_database("bench")
         launcher = Launcher(cluster.dsn("bench")).start()
@@ -624,24 +683,7 @@ def main() -> None:
                 time.sleep(1.0)  # the spare worker warms up
                 for name in chosen:
                     try:
-                        if name == "idle":
-                            results.append({"scenario": name, **idle(conn, launcher)})
-                        elif name == "backlog":
-                            results.append({"scenario": name, **backlog(cluster)})
-                        elif name == "waiting":
-                            results.append({"scenario": name, **waiting(cluster)})
-                        elif name == "stats":
-                            results.append({"scenario": name, **stats_view(cluster)})
-                        elif name == "events":
-                            results.append({"scenario": name, **events(conn, launcher)})
-                        elif name == "chain":
-                            results.append({"scenario": name, **chain(conn, launcher)})
-                        elif name == "cron":
-                            results.append({"scenario": name, **cron(conn, launcher)})
-                        elif name == "retry":
-                            results.append({"scenario": name, **retry(conn, launcher)})
-                        else:
-                            results.append({"scenario": name, **SCENARIOS[name](conn)})
+                        results.append({"scenario": name, **run_scenario(name, cluster, conn, launcher)})
                     except TimedOut as exc:
                         results.append({"scenario": name, "timeout": str(exc)})
                     conn.execute("DELETE FROM task")
@@ -651,12 +693,54 @@ def main() -> None:
     for result in results:
         if floor_tps and "tasks_per_s" in result and result["scenario"] != "floor":
             result["of_floor"] = round(result["tasks_per_s"] / floor_tps, 3)
-    print(f"{'scenario':<10} result")
-    for result in results:
-        figures = ", ".join(f"{k} {v}" for k, v in result.items() if k != "scenario")
-        print(f"{result['scenario']:<10} {figures}")
-    for result in results:
-        print(json.dumps(result))
+    return results
+
+
+def run_scenario(name: str, cluster, conn, launcher) -> dict:
+    if name == "idle":
+        return idle(conn, launcher)
+    if name == "backlog":
+        return backlog(cluster)
+    if name == "burst":
+        return burst()
+    if name == "waiting":
+        return waiting(cluster)
+    if name == "stats":
+        return stats_view(cluster)
+    if name == "events":
+        return events(conn, launcher)
+    if name == "chain":
+        return chain(conn, launcher)
+    if name == "cron":
+        return cron(conn, launcher)
+    if name == "retry":
+        return retry(conn, launcher)
+    return SCENARIOS[name](conn)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-s", "--scenario", action="append", choices=list(SCENARIOS),
+                        help="run only these (repeatable)")
+    parser.add_argument("--durable", action="store_true",
+                        help="also run the chosen start-path scenarios (" + ", ".join(DURABLE_SCENARIOS) + ") on a"
+                        " cluster with fsync, synchronous_commit and full_page_writes on (the default when no"
+                        " scenario is chosen)")
+    args = parser.parse_args()
+    chosen = args.scenario or list(SCENARIOS)
+    runs = {"fsync off": run_scenarios(chosen)}
+    durable = [name for name in chosen if name in DURABLE_SCENARIOS]
+    if (args.durable or not args.scenario) and durable:
+        runs["durable"] = run_scenarios(durable, DURABLE)
+    for cluster_name, results in runs.items():
+        print(f"{cluster_name}:")
+        print(f"  {'scenario':<10} result")
+        for result in results:
+            figures = ", ".join(f"{k} {v}" for k, v in result.items() if k != "scenario")
+            print(f"  {result['scenario']:<10} {figures}")
+    for cluster_name, results in runs.items():
+        for result in results:
+            print(json.dumps({"cluster": cluster_name, **result}))
 
 
 if __name__ == "__main__":

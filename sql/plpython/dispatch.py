@@ -29,6 +29,14 @@ KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the nex
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
+# Most new worker backends a turn connects (one after another: dblink_connect waits for each).
+# A turn's claimed tasks start only once it commits, so a burst is claimed a few at a time:
+# the first tasks start after a few connections, not after one for every task.
+NEW_WORKERS_A_TURN = 8
+# Seconds ahead: workers are connected and warm for the groups whose tasks come due this soon
+# (a cron minute's burst starts in workers that are ready, not after a connection each).
+WARM_AHEAD = 3.0
+MOST_WARM = 1000  # most idle workers kept warm for tasks coming due
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
@@ -297,20 +305,29 @@ def close_idle_workers(ctx, pool, keep_spare):
     return next_due
 
 
-def ensure_spare_worker(ctx, pool, events, run_limit):
-    """Keep one idle worker with PL/Python loaded, so the next task pays neither a
-    backend start nor PL/Python's start before it runs (bench/RESULTS.md)."""
-    if any(w["task"] in (None, WARM_UP) and w["key"] is None for w in pool["workers"].values()):
-        return  # one is idle or warming up already
-    if len(pool["workers"]) >= run_limit or pool.get("cap") is not None:
-        return  # no spare while the server is short of connections
-    try:
-        name = new_worker(ctx, pool)
-        ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-            [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
-        pool["workers"][name]["task"] = WARM_UP
-    except ctx.plpy.SPIError as exc:
-        events.append({"event": "spare_failed", "message": str(exc)})
+def warm_workers(ctx, pool, events, run_limit):
+    """Keep idle workers with PL/Python loaded (each with a session started ahead): one spare,
+    or as many as groups have tasks coming due within WARM_AHEAD, so that those tasks pay
+    neither a backend start nor PL/Python's start before they run (bench/RESULTS.md).  At
+    most NEW_WORKERS_A_TURN new ones a turn; True when more are wanted."""
+    if pool.get("cap") is not None:
+        return False  # none ahead of need while the server is short of connections
+    idle = sum(1 for w in pool["workers"].values() if w["task"] in (None, WARM_UP))
+    room = run_limit - len(pool["workers"])
+    if room <= 0:
+        return False
+    wanted = max(1, ctx.run("due_soon", "SELECT pgtaskpy.groups_due_soon($1, $2) AS n", ["float8", "integer"],
+                            [WARM_AHEAD, min(idle + room, MOST_WARM)])[0]["n"]) - idle
+    for _ in range(min(wanted, NEW_WORKERS_A_TURN)):
+        try:
+            name = new_worker(ctx, pool)
+            ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+                [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
+            pool["workers"][name]["task"] = WARM_UP
+        except ctx.plpy.SPIError as exc:
+            events.append({"event": "spare_failed", "message": str(exc)})
+            return False
+    return wanted > NEW_WORKERS_A_TURN
 
 
 def cancel_running_tasks(ctx, pool, events):
@@ -359,13 +376,14 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     if housekeeping_due:
         housekeeping(ctx, pool, events, run_limit)
     busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+    idle = len(pool["workers"]) - busy
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     claimed = ctx.run(
         "claim",
         "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
         ["integer", "integer"],
-        [max(0, limit - busy), claimer],
+        [max(0, min(limit - busy, idle + NEW_WORKERS_A_TURN)), claimer],
     )
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
@@ -387,7 +405,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         for task in claimed:
             start(ctx, pool, task, claimer, events)
         waits.append(0.01)  # the next turn replaces the spare these may have used
-    elif run_limit > 0 and not answering:
-        ensure_spare_worker(ctx, pool, events, run_limit)
+    elif run_limit > 0 and not answering and warm_workers(ctx, pool, events, run_limit):
+        waits.append(0.1)  # more to warm: the next few, soon
     running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
     return json.dumps(events), max(0.0, min(waits)), running

@@ -925,8 +925,22 @@ AS $$
     WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > now() AND isfinite(t.plan)  -- (rows from before the bounds)
 $$;
 
+-- How many groups (at most `most`) have waiting tasks coming due within
+-- `seconds`: the launcher has as many workers ready by then (dispatch.py,
+-- warm_workers), so that a minute's cron runs start at once.
+CREATE FUNCTION pgtaskpy.groups_due_soon(seconds double precision, most integer) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*)::integer FROM (
+        SELECT DISTINCT t.hash FROM @extschema@.task AS t
+        WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > now()
+          AND t.plan <= now() + seconds * interval '1 second'
+        LIMIT most) AS s
+$$;
+
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.groups_due_soon(double precision, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
