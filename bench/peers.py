@@ -1,7 +1,7 @@
 """`make bench-peers`: pg_task_py beside pg_cron (Debian's postgresql-15-cron, 1.4: schedules of
 whole minutes), each on a throw-away cluster of its own, in the same minutes: 20 jobs of
 `* * * * *` running `SELECT 1` in pg_cron, 20 series of the same schedule in pg_task_py
-(task_schedule, each in a group of its own, as pg_cron's jobs run side by side), and how late
+(task_schedule: each series in a group of its own, side by side as pg_cron's jobs), and how late
 each run starts after its minute: `start_time` in cron.job_run_details, `start - plan` in task
 (a cron run's plan is its minute).
 
@@ -66,8 +66,7 @@ def main() -> None:
             wait_for_second(5, 40)
             for job in range(args.jobs):
                 cron.execute("SELECT cron.schedule(%s, '* * * * *', 'SELECT 1')", [f"job{job}"])
-                # Each series in a group of its own: pg_cron's jobs run side by side, a group one task at a time.
-                conn.execute("SELECT task_schedule(%s, '* * * * *', 'SELECT 1', \"group\" => %s)", [f"job{job}"] * 2)
+                conn.execute("SELECT task_schedule(%s, '* * * * *', 'SELECT 1')", [f"job{job}"])
             first = cron.execute("SELECT date_trunc('minute', now()) + interval '1 minute'").fetchone()[0]
             last = cron.execute("SELECT %s::timestamptz + %s * interval '1 minute'",
                                 [first, args.minutes - 1]).fetchone()[0]

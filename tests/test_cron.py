@@ -387,6 +387,19 @@ def test_task_schedule_replaces_and_never_duplicates(db):
     assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 1
 
 
+def test_series_run_side_by_side_each_in_a_group_of_its_own(running):
+    """As pg_cron's jobs: task_schedule without a group puts the series in a group named by its
+    key, so two series due at once run at once; one group given to both runs them in turn."""
+    for key in ("left", "right"):
+        running.value("SELECT task_schedule(%s, '1 seconds', 'SELECT pg_sleep(1.5)')", [key])
+    assert running.sql("SELECT key, \"group\" FROM task ORDER BY key") == [("left", "left"), ("right", "right")]
+    wait_until(lambda: running.value("SELECT count(DISTINCT key) FROM task WHERE state = 'WORK'") == 2, 20,
+               message="both series running at once")
+    for key in ("left", "right"):
+        running.value("SELECT task_schedule(%s, '1 seconds', 'SELECT pg_sleep(1.5)', \"group\" => 'nightly')", [key])
+    assert running.value("SELECT count(*) FROM task WHERE state = 'PLAN' AND \"group\" = 'nightly'") == 2
+
+
 def test_named_series_through_the_launcher(running):
     """Replaced while it runs, the run finishes and the series goes on with the new definition (never
     two runs at once); unscheduled while it runs, the run finishes and gets no next run."""

@@ -312,7 +312,8 @@ def warm_workers(ctx, pool, events, run_limit):
     most NEW_WORKERS_A_TURN new ones a turn; True when more are wanted."""
     if pool.get("cap") is not None:
         return False  # none ahead of need while the server is short of connections
-    idle = sum(1 for w in pool["workers"].values() if w["task"] in (None, WARM_UP))
+    # (a worker keeping a task's session for its group closes it within a second: not counted)
+    idle = sum(1 for w in pool["workers"].values() if w["task"] in (None, WARM_UP) and w["key"] is None)
     room = run_limit - len(pool["workers"])
     if room <= 0:
         return False

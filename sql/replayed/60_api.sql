@@ -249,8 +249,8 @@ COMMENT ON FUNCTION @extschema@.task_retry IS 'run an ended (FAIL, GONE or STOP)
 -- first match, unless expression and zone are unchanged); while a run is in
 -- progress, the new definition waits beside it (the series' runs never
 -- overlap), and that run's end inserts no other.  Unset arguments take the
--- column defaults (settings pg_task.tz, pg_task."group", ...), also when
--- replacing; the other columns of a waiting run keep their values.  Returns
+-- column defaults (settings pg_task.tz, pg_task.max, ...; the group: the key),
+-- also when replacing; the other columns of a waiting run keep their values.  Returns
 -- the id of the series' waiting run.  Row-level security and `owner =
 -- current_user`: a role names only its own series.
 CREATE FUNCTION @extschema@.task_schedule(
@@ -261,7 +261,9 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     zone text := COALESCE(tz, pgtaskpy.setting_default('tz', 'UTC'::text));
-    group_name text := COALESCE("group", pgtaskpy.setting_default('group', 'group'::text));
+    -- A series runs in a group of its own, named by its key, unless given one: series run side
+    -- by side, as pg_cron's jobs do (the runs of one series never overlap anyway).
+    group_name text := COALESCE("group", key);
     group_max integer := COALESCE(max, pgtaskpy.setting_default('max', 0));
     statement_timeout interval := COALESCE(timeout, pgtaskpy.setting_default('timeout', interval '0 sec'));
     task_id bigint;
