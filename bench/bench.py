@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from pg_task_py_testing import PG_BIN, Launcher, throwaway_cluster
+from pg_task_py_testing import PG_BIN, Launcher, most_at_once, throwaway_cluster
 
 DEADLINE = 120.0  # seconds any one scenario may take
 
@@ -148,15 +148,30 @@ def claim_ms(conn, repeat: int = 200) -> float:
     return round(float(statistics.median(times)), 3)
 
 
+def with_one_due_task(cluster, *names: str) -> None:
+    """New databases `names`, each holding one due task: what a claim costs at the least."""
+    for name in names:
+        cluster.create_database(name)
+        with cluster.connect(name) as conn:
+            conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+
+
+def claims_in_turns(empty, held, turns: int) -> tuple[float, float]:
+    """Median claim time (ms) in `empty` and in `held`, `turns` rounds of 40 claims each in
+    turns, so that both see the same machine load."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(turns):
+        times[0].append(claim_ms(empty, 40))
+        times[1].append(claim_ms(held, 40))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def backlog(cluster) -> dict:
     """Claim cost of one due task with 1,000,000 finished rows and 100,000 waiting ones (planned
     ahead), with those 100,000 all due, in 100 groups and in 10,000, each against a table holding
     the one due task only, measured in turns with it (so that both see the same machine load); in
     databases of their own, with no launcher."""
-    for name in ("backlog_empty", "backlog"):
-        cluster.create_database(name)
-        with cluster.connect(name) as conn:
-            conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+    with_one_due_task(cluster, "backlog_empty", "backlog")
     result = {}
     with cluster.connect("backlog_empty") as empty, cluster.connect("backlog") as conn:
         conn.execute("ALTER TABLE task DISABLE TRIGGER USER")
@@ -175,11 +190,7 @@ def backlog(cluster) -> dict:
             if change:
                 conn.execute(change)
             settle(conn)
-            times: dict[str, list[float]] = {"empty": [], "held": []}
-            for _ in range(5):
-                times["empty"].append(claim_ms(empty, 40))
-                times["held"].append(claim_ms(conn, 40))
-            empty_ms, held_ms = (statistics.median(times[name]) for name in ("empty", "held"))
+            empty_ms, held_ms = claims_in_turns(empty, conn, 5)
             result.update({f"{figure}_empty_ms": round(empty_ms, 3), f"{figure}_ms": round(held_ms, 3),
                            f"{figure}_ratio": round(held_ms / empty_ms, 2)})
         result["groups_due"] = conn.execute(
@@ -227,26 +238,18 @@ def waiting(cluster) -> dict:
     """Claim cost of one due task with 100,000 tasks waiting for a prerequisite (planned a day
     ahead), against a table holding the one due task only; each in a database of its own, no
     launcher, measured in turns (10 of 40 claims each), so that both see the same machine load."""
-    for name in ("waiting_empty", "waiting"):
-        cluster.create_database(name)
-        with cluster.connect(name) as conn:
-            conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+    with_one_due_task(cluster, "waiting_empty", "waiting")
     with cluster.connect("waiting") as conn:
         first = conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')"
                              " RETURNING id").fetchone()[0]
         conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i %% 100),"
                      " ARRAY[%s]::bigint[] FROM generate_series(1, 100000) AS i", [first])
-        conn.execute("VACUUM ANALYZE task")
         conn.execute("VACUUM ANALYZE pgtaskpy.pending_prerequisite")  # (not autovacuum while timed)
-        conn.execute("CHECKPOINT")  # write the new rows out now, not while the claims are timed
+        settle(conn)
         counted = conn.execute("SELECT count(*) FROM task WHERE waiting_for = 1").fetchone()[0]
-    times: dict[str, list[float]] = {"waiting_empty": [], "waiting": []}
     with cluster.connect("waiting_empty") as empty, cluster.connect("waiting") as held:
-        for _ in range(10):
-            times["waiting_empty"].append(claim_ms(empty, 40))
-            times["waiting"].append(claim_ms(held, 40))
-    empty_ms, held_ms = (round(statistics.median(times[name]), 3) for name in ("waiting_empty", "waiting"))
-    return {"empty_ms": empty_ms, "waiting_ms": held_ms, "ratio": round(held_ms / empty_ms, 2),
+        empty_ms, held_ms = claims_in_turns(empty, held, 10)
+    return {"empty_ms": round(empty_ms, 3), "waiting_ms": round(held_ms, 3), "ratio": round(held_ms / empty_ms, 2),
             "waiting_tasks": counted}
 
 
@@ -274,10 +277,7 @@ def burst(count: int = 200, sleep: float = 3.0) -> dict:
                 wait_all_ended(conn)
                 lags = [float(row[0]) for row in conn.execute(
                     "SELECT extract(epoch FROM start - plan) * 1000 FROM task WHERE state = 'DONE'")]
-                most = conn.execute(
-                    "SELECT max(running) FROM (SELECT sum(d) OVER (ORDER BY at, d) AS running"
-                    " FROM (SELECT start AS at, 1 AS d FROM task UNION ALL SELECT stop, -1 FROM task) AS e) AS r"
-                ).fetchone()[0]
+                most = most_at_once(conn.execute("SELECT start, stop FROM task WHERE state = 'DONE'").fetchall())
         finally:
             launcher.stop()
     return {"tasks": count, "done": len(lags), "start_lag_median_ms": round(statistics.median(lags), 1),

@@ -18,6 +18,8 @@ import time
 
 from pg_task_py_testing import Launcher, throwaway_cluster
 
+from bench import percentile  # (bench/bench.py, beside this script)
+
 # pg_cron runs its jobs in background workers (no loopback login to set up), as many at once as
 # there are jobs; its launcher connects to the database `postgres`.
 PG_CRON_SETTINGS = {
@@ -27,11 +29,6 @@ PG_CRON_SETTINGS = {
     "cron.max_running_jobs": "100",
     "max_worker_processes": "128",
 }
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
 def summary(offsets_ms: list[float]) -> dict:
