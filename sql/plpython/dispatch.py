@@ -8,7 +8,9 @@ launcher wakes (NOTIFY, a planned time, or a second passing):
 3. collect workers whose CALL has returned, and log what they report (a
    worker may have gone on with its group's next tasks);
 4. start each claimed task on an idle worker backend (kept open, so a task
-   pays no connection start-up) or on a new one, with dblink_send_query;
+   pays no connection start-up) or on a new one, with dblink_send_query; a
+   burst (more tasks than idle workers) goes TASKS_A_WORKER tasks to a worker,
+   which runs them side by side (run_batch.py);
 5. close workers idle too long; say when to wake up next.
 
 Worker backends are this session's dblink connections; their state lives in
@@ -33,6 +35,9 @@ WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare wor
 # A turn's claimed tasks start only once it commits, so a burst is claimed a few at a time:
 # the first tasks start after a few connections, not after one for every task.
 NEW_WORKERS_A_TURN = 8
+# Most tasks of a burst one worker runs side by side (pgtaskpy.run_tasks): a burst of N tasks
+# holds N task sessions and about N / TASKS_A_WORKER workers, and waits for as few connections.
+TASKS_A_WORKER = 25
 # Seconds ahead: workers are connected and warm for the groups whose tasks come due this soon
 # (a cron minute's burst starts in workers that are ready, not after a connection each).
 WARM_AHEAD = 3.0
@@ -66,8 +71,9 @@ def worker_conninfo(ctx):
 
 # The layout of the pool below and of what its workers keep in GD (sessions.py).  A
 # pool of another layout was left by the code before an update, and so were its workers'
-# sessions: the new code starts afresh.  (3: workers keep a TaskSessions object.)
-POOL_LAYOUT = 3
+# sessions: the new code starts afresh.  (3: workers keep a TaskSessions object;
+# 4: a worker's "tasks", all it was given.)
+POOL_LAYOUT = 4
 
 
 def state(ctx):
@@ -112,15 +118,14 @@ def collect(ctx, pool, name, worker, events):
             error = message.strip()
     except ctx.plpy.SPIError as exc:
         error = str(exc)
-    first_task = worker["task"]
-    worker["task"] = None
+    first_task, given = worker["task"], worker["tasks"]
+    worker["task"], worker["tasks"] = None, []
     worker["idle_since"] = time.monotonic()
     worker["key"] = report.get("key") if report else None
     if first_task != WARM_UP:
         # A task it was given but found not claimed (stopped or deleted meanwhile,
         # or an error before it took the row) is left to be claimed again.
-        ctx.run("unclaim_first", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], pg_backend_pid())", ["bigint"],
-                [first_task])
+        ctx.run("unclaim_given", "SELECT pgtaskpy.unclaim_tasks($1, pg_backend_pid())", ["bigint[]"], [given])
     if report:
         for task_id in report["started"]:
             events.append({"event": "start", "id": task_id, "worker": name})
@@ -173,14 +178,14 @@ def reap(ctx, pool, events):
         "SELECT array_agg(worker) AS pids, array_agg(id) AS ids FROM {ext}.task"
         " WHERE state IN ('TAKE', 'WORK') AND (worker = ANY($1) OR id = ANY($2))",
         ["integer[]", "bigint[]"],
-        [[w["pid"] for w in busy.values()], [w["task"] for w in busy.values()]],
+        [[w["pid"] for w in busy.values()], [t for w in busy.values() for t in w["tasks"]]],
     )[0]
     pids, ids = set(working["pids"] or ()), set(working["ids"] or ())
     answering = False
     for name, worker in busy.items():
         # A worker returns right after committing its last task's end: wait that
         # moment, so that the next task of a reusable session finds it idle.
-        finishing = worker["task"] != WARM_UP and worker["pid"] not in pids and worker["task"] not in ids
+        finishing = worker["task"] != WARM_UP and worker["pid"] not in pids and ids.isdisjoint(worker["tasks"])
         patience = time.monotonic() + (ANSWER_WAIT if finishing else 0)
         while is_busy(ctx, name) and time.monotonic() < patience:
             time.sleep(0.0002)
@@ -191,6 +196,11 @@ def reap(ctx, pool, events):
     return answering
 
 
+def running_tasks(pool):
+    """The tasks this launcher's workers were given and have not returned (a warming spare counts one)."""
+    return sum(len(w["tasks"]) for w in pool["workers"].values() if w["task"] is not None)
+
+
 def limit_concurrency(ctx, pool):
     """The server has no connection to spare: run no more tasks at once than now.
 
@@ -198,7 +208,7 @@ def limit_concurrency(ctx, pool):
     max_connections is shared with everyone else, so the limit is learnt
     rather than configured; housekeeping relaxes it by one a second.
     """
-    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
+    busy = running_tasks(pool)
     pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
     for name, worker in list(pool["workers"].items()):
         if worker["task"] is None:
@@ -232,7 +242,7 @@ def unclaim_strays(ctx, pool):
     failover: pgtaskpy.unclaim_strays) wait again."""
     workers = pool["workers"].values()
     return ctx.run("strays", "SELECT pgtaskpy.unclaim_strays($1, $2, $3) AS n", ["integer", "bigint[]", "integer[]"],
-                   [pool["pid"], [w["task"] for w in workers if w["task"] is not None],
+                   [pool["pid"], [t for w in workers for t in w["tasks"]],
                     [w["pid"] for w in workers if w["task"] is None]])[0]["n"]
 
 
@@ -262,26 +272,62 @@ def new_worker(ctx, pool):
     pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, pg_catalog.format("
                   "'SELECT pg_backend_pid(), pg_catalog.set_config(''pgtaskpy.standby'', %L, false)', $2))"
                   " AS r(p integer, s text)", ["text", "text"], [name, launcher_standby(ctx)])[0]["p"]
-    pool["workers"][name] = {"task": None, "key": None, "idle_since": time.monotonic(), "pid": pid}
+    pool["workers"][name] = {"task": None, "tasks": [], "key": None, "idle_since": time.monotonic(), "pid": pid}
     return name
 
 
-def start(ctx, pool, task, claimer, events):
+def start(ctx, pool, tasks, claimer, events):
+    """Send a worker its tasks: one to run_task (which goes on with its group), or a burst's
+    several to run_tasks (side by side)."""
+    task = tasks[0]
+    call = (f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)" if len(tasks) == 1 else
+            f"CALL pgtaskpy.run_tasks(ARRAY[{', '.join(str(int(t['id'])) for t in tasks)}]::bigint[],"
+            f" {int(claimer)}, NULL)")
     try:
         name = pick_worker(ctx, pool, task)
-        ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-            [name, f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)"])
+        ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"], [name, call])
     except ctx.plpy.SPIError as exc:
-        # No backend for it now (max_connections?): the task waits for the next turn.
-        ctx.run("unclaim", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], $2)", ["bigint", "integer"],
-                [task["id"], claimer])
+        # No backend for them now (max_connections?): the tasks wait for the next turn.
+        ctx.run("unclaim", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"],
+                [[t["id"] for t in tasks], claimer])
         limit_concurrency(ctx, pool)
-        events.append({"event": "start_failed", "id": task["id"], "message": str(exc)})
-        return
+        for t in tasks:
+            events.append({"event": "start_failed", "id": t["id"], "message": str(exc)})
+        return False
     worker = pool["workers"][name]
-    worker["task"] = task["id"]
-    worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] else None
-    events.append({"event": "start", "id": task["id"], "worker": name})
+    worker["task"], worker["tasks"] = task["id"], [t["id"] for t in tasks]
+    worker["key"] = [task["owner"], task["remote"], task["hash"]] if task["reuse"] and len(tasks) == 1 else None
+    for t in tasks:
+        events.append({"event": "start", "id": t["id"], "worker": name})
+    return True
+
+
+def start_claimed(ctx, pool, claimed, claimer, events):
+    """Start the claimed tasks: each on a worker of its own while idle workers are enough, else
+    (a burst) those that start a new local session TASKS_A_WORKER to a worker.  At most
+    NEW_WORKERS_A_TURN new workers: the tasks left wait again for the next turn."""
+    idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
+    jobs = [[task] for task in claimed]
+    if len(claimed) > idle:
+        alone = {row["id"] for row in ctx.run(
+            "alone", "SELECT id FROM {ext}.task WHERE id = ANY($1) AND target IS NOT NULL", ["bigint[]"],
+            [[t["id"] for t in claimed if t["remote"] is None and not t["reuse"]]])}
+        shared = [t for t in claimed if t["remote"] is None and not t["reuse"] and t["id"] not in alone]
+        shared_ids = {t["id"] for t in shared}
+        jobs = ([[t] for t in claimed if t["id"] not in shared_ids]
+                + [shared[i:i + TASKS_A_WORKER] for i in range(0, len(shared), TASKS_A_WORKER)])
+    new_workers = 0
+    for number, job in enumerate(jobs):
+        if idle == 0 and new_workers == NEW_WORKERS_A_TURN:
+            left = [t["id"] for later in jobs[number:] for t in later]
+            ctx.run("unclaim_left", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"], [left, claimer])
+            return
+        if idle > 0:
+            idle -= 1
+        else:
+            new_workers += 1
+        if not start(ctx, pool, job, claimer, events):
+            return  # the server is short of connections: the rest wait for the next turn
 
 
 def close_idle_workers(ctx, pool, keep_spare):
@@ -325,6 +371,7 @@ def warm_workers(ctx, pool, events, run_limit):
             ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
                 [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
             pool["workers"][name]["task"] = WARM_UP
+            pool["workers"][name]["tasks"] = [WARM_UP]
         except ctx.plpy.SPIError as exc:
             events.append({"event": "spare_failed", "message": str(exc)})
             return False
@@ -376,15 +423,15 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         cancel_running_tasks(ctx, pool, events)
     if housekeeping_due:
         housekeeping(ctx, pool, events, run_limit)
-    busy = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    idle = len(pool["workers"]) - busy
+    busy = running_tasks(pool)
+    idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     claimed = ctx.run(
         "claim",
         "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
         ["integer", "integer"],
-        [max(0, min(limit - busy, idle + NEW_WORKERS_A_TURN)), claimer],
+        [max(0, min(limit - busy, idle + NEW_WORKERS_A_TURN * TASKS_A_WORKER)), claimer],
     )
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
@@ -403,10 +450,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     if claimed:
         # Started last: each worker waits for this transaction's commit to take
         # its task, so nothing slow (a new spare's connection) may follow.
-        for task in claimed:
-            start(ctx, pool, task, claimer, events)
+        start_claimed(ctx, pool, claimed, claimer, events)
         waits.append(0.01)  # the next turn replaces the spare these may have used
     elif run_limit > 0 and not answering and warm_workers(ctx, pool, events, run_limit):
         waits.append(0.1)  # more to warm: the next few, soon
-    running = sum(1 for w in pool["workers"].values() if w["task"] is not None)
-    return json.dumps(events), max(0.0, min(waits)), running
+    return json.dumps(events), max(0.0, min(waits)), running_tasks(pool)

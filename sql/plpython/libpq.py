@@ -204,6 +204,7 @@ class Session:
         if not self.handle:
             raise ConnectError("out of memory")
         self.notices = []
+        self.answered = True  # no query sent, or every result of the last one read
         # Kept on self: ctypes must not collect the callback while libpq holds it.
         self._receiver = NoticeReceiver(self._on_notice)
         self._polling = None if wait else PGRES_POLLING_WRITING
@@ -260,6 +261,16 @@ class Session:
         return bool(self.handle) and (self._polling is not None or PQstatus(self.handle) == CONNECTION_OK)
 
     @property
+    def connecting(self):
+        """Still connecting: advance() takes the attempt on."""
+        return self._polling is not None
+
+    @property
+    def socket(self):
+        """The socket to wait on, and whether for writing (else for reading)."""
+        return PQsocket(self.handle), self._polling == PGRES_POLLING_WRITING
+
+    @property
     def pid(self):
         return PQbackendPID(self.handle)
 
@@ -293,6 +304,7 @@ class Session:
             )
         if not sent:
             raise ConnectError(self.error_message())
+        self.answered = False
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
 
@@ -313,6 +325,19 @@ class Session:
                     break
             handle = PQgetResult(self.handle)
             if not handle:
+                self.answered = True
+                return
+            yield Result(handle)
+
+    def arrived_results(self):
+        """Yield each result of the query sent last that has arrived, without waiting for more
+        (a worker running several tasks waits on all their sockets at once); `answered` once
+        the query has no result left."""
+        broken = not PQconsumeInput(self.handle)  # then libpq has its error result at once
+        while broken or not PQisBusy(self.handle):
+            handle = PQgetResult(self.handle)
+            if not handle:
+                self.answered = True
                 return
             yield Result(handle)
 

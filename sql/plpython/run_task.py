@@ -150,9 +150,15 @@ class WorkerCall:
         the transaction); return its end state, or None if it had ended already."""
         self.sessions.release(task)  # a kept session's reset runs while the end is written
         self.sessions.advance_ahead()
-        ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=False,
-                            sqlstate=sqlstate)
+        ended = self.write_end(task, started, output, error, sqlstate, notices, wake=False)
         self.sessions.settle_reset()
+        return ended
+
+    def write_end(self, task, started, output, error, sqlstate, notices, wake):
+        """finish_task, not committed, and the end in the report; the end state, or None if
+        the task had ended already."""
+        ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
+                            sqlstate=sqlstate)
         if ended is not None:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])
@@ -199,55 +205,28 @@ class WorkerCall:
 
     def send_input(self, session, task):
         """Send the input as one top-level query; return (output, error, sqlstate, notices)."""
-        writer = OutputWriter(task, lambda oid: is_string_type(self.ctx, oid), self.limit)
-        error = sqlstate = None
-        session.notices.clear()
-        session.send(task["input"])
+        reader = self.send_query(session, task)
         try:
             for result in session.results(on_wait=lambda: self.serve_interrupts(session),
                                           wait_step=INTERRUPT_EVERY):
-                with result:
-                    status = result.status
-                    if error is not None:
-                        continue  # drain what is left after an error of ours
-                    if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
-                        writer.rows(result.columns(), result.rows())
-                        if status == PGRES_TUPLES_OK:
-                            writer.end_rows()
-                    elif status == PGRES_COMMAND_OK:
-                        writer.command(result.command_tag())
-                    elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
-                        direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
-                        error = format_message(
-                            f"COPY {direction} is not supported", task["input"],
-                            hint="COPY to or from a server file works; a task has no client to stream to.")
-                        sqlstate = NOT_SUPPORTED
-                        session.finish_copy(status)
-                    elif status == PGRES_FATAL_ERROR:
-                        error = format_error(result, task["input"], session.error_message())
-                        # (none: libpq's own error, the connection broke)
-                        sqlstate = result.field(PG_DIAG_SQLSTATE) or LOST_RUN
+                reader.take(session, result)
         except OutputTooLarge as exc:
-            session.cancel()
-            for result in session.results():
-                result.__exit__()
-            error = format_message(str(exc), task["input"],
-                                   hint="Raise pg_task_py.output_limit or make the task return less.")
-            sqlstate = OUTPUT_TOO_LARGE
+            reader.too_large(session, exc)
         except self.ctx.plpy.SPIError:
             # This worker was cancelled or terminated: stop the task's query too.
             session.cancel()
             self.sessions.close_kept()
             raise
-        if session.transaction_status == PQTRANS_INTRANS:
-            # pg_task ends a transaction the input left open, and says so.
-            session.execute("COMMIT")
-            writer.command("COMMIT")
-        elif session.transaction_status == PQTRANS_INERROR:
-            session.execute("ROLLBACK")
-        return writer.text(), error, sqlstate, "\n".join(session.notices) or None
+        return reader.end(session)
 
-    def serve_interrupts(self, session):
+    def send_query(self, session, task):
+        """Send the task's input to its session; the InputResults that reads what it returns."""
+        reader = InputResults(task, OutputWriter(task, lambda oid: is_string_type(self.ctx, oid), self.limit))
+        session.notices.clear()
+        session.send(task["input"])
+        return reader
+
+    def serve_interrupts(self, *sessions):
         """Let this backend act on interrupts while it waits for the task's session.
 
         A backend blocked in a C call acts on no signal: not on a cancel or a
@@ -263,7 +242,8 @@ class WorkerCall:
         try:
             self.ctx.run("interrupts", "SELECT")
         except self.ctx.plpy.spiexceptions.QueryCanceled:
-            session.cancel()
+            for session in sessions:
+                session.cancel()
         self.ctx.commit()
 
     def session_failed(self, task, exc):
@@ -299,6 +279,59 @@ class WorkerCall:
         if state == "FAIL" and task["retry"] > 0:
             entry.update(retry_of(self.ctx, task["id"]))
         self.report["ended"].append(entry)
+
+
+class InputResults:
+    """What a task's input returns, result by result: the output, written as it comes, and
+    the error and SQLSTATE it ended with."""
+
+    def __init__(self, task, writer):
+        self.task = task
+        self.writer = writer
+        self.error = self.sqlstate = None
+
+    def take(self, session, result):
+        """One result of the input (freed here); OutputTooLarge when the output grows past the limit."""
+        with result:
+            status = result.status
+            if self.error is not None:
+                return  # drain what is left after an error of ours
+            if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
+                self.writer.rows(result.columns(), result.rows())
+                if status == PGRES_TUPLES_OK:
+                    self.writer.end_rows()
+            elif status == PGRES_COMMAND_OK:
+                self.writer.command(result.command_tag())
+            elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
+                direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
+                self.error = format_message(
+                    f"COPY {direction} is not supported", self.task["input"],
+                    hint="COPY to or from a server file works; a task has no client to stream to.")
+                self.sqlstate = NOT_SUPPORTED
+                session.finish_copy(status)
+            elif status == PGRES_FATAL_ERROR:
+                self.error = format_error(result, self.task["input"], session.error_message())
+                # (none: libpq's own error, the connection broke)
+                self.sqlstate = result.field(PG_DIAG_SQLSTATE) or LOST_RUN
+
+    def too_large(self, session, exc):
+        """The output passed pg_task_py.output_limit: cancel the input, drop what is left."""
+        session.cancel()
+        for result in session.results():
+            result.__exit__()
+        self.error = format_message(str(exc), self.task["input"],
+                                    hint="Raise pg_task_py.output_limit or make the task return less.")
+        self.sqlstate = OUTPUT_TOO_LARGE
+
+    def end(self, session):
+        """The input has no result left: (output, error, sqlstate, notices).  A transaction the
+        input left open is committed (pg_task does, and says so), a failed one rolled back."""
+        if session.transaction_status == PQTRANS_INTRANS:
+            session.execute("COMMIT")
+            self.writer.command("COMMIT")
+        elif session.transaction_status == PQTRANS_INERROR:
+            session.execute("ROLLBACK")
+        return self.writer.text(), self.error, self.sqlstate, "\n".join(session.notices) or None
 
 
 def task_table(ctx):

@@ -13,6 +13,14 @@ AS $python$
 {{ plans.py libpq.py output.py sessions.py task_rows.py run_task.py }}
 $python$;
 
+-- The same for a burst's tasks that each start a new local session: one worker
+-- runs them all side by side (dispatch.py gives it up to TASKS_A_WORKER).
+CREATE PROCEDURE pgtaskpy.run_tasks(task_ids bigint[], claimer integer, INOUT report jsonb DEFAULT NULL)
+LANGUAGE plpython3u
+AS $python$
+{{ plans.py libpq.py output.py sessions.py task_rows.py run_task.py run_batch.py }}
+$python$;
+
 -- One turn of the scheduler, in the launcher's session.
 CREATE FUNCTION pgtaskpy.dispatch(
     run_limit integer, cancel_running boolean DEFAULT false,
@@ -23,4 +31,5 @@ AS $python$
 $python$;
 
 REVOKE ALL ON PROCEDURE pgtaskpy.run_task(bigint, integer, jsonb) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE pgtaskpy.run_tasks(bigint[], integer, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.dispatch(integer, boolean) FROM PUBLIC;

@@ -1,0 +1,193 @@
+"""Body of PROCEDURE pgtaskpy.run_tasks(task_ids bigint[], claimer integer, INOUT report jsonb).
+
+A burst's tasks, run side by side by one worker backend.  When a launcher turn
+claims more tasks than it has idle workers, it gives the local tasks that
+start a new session each (no `remote`, `target`, `count` or `live`) to a few
+workers, up to TASKS_A_WORKER each (dispatch.py), rather than a worker each:
+N running tasks then hold N task sessions and N / TASKS_A_WORKER workers, not
+2N backends, and the burst waits for a few worker connections, not N.
+
+The worker opens every task's session at once (libpq's asynchronous connect)
+and waits on all their sockets together.  Each task goes the way a task of
+run_task goes: WORK committed with its session's pid before its input is
+sent, the input sent as one top-level query, its end committed as soon as
+its last result is read (with the other ends of that moment).  It does not go
+on with its group's next task: its end wakes the launchers, which claim it.
+"""
+
+import json
+import select
+import time
+
+TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
+
+if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
+    from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
+    from output import OutputTooLarge, format_message
+    from plans import Context
+    from run_task import (
+        BAD_SETTING,
+        INTERRUPT_EVERY,
+        LOST_RUN,
+        SettingError,
+        WorkerCall,
+        output_limit,
+        send_prepare,
+        task_table,
+    )
+    from sessions import TaskSessions
+    from task_rows import start_task, take_task, wake_launchers
+
+
+class Running:
+    """One task of the batch and its session, on its way: connecting, then preparing (the
+    answer to send_prepare), then running its input."""
+
+    __slots__ = ("task", "session", "reader", "started", "error", "sqlstate")
+
+    def __init__(self, task, session):
+        self.task = task
+        self.session = session
+        self.reader = None  # InputResults, once the input is sent
+        self.started = None  # monotonic time of its WORK
+        self.error = self.sqlstate = None  # the session's failure before the input ran
+
+
+class BatchCall(WorkerCall):
+    """One CALL of run_tasks: every task given, at once; no next task of a group."""
+
+    def __init__(self, ctx, claimer):
+        super().__init__(ctx, claimer)
+        # Its own, not the worker's in GD: a batch keeps no session, and leaves those of
+        # run_task's code (another procedure's) alone.
+        self.sessions = TaskSessions(ctx)
+
+    def run(self, task_ids):
+        tasks = [task for task in (take_task(self.ctx, task_id, self.claimer) for task_id in task_ids) if task]
+        if not tasks:
+            return self.report
+        try:
+            self.limit = output_limit(self.ctx)
+        except SettingError as exc:
+            for task in tasks:
+                self.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
+                                    "DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
+            return self.report
+        self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
+        keywords = self.sessions.loopback_keywords
+        running = []
+        for task in tasks:
+            try:
+                running.append(Running(task, Session(keywords(task["owner"]), wait=False)))
+            except ConnectError as exc:
+                self.session_failed(task, exc)
+        try:
+            self.run_side_by_side(running)
+        except self.ctx.plpy.SPIError:
+            # This worker was cancelled or terminated: stop the tasks' queries too.
+            for entry in running:
+                entry.session.cancel()
+            raise
+        finally:
+            for entry in running:
+                entry.session.close()
+        wake_launchers(self.ctx)  # this worker is free
+        self.ctx.commit()
+        return self.report
+
+    def run_side_by_side(self, running):
+        """Take every task on as its session allows, until all have ended."""
+        served = time.monotonic()
+        while running:
+            connected = [entry for entry in self.ready(running) if self.step(entry)]
+            if connected:
+                self.start_connected(connected)
+            for entry in [entry for entry in running if entry.session.handle is None]:
+                running.remove(entry)  # ended, or never started
+            if time.monotonic() >= served + INTERRUPT_EVERY:
+                self.serve_interrupts(*(entry.session for entry in running))
+                served = time.monotonic()
+            else:
+                self.ctx.commit()  # the ends (and their wake) of this round
+
+    def ready(self, running):
+        """The tasks whose session has something to read (or, connecting, to write)."""
+        by_socket = {}
+        poller = select.poll()  # (select's sockets must be numbered below 1024; a backend's may not be)
+        for entry in running:
+            socket, for_writing = entry.session.socket
+            by_socket[socket] = entry
+            poller.register(socket, select.POLLOUT if for_writing else select.POLLIN)
+        return [by_socket[socket] for socket, _ in poller.poll(INTERRUPT_EVERY * 1000)]
+
+    def step(self, entry):
+        """Take the task on as far as its session allows now; True when its session has just connected."""
+        session = entry.session
+        if session.connecting:
+            try:
+                return session.advance() and session.ok
+            except ConnectError as exc:
+                self.session_failed(entry.task, exc)
+                return False
+        if entry.reader is None:
+            self.read_prepared(entry)
+        else:
+            self.read_input(entry)
+        return False
+
+    def start_connected(self, connected):
+        """WORK in the sessions that have connected, committed together before their inputs go."""
+        for entry in connected:
+            if not start_task(self.ctx, entry.task, entry.session.pid):
+                entry.session.close()  # stopped meanwhile: not this worker's to run any more
+                continue
+            try:
+                send_prepare(entry.session, entry.task, task_table(self.ctx))
+            except ConnectError as exc:
+                entry.session.close()
+                self.session_failed(entry.task, exc)
+                continue
+            entry.started = time.monotonic()
+        self.ctx.commit()
+
+    def read_prepared(self, entry):
+        """The answer to send_prepare; when it is all read, the input goes."""
+        for result in entry.session.arrived_results():
+            with result:
+                if result.status == PGRES_FATAL_ERROR and entry.error is None:
+                    entry.error = result.field(PG_DIAG_MESSAGE_PRIMARY) or entry.session.error_message()
+                    entry.sqlstate = result.field(PG_DIAG_SQLSTATE)
+        if not entry.session.answered:
+            return
+        if entry.error is not None:  # the session broke, or a cancel came before the input
+            self.end(entry, None, format_message(entry.error, entry.task["input"]), entry.sqlstate or LOST_RUN, None)
+            return
+        try:
+            entry.reader = self.send_query(entry.session, entry.task)
+        except ConnectError as exc:
+            self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
+
+    def read_input(self, entry):
+        """What the input has returned so far; its end once it has returned everything."""
+        try:
+            for result in entry.session.arrived_results():
+                entry.reader.take(entry.session, result)
+        except OutputTooLarge as exc:
+            entry.reader.too_large(entry.session, exc)
+        if not entry.session.answered:
+            return
+        try:
+            self.end(entry, *entry.reader.end(entry.session))
+        except ConnectError as exc:  # the COMMIT or ROLLBACK after the input
+            self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
+
+    def end(self, entry, output, error, sqlstate, notices):
+        """The task's end, written (committed with the round's other ends); its session closes."""
+        entry.session.close()
+        self.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True)
+
+
+def main(plpy, GD, SD, task_ids, claimer):
+    """The entry point: sql/build.py passes PL/Python's globals of these names."""
+    report = BatchCall(Context(plpy, GD, SD), claimer).run(task_ids)
+    return (json.dumps(report),)
