@@ -933,8 +933,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT count(*)::integer FROM (
         SELECT DISTINCT t.hash FROM @extschema@.task AS t
-        WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > now()
-          AND t.plan <= now() + seconds * interval '1 second'
+        -- (clock_timestamp: a task that came due since the turn began is the next turn's to
+        -- claim, not one to warm a worker for.)
+        WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > clock_timestamp()
+          AND t.plan <= clock_timestamp() + seconds * interval '1 second'
         LIMIT most) AS s
 $$;
 

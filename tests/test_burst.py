@@ -1,0 +1,71 @@
+"""A burst: more due tasks than idle workers.  The local tasks that start a new session each go
+to a few workers, up to 25 a worker (dispatch.py, TASKS_A_WORKER), which run them side by side
+(pgtaskpy.run_tasks): a running task holds its session and a share of a worker, not a worker of
+its own.  Each task behaves as it does alone."""
+
+from pg_task_py_testing import wait_until
+
+WORKERS = ("SELECT count(*) FROM pg_stat_activity"
+           " WHERE datname = current_database() AND application_name = pgtaskpy.name_of('worker')")
+
+
+def working(db):
+    return db.value("SELECT count(*) FROM task WHERE state = 'WORK'")
+
+
+def test_a_burst_runs_side_by_side_in_a_few_workers(running):
+    running.sql("INSERT INTO task (\"group\", input, delete)"
+                " SELECT 'g' || i, 'SELECT pg_sleep(2), ' || i, false FROM generate_series(1, 60) AS i")
+    wait_until(lambda: working(running) == 60, 30, 0.02, "the burst running at once")
+    workers = running.value(WORKERS)
+    assert workers <= 8, f"{workers} worker backends for 60 running tasks"
+    running.wait_all_done(60)
+    rows = running.sql("SELECT \"group\", output, worker, pid FROM task ORDER BY id")
+    assert [row[1] for row in rows] == [f"pg_sleep\t?column?\n\t{i}" for i in range(1, 61)]
+    assert len({row[3] for row in rows}) == 60  # a session each
+    assert len({row[2] for row in rows}) <= 4  # 60 tasks, 25 a worker
+
+
+def test_each_task_of_a_burst_behaves_as_it_does_alone(running):
+    running.sql("INSERT INTO task (\"group\", input, delete)"
+                " SELECT 'g' || i, 'SELECT pg_sleep(1)', false FROM generate_series(1, 30) AS i")
+    failing = running.insert("SELECT 1/0", group="failing", delete=False)
+    timed_out = running.insert("SELECT pg_sleep(20)", group="timed_out", timeout="0.5 s", delete=False)
+    cancelled = running.insert("SELECT pg_sleep(20)", group="cancelled", delete=False)
+    left_open = running.insert("BEGIN; SELECT 5", group="left_open", delete=False)
+    noticing = running.insert("DO $$ BEGIN RAISE NOTICE 'hello'; END $$", group="noticing", delete=False)
+    itself = running.insert("SELECT current_setting('pg_task.id'), current_setting('pg_task.group')",
+                            group="itself", delete=False)
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [cancelled]) == "WORK",
+               30, 0.02, "the task to cancel running")
+    assert running.value("SELECT task_cancel(%s)", [cancelled]) is True
+    running.wait_all_done(60)
+    task = {task_id: running.task(task_id) for task_id in (failing, timed_out, cancelled, left_open, noticing, itself)}
+    assert (task[failing]["state"], task[failing]["sqlstate"]) == ("FAIL", "22012")
+    assert "division by zero" in task[failing]["error"]
+    assert (task[timed_out]["state"], task[timed_out]["sqlstate"]) == ("FAIL", "57014")
+    assert "statement timeout" in task[timed_out]["error"]
+    assert (task[cancelled]["state"], task[cancelled]["sqlstate"]) == ("FAIL", "57014")
+    assert "user request" in task[cancelled]["error"]
+    assert task[left_open]["state"] == "DONE" and task[left_open]["output"].endswith("COMMIT")
+    assert task[noticing]["state"] == "DONE" and "hello" in task[noticing]["notice"]
+    assert task[itself]["output"] == f"current_setting\tcurrent_setting\n{itself}\titself"
+    assert running.value("SELECT count(DISTINCT worker) FROM task") <= 4  # side by side, not a worker each
+
+
+def test_a_burst_worker_that_dies_fails_its_running_tasks_and_runs_none_twice(running):
+    running.sql("CREATE TABLE ran (i integer)")
+    running.sql("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"
+                " 'SELECT pg_sleep(1.5); INSERT INTO ran VALUES (' || i || ')', false FROM generate_series(1, 30) AS i")
+    wait_until(lambda: working(running) >= 25, 30, 0.02, "the burst running")
+    worker, tasks = running.sql("SELECT worker, array_agg(id) FROM task WHERE state = 'WORK'"
+                                " GROUP BY worker ORDER BY count(*) DESC LIMIT 1")[0]
+    assert len(tasks) >= 5
+    running.sql("SELECT pg_terminate_backend(%s)", [worker])
+    running.wait_all_done(60)
+    lost = running.sql("SELECT state::text, sqlstate, error FROM task WHERE id = ANY(%s)", [tasks])
+    assert all(state == "FAIL" and sqlstate == "08006" and "worker" in error for state, sqlstate, error in lost), lost
+    assert running.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 30 - len(lost)
+    # At most once: no input ran twice (a lost run may have done its work, as its error says).
+    assert running.value("SELECT count(*) - count(DISTINCT i) FROM ran") == 0
+    assert running.value("SELECT count(*) FROM task") == 30
