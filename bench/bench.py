@@ -258,22 +258,28 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def burst(count: int = 200, sleep: float = 3.0) -> dict:
+def burst(count: int = 200, sleep: float = 3.0, max_connections: int | None = None) -> dict:
     """`count` tasks of pg_sleep(`sleep`), each in a group of its own, inserted at once with no
     worker yet: start - plan (median, p95, last), how many ran at once at the most; beside the
     time this server takes to open `count` plain sessions at once (threads, each connecting), the
-    bound a burst of new sessions cannot beat.  On a cluster of its own with room for the tasks'
-    backends (max_connections 4 count)."""
-    with throwaway_cluster({"max_connections": str(4 * count)}) as cluster:
+    bound a burst of new sessions cannot beat.  At the moment the most ran: the scheduler's
+    backends (workers and launcher), all backends per running task, and the server's memory
+    (the sum of its processes' PSS) per running task.  On a cluster of its own with room for
+    the tasks' backends (max_connections 4 count, unless given)."""
+    settings = {"max_connections": str(max_connections or 4 * count)}
+    with throwaway_cluster(settings) as cluster:
         cluster.create_database("burst")
         launcher = Launcher(cluster.dsn("burst")).start()
         try:
             launcher.wait_active()
             time.sleep(1.0)  # the spare worker warms up
             sessions_s = open_sessions_seconds(cluster, count)
-            with cluster.connect("burst") as conn:
+            with cluster.connect("burst") as conn, cluster.connect("burst") as watcher:
+                watcher.autocommit = True
                 conn.execute("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i, %s, false"
                              " FROM generate_series(1, %s) AS i", [f"SELECT pg_sleep({sleep})", count])
+                conn.commit()
+                peak = peak_of_running(cluster, watcher, count, sleep)
                 wait_all_ended(conn)
                 lags = [float(row[0]) for row in conn.execute(
                     "SELECT extract(epoch FROM start - plan) * 1000 FROM task WHERE state = 'DONE'")]
@@ -283,7 +289,51 @@ def burst(count: int = 200, sleep: float = 3.0) -> dict:
     return {"tasks": count, "done": len(lags), "start_lag_median_ms": round(statistics.median(lags), 1),
             "start_lag_p95_ms": round(percentile(lags, 0.95), 1), "start_lag_last_ms": round(max(lags), 1),
             "most_at_once": most, "open_sessions_ms": round(1000 * sessions_s, 1),
-            "p95_of_open_sessions": round(percentile(lags, 0.95) / (1000 * sessions_s), 2)}
+            "p95_of_open_sessions": round(percentile(lags, 0.95) / (1000 * sessions_s), 2), **peak}
+
+
+def peak_of_running(cluster, conn, count: int, sleep: float) -> dict:
+    """Look every 50 ms while the burst starts; at the look with the most tasks running: the
+    scheduler's backends, every backend of the server per running task, and its memory."""
+    look = ("SELECT (SELECT count(*) FROM task WHERE state = 'WORK'),"
+            " count(*) FILTER (WHERE application_name IN (pgtaskpy.name_of('worker'), pgtaskpy.name_of('launcher'))),"
+            " count(*) FILTER (WHERE backend_type = 'client backend')"
+            " FROM pg_stat_activity")
+    best = (0, 0, 0)
+    deadline = time.monotonic() + sleep
+    while time.monotonic() < deadline:
+        sample = conn.execute(look).fetchone()
+        if sample[0] > best[0]:
+            best = sample
+            memory_mib = server_pss_kib(cluster) / 1024
+        if best[0] == count:
+            break
+        time.sleep(0.05)
+    running, scheduler, clients = best
+    if not running:
+        return {"most_running_seen": 0}
+    return {"most_running_seen": running, "scheduler_backends": scheduler,
+            "scheduler_of_running": round(scheduler / running, 3), "backends_per_running": round(clients / running, 2),
+            "server_pss_mib": round(memory_mib), "pss_mib_per_running": round(memory_mib / running, 2)}
+
+
+def server_pss_kib(cluster) -> int:
+    """The proportional set size of the server: the postmaster and every process it started."""
+    postmaster = int(Path(cluster.data, "postmaster.pid").read_text().split()[0])
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if int(proc.name) != postmaster and parent != postmaster:
+                continue
+            for line in (proc / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return total
 
 
 def open_sessions_seconds(cluster, count: int) -> float:
@@ -653,6 +703,7 @@ SCENARIOS = {
     "backlog": None,  # needs the cluster: see backlog()
     "idle": None,  # needs the launcher: see idle()
     "burst": None,  # a cluster of its own: see burst()
+    "thousand": None,  # a cluster of its own: see burst()
     "stats": None,  # needs the cluster: see stats_view()
     "events": None,  # needs the launcher: see events()
 }
@@ -703,6 +754,8 @@ def run_scenario(name: str, cluster, conn, launcher) -> dict:
         return backlog(cluster)
     if name == "burst":
         return burst()
+    if name == "thousand":  # issue 20's scenario: 1,000 tasks at once, max_connections 1100
+        return burst(1000, 5.0, max_connections=1100)
     if name == "waiting":
         return waiting(cluster)
     if name == "stats":

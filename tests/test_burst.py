@@ -1,9 +1,10 @@
 """A burst: more due tasks than idle workers.  The local tasks that start a new session each go
-to a few workers, up to 25 a worker (dispatch.py, TASKS_A_WORKER), which run them side by side
+to a few workers, up to 50 a worker (dispatch.py, TASKS_A_WORKER), which run them side by side
 (pgtaskpy.run_tasks): a running task holds its session and a share of a worker, not a worker of
 its own.  Each task behaves as it does alone."""
 
-from pg_task_py_testing import wait_until
+import psycopg
+from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
 
 WORKERS = ("SELECT count(*) FROM pg_stat_activity"
            " WHERE datname = current_database() AND application_name = pgtaskpy.name_of('worker')")
@@ -23,7 +24,7 @@ def test_a_burst_runs_side_by_side_in_a_few_workers(running):
     rows = running.sql("SELECT \"group\", output, worker, pid FROM task ORDER BY id")
     assert [row[1] for row in rows] == [f"pg_sleep\t?column?\n\t{i}" for i in range(1, 61)]
     assert len({row[3] for row in rows}) == 60  # a session each
-    assert len({row[2] for row in rows}) <= 4  # 60 tasks, 25 a worker
+    assert len({row[2] for row in rows}) <= 3  # 60 tasks, 50 a worker
 
 
 def test_each_task_of_a_burst_behaves_as_it_does_alone(running):
@@ -50,7 +51,7 @@ def test_each_task_of_a_burst_behaves_as_it_does_alone(running):
     assert task[left_open]["state"] == "DONE" and task[left_open]["output"].endswith("COMMIT")
     assert task[noticing]["state"] == "DONE" and "hello" in task[noticing]["notice"]
     assert task[itself]["output"] == f"current_setting\tcurrent_setting\n{itself}\titself"
-    assert running.value("SELECT count(DISTINCT worker) FROM task") <= 4  # side by side, not a worker each
+    assert running.value("SELECT count(DISTINCT worker) FROM task") <= 3  # side by side, not a worker each
 
 
 def test_a_burst_worker_that_dies_fails_its_running_tasks_and_runs_none_twice(running):
@@ -69,3 +70,31 @@ def test_a_burst_worker_that_dies_fails_its_running_tasks_and_runs_none_twice(ru
     # At most once: no input ran twice (a lost run may have done its work, as its error says).
     assert running.value("SELECT count(*) - count(DISTINCT i) FROM ran") == 0
     assert running.value("SELECT count(*) FROM task") == 30
+
+
+def test_a_launcher_holds_no_more_workers_than_its_files_allow():
+    """Tasks that each need a worker of their own (here `count`) beyond what the launcher's
+    session can hold (a third of max_files_per_process, less a margin: 20 workers here) wait
+    for a worker instead of failing the launcher's connections or its waits."""
+    with throwaway_cluster({"max_files_per_process": "150"}) as cluster:
+        cluster.create_database("files")
+        launcher = Launcher(cluster.dsn("files")).start()
+        try:
+            launcher.wait_active()
+            with psycopg.connect(cluster.dsn("files"), autocommit=True) as conn:
+                conn.execute("INSERT INTO task (\"group\", count, input, delete)"
+                             " SELECT 'g' || i, 2, 'SELECT pg_sleep(0.5)', false FROM generate_series(1, 40) AS i")
+                seen = []
+
+                def all_ended() -> bool:
+                    seen.append(conn.execute(WORKERS).fetchone()[0])
+                    return conn.execute("SELECT count(*) = 0 FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                                        ).fetchone()[0]
+
+                wait_until(all_ended, 60, 0.05, "the 40 tasks done")
+                assert 2 <= max(seen) <= 20, seen
+                assert conn.execute("SELECT state::text, count(*) FROM task GROUP BY 1").fetchall() == [("DONE", 40)]
+        finally:
+            assert launcher.stop() == 0
+        output = launcher.output()
+        assert "Too many open files" not in output and "too many open files" not in output, output[-3000:]

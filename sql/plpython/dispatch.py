@@ -37,11 +37,12 @@ WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare wor
 NEW_WORKERS_A_TURN = 8
 # Most tasks of a burst one worker runs side by side (pgtaskpy.run_tasks): a burst of N tasks
 # holds N task sessions and about N / TASKS_A_WORKER workers, and waits for as few connections.
-TASKS_A_WORKER = 25
+TASKS_A_WORKER = 50
 # Seconds ahead: workers are connected and warm for the groups whose tasks come due this soon
 # (a cron minute's burst starts in workers that are ready, not after a connection each).
 WARM_AHEAD = 3.0
 MOST_WARM = 1000  # most idle workers kept warm for tasks coming due
+WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_workers)
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
@@ -196,6 +197,21 @@ def reap(ctx, pool, events):
     return answering
 
 
+def most_workers(ctx, pool):
+    """The most worker backends this launcher's session holds: its dblink connections may use a
+    third of its files (max_files_per_process; dblink refuses more), and the server needs a few
+    of those for its own waits (epoll), or every wait of this backend fails."""
+    if "most_workers" not in pool:
+        files = ctx.run("files", "SELECT current_setting('max_files_per_process')::integer AS n")[0]["n"]
+        pool["most_workers"] = max(1, files // 3 - WORKER_FILES_SPARED)
+    return pool["most_workers"]
+
+
+def new_worker_room(ctx, pool):
+    """How many new workers a turn may connect."""
+    return max(0, min(NEW_WORKERS_A_TURN, most_workers(ctx, pool) - len(pool["workers"])))
+
+
 def running_tasks(pool):
     """The tasks this launcher's workers were given and have not returned (a warming spare counts one)."""
     return sum(len(w["tasks"]) for w in pool["workers"].values() if w["task"] is not None)
@@ -317,8 +333,9 @@ def start_claimed(ctx, pool, claimed, claimer, events):
         jobs = ([[t] for t in claimed if t["id"] not in shared_ids]
                 + [shared[i:i + TASKS_A_WORKER] for i in range(0, len(shared), TASKS_A_WORKER)])
     new_workers = 0
+    most_new = new_worker_room(ctx, pool)
     for number, job in enumerate(jobs):
-        if idle == 0 and new_workers == NEW_WORKERS_A_TURN:
+        if idle == 0 and new_workers >= most_new:
             left = [t["id"] for later in jobs[number:] for t in later]
             ctx.run("unclaim_left", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"], [left, claimer])
             return
@@ -360,7 +377,7 @@ def warm_workers(ctx, pool, events, run_limit):
         return False  # none ahead of need while the server is short of connections
     # (a worker keeping a task's session for its group closes it within a second: not counted)
     idle = sum(1 for w in pool["workers"].values() if w["task"] in (None, WARM_UP) and w["key"] is None)
-    room = run_limit - len(pool["workers"])
+    room = min(run_limit, most_workers(ctx, pool)) - len(pool["workers"])
     if room <= 0:
         return False
     wanted = max(1, ctx.run("due_soon", "SELECT pgtaskpy.groups_due_soon($1, $2) AS n", ["float8", "integer"],
@@ -431,7 +448,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         "claim",
         "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
         ["integer", "integer"],
-        [max(0, min(limit - busy, idle + NEW_WORKERS_A_TURN * TASKS_A_WORKER)), claimer],
+        [max(0, min(limit - busy, idle + new_worker_room(ctx, pool) * TASKS_A_WORKER)), claimer],
     )
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
