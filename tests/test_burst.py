@@ -100,3 +100,17 @@ def test_a_launcher_holds_no_more_workers_than_its_files_allow():
             assert launcher.stop() == 0
         output = launcher.output()
         assert "Too many open files" not in output and "too many open files" not in output, output[-3000:]
+
+
+def test_tasks_due_together_hold_their_sessions_and_workers_and_no_more(running):
+    """20 tasks planned 2 s ahead in 20 groups start in 20 workers warmed for them (each with a
+    session started ahead, which its task takes); a worker starts more sessions ahead only for
+    its group's due tasks: none here, so about two backends a running task."""
+    running.sql("INSERT INTO task (\"group\", plan, input, delete) SELECT 'g' || i, now() + interval '2 s',"
+                " 'SELECT pg_sleep(2)', false FROM generate_series(1, 20) AS i")
+    wait_until(lambda: working(running) == 20, 30, 0.02, "the 20 tasks running")
+    backends = running.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                             " AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
+    assert backends <= 2 * 20 + 4, f"{backends} backends for 20 running tasks"
+    running.wait_all_done(30)
+    assert running.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 20

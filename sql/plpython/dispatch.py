@@ -73,7 +73,7 @@ def worker_conninfo(ctx):
 # The layout of the pool below and of what its workers keep in GD (sessions.py).  A
 # pool of another layout was left by the code before an update, and so were its workers'
 # sessions: the new code starts afresh.  (3: workers keep a TaskSessions object;
-# 4: a worker's "tasks", all it was given.)
+# 4: a worker's "tasks", all it was given, and "ahead", the sessions it has started ahead.)
 POOL_LAYOUT = 4
 
 
@@ -123,6 +123,7 @@ def collect(ctx, pool, name, worker, events):
     worker["task"], worker["tasks"] = None, []
     worker["idle_since"] = time.monotonic()
     worker["key"] = report.get("key") if report else None
+    worker["ahead"] = (report.get("ahead") if report else None) or 0  # sessions it has started ahead
     if first_task != WARM_UP:
         # A task it was given but found not claimed (stopped or deleted meanwhile,
         # or an error before it took the row) is left to be claimed again.
@@ -269,8 +270,8 @@ def pick_worker(ctx, pool, task):
     for name, worker in idle:
         if task["reuse"] and worker["key"] == key:
             return name
-    if idle:  # prefer one without a kept session, which it would have to close
-        return min(idle, key=lambda item: item[1]["key"] is not None)[0]
+    if idle:  # prefer one without a kept session (it would have to close it), then one with a session ahead
+        return min(idle, key=lambda item: (item[1]["key"] is not None, not item[1]["ahead"]))[0]
     return new_worker(ctx, pool)
 
 
@@ -288,7 +289,8 @@ def new_worker(ctx, pool):
     pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, pg_catalog.format("
                   "'SELECT pg_backend_pid(), pg_catalog.set_config(''pgtaskpy.standby'', %L, false)', $2))"
                   " AS r(p integer, s text)", ["text", "text"], [name, launcher_standby(ctx)])[0]["p"]
-    pool["workers"][name] = {"task": None, "tasks": [], "key": None, "idle_since": time.monotonic(), "pid": pid}
+    pool["workers"][name] = {"task": None, "tasks": [], "key": None, "ahead": 0, "idle_since": time.monotonic(),
+                             "pid": pid}
     return name
 
 
@@ -369,30 +371,48 @@ def close_idle_workers(ctx, pool, keep_spare):
 
 
 def warm_workers(ctx, pool, events, run_limit):
-    """Keep idle workers with PL/Python loaded (each with a session started ahead): one spare,
-    or as many as groups have tasks coming due within WARM_AHEAD, so that those tasks pay
-    neither a backend start nor PL/Python's start before they run (bench/RESULTS.md).  At
-    most NEW_WORKERS_A_TURN new ones a turn; True when more are wanted."""
+    """Keep idle workers with PL/Python loaded and a session started ahead: one spare, or as
+    many as groups have tasks coming due within WARM_AHEAD, so that those tasks pay neither a
+    backend start nor PL/Python's start before they run (bench/RESULTS.md).  Idle workers
+    without a session ahead (a worker starts sessions ahead only for its group's due tasks)
+    are warmed first; then at most NEW_WORKERS_A_TURN new ones a turn; True when more are wanted."""
     if pool.get("cap") is not None:
         return False  # none ahead of need while the server is short of connections
     # (a worker keeping a task's session for its group closes it within a second: not counted)
-    idle = sum(1 for w in pool["workers"].values() if w["task"] in (None, WARM_UP) and w["key"] is None)
-    room = min(run_limit, most_workers(ctx, pool)) - len(pool["workers"])
-    if room <= 0:
-        return False
+    idle = [(name, w) for name, w in pool["workers"].items() if w["task"] is None and w["key"] is None]
+    ready = (sum(1 for w in pool["workers"].values() if w["task"] == WARM_UP)
+             + sum(1 for _, w in idle if w["ahead"]))
+    room = max(0, min(run_limit, most_workers(ctx, pool)) - len(pool["workers"]))
     wanted = max(1, ctx.run("due_soon", "SELECT pgtaskpy.groups_due_soon($1, $2) AS n", ["float8", "integer"],
-                            [WARM_AHEAD, min(idle + room, MOST_WARM)])[0]["n"]) - idle
-    for _ in range(min(wanted, NEW_WORKERS_A_TURN)):
+                            [WARM_AHEAD, min(len(idle) + room, MOST_WARM)])[0]["n"]) - ready
+    cold = [name for name, w in idle if not w["ahead"]][:max(0, wanted)]
+    for name in cold:
+        if not warm_up(ctx, pool, name, events):
+            return False
+    new = min(wanted - len(cold), NEW_WORKERS_A_TURN, room)
+    for _ in range(new):
         try:
             name = new_worker(ctx, pool)
-            ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
-                [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
-            pool["workers"][name]["task"] = WARM_UP
-            pool["workers"][name]["tasks"] = [WARM_UP]
         except ctx.plpy.SPIError as exc:
             events.append({"event": "spare_failed", "message": str(exc)})
             return False
-    return wanted > NEW_WORKERS_A_TURN
+        if not warm_up(ctx, pool, name, events):
+            return False
+    return wanted - len(cold) > new and new < room
+
+
+def warm_up(ctx, pool, name, events):
+    """Send an idle worker the call that loads PL/Python and starts a session ahead."""
+    try:
+        ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"],
+                [name, f"CALL pgtaskpy.run_task({WARM_UP}, 0, NULL)"])
+    except ctx.plpy.SPIError as exc:
+        disconnect(ctx, pool, name)
+        events.append({"event": "spare_failed", "message": str(exc)})
+        return False
+    pool["workers"][name]["task"] = WARM_UP
+    pool["workers"][name]["tasks"] = [WARM_UP]
+    return True
 
 
 def cancel_running_tasks(ctx, pool, events):

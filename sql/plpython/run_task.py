@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from sessions import TaskSessions, reuses_sessions
     from task_rows import (
         claim_next_task,
+        due_in_group,
         finish_task,
         retry_of,
         start_task,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
 
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
-FRESH_AHEAD = 2  # new sessions kept starting or ready for a worker going on with its group
+FRESH_AHEAD = 2  # most new sessions kept starting or ready for the due tasks of a worker's group
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
 WARM_UP = 0  # the "task id" of the launcher's call that loads PL/Python in a new spare worker
 # The SQLSTATEs of the scheduler's own errors (a FAIL's sqlstate, which retry_on matches).
@@ -91,7 +92,7 @@ class WorkerCall:
         self.claimer = claimer  # the launcher's session, which claimed the first task
         self.sessions = TaskSessions.of_worker(ctx)
         self.limit = None  # pg_task_py.output_limit
-        self.report = {"started": [], "ended": [], "postponed": [], "key": None}
+        self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0}
 
     def run(self, task_id):
         task = take_task(self.ctx, task_id, self.claimer)
@@ -113,6 +114,7 @@ class WorkerCall:
                 self.report["started"].append(task["id"])
         kept = self.sessions.kept
         self.report["key"] = list(kept.key) if kept is not None else None
+        self.report["ahead"] = len(self.sessions.ahead)
         return self.report
 
     def run_one(self, task, kept, go_on):
@@ -133,9 +135,10 @@ class WorkerCall:
             return None, None
         self.ctx.commit()  # WORK, start and pid are visible while the input runs
         started = time.monotonic()
-        if task["remote"] is None and not reuses_sessions(task):
-            # The next tasks' new sessions start while this one runs.
-            self.sessions.start_ahead(task["owner"], FRESH_AHEAD if go_on else 1)
+        if go_on and task["remote"] is None and not reuses_sessions(task):
+            # The new sessions of the group's due tasks start while this one runs (none for tasks
+            # not due: the launcher keeps a spare worker with one ahead, warm_workers).
+            self.sessions.start_ahead(task["owner"], due_in_group(self.ctx, task["hash"], FRESH_AHEAD))
         output, error, sqlstate, notices = self.run_input(kept.session, task)
         ended = self.end_task(task, started, output, error, sqlstate, notices)
         # The next task takes this one's slot in its group, if this one still held it.

@@ -91,6 +91,16 @@ def claim_next_task(ctx, task, launcher, session_pid):
     return rows[0] if rows else None
 
 
+def due_in_group(ctx, group_hash, most):
+    """How many tasks of the group wait and are due now, up to `most`: the sessions worth starting
+    ahead for a worker going on with the group."""
+    return ctx.run(
+        "due_in_group",
+        "SELECT count(*)::integer AS n FROM (SELECT FROM {ext}.task WHERE state = 'PLAN' AND waiting_for = 0"
+        " AND hash = $1 AND plan <= now() LIMIT $2) AS d",
+        ["integer", "integer"], [group_hash, most])[0]["n"]
+
+
 def unclaim_task(ctx, task_id):
     """TAKE -> PLAN: the task was not started (its session found no free connection)."""
     ctx.run("postpone", "SELECT pgtaskpy.unclaim_tasks(ARRAY[$1], NULL)", ["bigint"], [task_id])
