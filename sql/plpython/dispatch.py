@@ -321,12 +321,13 @@ def start(ctx, pool, tasks, claimer, events):
 
 
 def start_claimed(ctx, pool, claimed, claimer, events):
-    """Start the claimed tasks: each on a worker of its own while idle workers are enough, else
-    (a burst) those that start a new local session TASKS_A_WORKER to a worker.  At most
+    """Start the claimed tasks: each on a worker of its own while the idle workers and this
+    turn's new ones are enough (a worker of one task goes on with its group), else (a burst)
+    those that start a new local session TASKS_A_WORKER to a worker.  At most
     NEW_WORKERS_A_TURN new workers: the tasks left wait again for the next turn."""
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     jobs = [[task] for task in claimed]
-    if len(claimed) > idle:
+    if len(claimed) > idle + new_worker_room(ctx, pool):
         alone = {row["id"] for row in ctx.run(
             "alone", "SELECT id FROM {ext}.task WHERE id = ANY($1) AND target IS NOT NULL", ["bigint[]"],
             [[t["id"] for t in claimed if t["remote"] is None and not t["reuse"]]])}
