@@ -6,6 +6,7 @@
 #   make unit             the unit tier alone (tests/unit: no server, seconds)
 #   make bench            the benchmark (bench/bench.py; figures in bench/RESULTS.md)
 #   make bench-peers      pg_task_py beside pg_cron, same schedules, same minutes (bench/peers.py)
+#   make bench-pq         the worker's libpq binding beside psycopg.pq, inside PL/Python (bench/pq_binding.py)
 #   make lint             ruff on the launcher, the PL/Python sources, the tests and their helpers
 
 EXTENSION = pg_task_py
@@ -32,7 +33,7 @@ sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 VENV ?= .venv
 PYTEST = $(VENV)/bin/python -m pytest
 
-.PHONY: setup demo demo-ha test unit bench bench-peers lint
+.PHONY: setup demo demo-ha test unit bench bench-peers bench-pq lint
 setup:
 	bash scripts/setup.sh
 
@@ -60,6 +61,12 @@ bench-peers: setup
 	@[ -f "$$($(PG_CONFIG) --sharedir)/extension/pg_cron.control" ] || { $(SUDO) apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql-15-cron >/dev/null; }
 	$(VENV)/bin/python bench/peers.py $(BENCH_ARGS)
+
+# psycopg for the server's Python (python3-psycopg), installed here when missing: only this needs it.
+bench-pq: setup
+	@/usr/bin/python3 -c "import psycopg.pq" 2>/dev/null || { $(SUDO) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-psycopg >/dev/null; }
+	$(VENV)/bin/python bench/pq_binding.py $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check python sql/plpython sql/build.py tests testkit bench scripts
