@@ -53,34 +53,39 @@ class Running:
         self.error = self.sqlstate = None  # the session's failure before the input ran
 
 
-class BatchCall(WorkerCall):
-    """One CALL of run_tasks: every task given, at once; no next task of a group."""
+class BatchCall:
+    """One CALL of run_tasks: every task given, at once; no next task of a group.
+
+    Each task starts, fails and ends as in a single task's call: `call` (a WorkerCall) keeps the
+    report, and writes the failures and ends.
+    """
 
     def __init__(self, ctx, claimer):
-        super().__init__(ctx, claimer)
-        # Its own, not the worker's in GD: a batch keeps no session, and leaves those of
-        # run_task's code (another procedure's) alone.
-        self.sessions = TaskSessions(ctx)
+        self.ctx = ctx
+        self.claimer = claimer
+        # Sessions of its own, not the worker's in GD: a batch keeps no session, and leaves those
+        # of run_task's code (another procedure's) alone.
+        self.call = WorkerCall(ctx, claimer, TaskSessions(ctx))
 
     def run(self, task_ids):
         tasks = [task for task in (take_task(self.ctx, task_id, self.claimer) for task_id in task_ids) if task]
         if not tasks:
-            return self.report
+            return self.call.report
         try:
-            self.limit = output_limit(self.ctx)
+            self.call.limit = output_limit(self.ctx)
         except SettingError as exc:
             for task in tasks:
-                self.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
+                self.call.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
                                     "DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
-            return self.report
+            return self.call.report
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
-        keywords = self.sessions.loopback_keywords
+        keywords = self.call.sessions.loopback_keywords
         running = []
         for task in tasks:
             try:
                 running.append(Running(task, Session(keywords(task["owner"]), wait=False)))
             except ConnectError as exc:
-                self.session_failed(task, exc)
+                self.call.session_failed(task, exc)
         try:
             self.run_side_by_side(running)
         except self.ctx.plpy.SPIError:
@@ -93,7 +98,7 @@ class BatchCall(WorkerCall):
                 entry.session.close()
         wake_launchers(self.ctx)  # this worker is free
         self.ctx.commit()
-        return self.report
+        return self.call.report
 
     def run_side_by_side(self, running):
         """Take every task on as its session allows, until all have ended."""
@@ -105,7 +110,7 @@ class BatchCall(WorkerCall):
             for entry in [entry for entry in running if entry.session.handle is None]:
                 running.remove(entry)  # ended, or never started
             if time.monotonic() >= served + INTERRUPT_EVERY:
-                self.serve_interrupts(*(entry.session for entry in running))
+                self.call.serve_interrupts(*(entry.session for entry in running))
                 served = time.monotonic()
             else:
                 self.ctx.commit()  # the ends (and their wake) of this round
@@ -127,7 +132,7 @@ class BatchCall(WorkerCall):
             try:
                 return session.advance() and session.ok
             except ConnectError as exc:
-                self.session_failed(entry.task, exc)
+                self.call.session_failed(entry.task, exc)
                 return False
         if entry.reader is None:
             self.read_prepared(entry)
@@ -145,7 +150,7 @@ class BatchCall(WorkerCall):
                 send_prepare(entry.session, entry.task, task_table(self.ctx))
             except ConnectError as exc:
                 entry.session.close()
-                self.session_failed(entry.task, exc)
+                self.call.session_failed(entry.task, exc)
                 continue
             entry.started = time.monotonic()
         self.ctx.commit()
@@ -163,7 +168,7 @@ class BatchCall(WorkerCall):
             self.end(entry, None, format_message(entry.error, entry.task["input"]), entry.sqlstate or LOST_RUN, None)
             return
         try:
-            entry.reader = self.send_query(entry.session, entry.task)
+            entry.reader = self.call.send_query(entry.session, entry.task)
         except ConnectError as exc:
             self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
 
@@ -184,7 +189,7 @@ class BatchCall(WorkerCall):
     def end(self, entry, output, error, sqlstate, notices):
         """The task's end, written (committed with the round's other ends); its session closes."""
         entry.session.close()
-        self.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True)
+        self.call.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True)
 
 
 def main(plpy, GD, SD, task_ids, claimer):

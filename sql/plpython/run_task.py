@@ -87,10 +87,10 @@ class WorkerCall:
     wait again, and the key of the session kept for reuse.
     """
 
-    def __init__(self, ctx, claimer):
+    def __init__(self, ctx, claimer, sessions=None):
         self.ctx = ctx
         self.claimer = claimer  # the launcher's session, which claimed the first task
-        self.sessions = TaskSessions.of_worker(ctx)
+        self.sessions = sessions or TaskSessions.of_worker(ctx)
         self.limit = None  # pg_task_py.output_limit
         self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0}
 
