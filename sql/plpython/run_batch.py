@@ -75,8 +75,8 @@ class BatchCall:
             self.call.limit = output_limit(self.ctx)
         except SettingError as exc:
             for task in tasks:
-                self.call.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
-                                    "DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
+                self.call.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with"
+                                         " ALTER DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
             return self.call.report
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
         keywords = self.call.sessions.loopback_keywords
