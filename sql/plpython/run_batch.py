@@ -26,12 +26,9 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
     from output import OutputTooLarge, format_message
     from plans import Context
     from run_task import (
-        BAD_SETTING,
         INTERRUPT_EVERY,
         LOST_RUN,
-        SettingError,
         WorkerCall,
-        output_limit,
         send_prepare,
         task_table,
     )
@@ -71,12 +68,7 @@ class BatchCall:
         tasks = [task for task in (take_task(self.ctx, task_id, self.claimer) for task_id in task_ids) if task]
         if not tasks:
             return self.call.report
-        try:
-            self.call.limit = output_limit(self.ctx)
-        except SettingError as exc:
-            for task in tasks:
-                self.call.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with"
-                                         " ALTER DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
+        if not self.call.read_output_limit(tasks):
             return self.call.report
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
         keywords = self.call.sessions.loopback_keywords

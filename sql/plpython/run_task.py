@@ -100,11 +100,7 @@ class WorkerCall:
             self.sessions.start_ahead(self.ctx.plpy.execute("SELECT current_user AS u")[0]["u"], 1)
         # Read before any WORK is committed: from then on a cancel of this worker (task_cancel
         # of a remote task) is meant for the task's query, which serve_interrupts passes on.
-        try:
-            self.limit = output_limit(self.ctx) if task is not None else None
-        except SettingError as exc:
-            self.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
-                                "DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
+        if task is not None and not self.read_output_limit([task]):
             task = None
         chain_ends = time.monotonic() + CHAIN_SECONDS
         kept = None  # the session a claimed task is WORK in already
@@ -116,6 +112,18 @@ class WorkerCall:
         self.report["key"] = list(kept.key) if kept is not None else None
         self.report["ahead"] = len(self.sessions.ahead)
         return self.report
+
+    def read_output_limit(self, tasks):
+        """pg_task_py.output_limit, for the tasks to come; False when it cannot be used, and then
+        the tasks have failed with the reason (committed)."""
+        try:
+            self.limit = output_limit(self.ctx)
+        except SettingError as exc:
+            for task in tasks:
+                self.fail_unstarted(task, str(exc), "It must be a whole number of characters; fix it with ALTER "
+                                    "DATABASE ... SET or in postgresql.conf.", sqlstate=BAD_SETTING)
+            return False
+        return True
 
     def run_one(self, task, kept, go_on):
         """Run a taken task to its end; return the group's next task, claimed, when going on with
