@@ -9,8 +9,8 @@ launcher wakes (NOTIFY, a planned time, or a second passing):
    worker may have gone on with its group's next tasks);
 4. start each claimed task on an idle worker backend (kept open, so a task
    pays no connection start-up) or on a new one, with dblink_send_query; a
-   burst (more tasks than idle workers) goes TASKS_A_WORKER tasks to a worker,
-   which runs them side by side (run_batch.py);
+   burst (more tasks than the idle workers and a turn's new ones) goes
+   TASKS_A_WORKER tasks to a worker, which runs them side by side (run_batch.py);
 5. close workers idle too long; say when to wake up next.
 
 Worker backends are this session's dblink connections; their state lives in
@@ -326,17 +326,18 @@ def start_claimed(ctx, pool, claimed, claimer, events):
     those that start a new local session TASKS_A_WORKER to a worker.  At most
     NEW_WORKERS_A_TURN new workers: the tasks left wait again for the next turn."""
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
+    most_new = new_worker_room(ctx, pool)
     jobs = [[task] for task in claimed]
-    if len(claimed) > idle + new_worker_room(ctx, pool):
+    if len(claimed) > idle + most_new:
+        local = [t for t in claimed if t["remote"] is None and not t["reuse"]]
         alone = {row["id"] for row in ctx.run(
             "alone", "SELECT id FROM {ext}.task WHERE id = ANY($1) AND target IS NOT NULL", ["bigint[]"],
-            [[t["id"] for t in claimed if t["remote"] is None and not t["reuse"]]])}
-        shared = [t for t in claimed if t["remote"] is None and not t["reuse"] and t["id"] not in alone]
+            [[t["id"] for t in local]])}
+        shared = [t for t in local if t["id"] not in alone]
         shared_ids = {t["id"] for t in shared}
         jobs = ([[t] for t in claimed if t["id"] not in shared_ids]
                 + [shared[i:i + TASKS_A_WORKER] for i in range(0, len(shared), TASKS_A_WORKER)])
     new_workers = 0
-    most_new = new_worker_room(ctx, pool)
     for number, job in enumerate(jobs):
         if idle == 0 and new_workers >= most_new:
             left = [t["id"] for later in jobs[number:] for t in later]
