@@ -75,16 +75,79 @@ def latency(conn, planned_ahead: float, samples: int) -> dict:
             "min_ms": round(min(delays), 2), "early": sum(d < 0 for d in delays), "samples": samples}
 
 
-def throughput(conn, insert: str, count: int, fresh: bool = True) -> dict:
-    """Tasks per second from the first start to the last stop (fresh: emptying the table first)."""
+def wake_floor(cluster, conn, samples: int) -> dict:
+    """The least any NOTIFY-woken scheduler needs before a task starts, in the latency scenario's
+    pattern: insert a row into `task` (in STOP: no launcher takes it) with a NOTIFY, and a listening
+    client, woken, stamps its `start` (one UPDATE by id).  start - plan: the insert and its commit, the
+    wake-up of another process, one write; no claim, no handing over, no task session."""
+    channel = "pg_task_py_bench_floor"
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def listen() -> None:
+        with cluster.connect("bench") as listener:
+            listener.execute(f"LISTEN {channel}")
+            ready.set()
+            while not stop.is_set():
+                woken = [int(n.payload) for n in listener.notifies(timeout=0.2, stop_after=1)]
+                if woken:
+                    listener.execute("UPDATE task SET start = clock_timestamp() WHERE id = ANY(%s)", [woken])
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    ready.wait(10)
+    delays = []
+    try:
+        for i in range(samples):
+            time.sleep(0.05 + (i % 7) * 0.013)  # as latency()
+            task_id = conn.execute(
+                "WITH t AS (INSERT INTO task (plan, state, input, delete) VALUES (clock_timestamp(), 'STOP',"
+                " 'SELECT 1', false) RETURNING id) SELECT t.id FROM t, pg_notify(%s, t.id::text)",
+                [channel]).fetchone()[0]
+            end = time.monotonic() + 10
+            while True:
+                row = conn.execute("SELECT extract(epoch FROM start - plan) * 1000 FROM task"
+                                   " WHERE id = %s AND start IS NOT NULL", [task_id]).fetchone()
+                if row:
+                    delays.append(float(row[0]))
+                    break
+                if time.monotonic() > end:
+                    raise TimedOut(f"the listener did not stamp row {task_id}")
+                time.sleep(0.002)
+    finally:
+        stop.set()
+        thread.join()
+    return {"wake_floor_median_ms": round(statistics.median(delays), 2),
+            "wake_floor_p95_ms": round(percentile(delays, 0.95), 2)}
+
+
+def latency_with_floor(cluster, conn, samples: int = 40) -> dict:
+    """latency() of one-off tasks, beside wake_floor() measured just before it, and their ratios."""
+    floor_result = wake_floor(cluster, conn, samples)
+    conn.execute("DELETE FROM task")
+    result = {**latency(conn, 0.0, samples), **floor_result}
+    result["median_of_wake_floor"] = round(result["median_ms"] / floor_result["wake_floor_median_ms"], 2)
+    result["p95_of_wake_floor"] = round(result["p95_ms"] / floor_result["wake_floor_p95_ms"], 2)
+    return result
+
+
+def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None) -> dict:
+    """Tasks per second from the first start to the last stop (fresh: emptying the table first);
+    with `launcher`, also the CPU time a task costs the server and the launcher (task_cpu_ms) and
+    how many of this machine's cores they kept busy."""
     if fresh:
         empty_task_table(conn)
+    cpu = server_cpu_seconds(conn, launcher) if launcher else None
     conn.execute(insert, [count])
     wait_all_ended(conn)
     first, last, done = conn.execute(
         "SELECT min(start), max(stop), count(*) FILTER (WHERE state = 'DONE') FROM task").fetchone()
     seconds = (last - first).total_seconds()
-    return {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
+    result = {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
+    if cpu is not None:
+        cpu = server_cpu_seconds(conn, launcher) - cpu
+        result.update(task_cpu_ms=round(1000 * cpu / count, 3), cores_busy=round(cpu / seconds, 2))
+    return result
 
 
 def empty_task_table(conn) -> None:
@@ -105,10 +168,11 @@ UPDATE floor_task SET state = 'DONE' WHERE id = :id;
 """
 
 
-def floor(cluster, conn) -> dict:
+def floor(cluster, conn, launcher) -> dict:
     """The machine's floor: the least work per task (claim a row with SKIP LOCKED, run SELECT 1,
     mark it done, each its own commit), by pgbench with one client on the same cluster; and
-    how many new sessions a second the server can start (pgbench -C)."""
+    how many new sessions a second the server can start (pgbench -C), with the server's CPU
+    time per session (its start, SELECT 1, its end; pgbench's own CPU not counted)."""
     conn.execute("CREATE TABLE floor_task (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN')")
     conn.execute("INSERT INTO floor_task (state) SELECT 'PLAN' FROM generate_series(1, 200000)")
     conn.execute("CREATE INDEX ON floor_task (id) WHERE state = 'PLAN'")
@@ -120,8 +184,12 @@ def floor(cluster, conn) -> dict:
         # A task without count/live runs in a backend of its own, as in pg_task: the
         # rate at which this server starts backends bounds serial and parallel.
         script.write_text("SELECT 1;\n")
-        sessions = pgbench(cluster, script, 3, "-C")
-    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions}
+        cpu = server_cpu_seconds(conn, launcher)
+        seconds = 3
+        sessions = pgbench(cluster, script, seconds, "-C")
+        cpu = server_cpu_seconds(conn, launcher) - cpu
+    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions,
+            "session_cpu_ms": round(1000 * cpu / (sessions * seconds), 3)}
 
 
 def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
@@ -686,14 +754,15 @@ def hook_cost_us(conn, listener, variant: str, count: int = 500) -> float:
 
 
 SCENARIOS = {
-    "latency": lambda conn: latency(conn, 0.0, 40),
-    "timed": lambda conn: latency(conn, 0.3, 20),
-    "serial": lambda conn: throughput(
-        conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, %s)", 500),
-    "parallel": lambda conn: throughput(
+    "latency": None,  # needs the cluster: see latency_with_floor()
+    "timed": lambda conn, launcher: latency(conn, 0.3, 20),
+    "serial": lambda conn, launcher: throughput(
+        conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, %s)", 500,
+        launcher=launcher),
+    "parallel": lambda conn, launcher: throughput(
         conn, "INSERT INTO task (\"group\", input, delete)"
-        " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i", 500),
-    "reuse": lambda conn: throughput(
+        " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i", 500, launcher=launcher),
+    "reuse": lambda conn, launcher: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
     "chain": None,  # needs the launcher: see chain()
@@ -713,6 +782,8 @@ SCENARIOS = {
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 # The scenarios of the start path, which a durable cluster changes most (each task commits).
 DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "reuse")
+# A new session a task, as in pg_task: measured beside pgbench -C (new_sessions_per_s).
+NEW_SESSION_SCENARIOS = ("serial", "parallel")
 
 
 def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> list[dict]:
@@ -727,7 +798,7 @@ def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> 
             launcher.wait_active()
             with cluster.connect("bench") as conn:
                 try:
-                    floor_result = {"scenario": "floor", **floor(cluster, conn)}
+                    floor_result = {"scenario": "floor", **floor(cluster, conn, launcher)}
                 except (TimedOut, subprocess.TimeoutExpired) as exc:
                     floor_result = {"scenario": "floor", "timeout": str(exc)}
                 results.append(floor_result)
@@ -741,13 +812,23 @@ def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> 
         finally:
             launcher.stop()
     floor_tps = (floor_result or {}).get("tasks_per_s")
+    sessions = (floor_result or {}).get("new_sessions_per_s")
     for result in results:
         if floor_tps and "tasks_per_s" in result and result["scenario"] != "floor":
             result["of_floor"] = round(result["tasks_per_s"] / floor_tps, 3)
+        if sessions and result["scenario"] in NEW_SESSION_SCENARIOS and "tasks_per_s" in result:
+            result["of_new_sessions"] = round(result["tasks_per_s"] / sessions, 3)
+            if result.get("task_cpu_ms"):
+                # The most tasks a second this machine's cores could run at this CPU cost a task,
+                # beside new_sessions_per_s: how near to it this way of running them can come.
+                most = os.cpu_count() * 1000 / result["task_cpu_ms"]
+                result["cpu_bound_of_new_sessions"] = round(most / sessions, 3)
     return results
 
 
 def run_scenario(name: str, cluster, conn, launcher) -> dict:
+    if name == "latency":
+        return latency_with_floor(cluster, conn)
     if name == "idle":
         return idle(conn, launcher)
     if name == "backlog":
@@ -768,7 +849,7 @@ def run_scenario(name: str, cluster, conn, launcher) -> dict:
         return cron(conn, launcher)
     if name == "retry":
         return retry(conn, launcher)
-    return SCENARIOS[name](conn)
+    return SCENARIOS[name](conn, launcher)
 
 
 def main() -> None:
