@@ -98,6 +98,9 @@ class WorkerCall:
         task = take_task(self.ctx, task_id, self.claimer)
         if task is None and task_id == WARM_UP:  # a new spare worker: have a session ready for the next task
             self.sessions.start_ahead(self.ctx.plpy.execute("SELECT current_user AS u")[0]["u"], 1)
+            # Sent as this call ends (not committed here): the launcher collects this worker now,
+            # not in the turn of the next task, which would wait for that.
+            wake_launchers(self.ctx)
         # Read before any WORK is committed: from then on a cancel of this worker (task_cancel
         # of a remote task) is meant for the task's query, which serve_interrupts passes on.
         if task is not None and not self.read_output_limit([task]):
