@@ -281,6 +281,20 @@ def test_task_chain(running):
         running.value("SELECT task_chain('{}'::text[])")
 
 
+def test_a_chains_next_step_has_its_session_started_while_the_step_before_runs(running):
+    """A worker going on with a chain starts the next step's session ahead, as it does for a
+    group's due tasks: the step after a slow one finds its backend up already."""
+    ids = running.value("SELECT task_chain(array_fill('SELECT (SELECT backend_start FROM pg_stat_activity"
+                        " WHERE pid = pg_backend_pid()) FROM pg_sleep(0.3)'::text, ARRAY[4]), 'ahead')")
+    running.wait_done(ids[-1], 30)
+    steps = running.sql("SELECT start, stop, output::timestamptz, worker FROM task WHERE id = ANY(%s) ORDER BY id",
+                        [ids])
+    handed_on = [(earlier, later) for earlier, later in zip(steps, steps[1:]) if earlier[3] == later[3]]
+    assert handed_on, steps  # (the worker went on with the chain: no launcher turn between steps)
+    for earlier, later in handed_on:
+        assert later[2] < earlier[1], (earlier, later)  # its backend started before the step before ended
+
+
 def test_upgraded_database_runs_workflows(cluster):
     """The same rules after ALTER EXTENSION UPDATE from 1.2 (tests/test_upgrade.py compares the
     catalogs; this runs a dependency through the upgraded claim)."""

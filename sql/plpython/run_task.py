@@ -147,9 +147,10 @@ class WorkerCall:
         self.ctx.commit()  # WORK, start and pid are visible while the input runs
         started = time.monotonic()
         if go_on and task["remote"] is None and not reuses_sessions(task):
-            # The new sessions of the group's due tasks start while this one runs (none for tasks
-            # not due: the launcher keeps a spare worker with one ahead, warm_workers).
-            self.sessions.start_ahead(task["owner"], due_in_group(self.ctx, task["hash"], FRESH_AHEAD))
+            # The new sessions of the group's due tasks, and of those due once this one ends (a
+            # chain's next steps), start while this one runs (none for tasks not due: the launcher
+            # keeps a spare worker with one ahead, warm_workers).
+            self.sessions.start_ahead(task["owner"], due_in_group(self.ctx, task, FRESH_AHEAD))
         output, error, sqlstate, notices = self.run_input(kept.session, task)
         ended = self.end_task(task, started, output, error, sqlstate, notices)
         # The next task takes this one's slot in its group, if this one still held it.

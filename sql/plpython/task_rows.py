@@ -91,14 +91,24 @@ def claim_next_task(ctx, task, launcher, session_pid):
     return rows[0] if rows else None
 
 
-def due_in_group(ctx, group_hash, most):
-    """How many tasks of the group wait and are due now, up to `most`: the sessions worth starting
-    ahead for a worker going on with the group."""
+def due_in_group(ctx, task, most):
+    """How many tasks of the running task's group are due now, or will be once it ends and, in a
+    chain, the steps between (each waits for the one before alone), up to `most`: the sessions
+    worth starting ahead for a worker going on with the group."""
     return ctx.run(
         "due_in_group",
-        "SELECT count(*)::integer AS n FROM (SELECT FROM {ext}.task WHERE state = 'PLAN' AND waiting_for = 0"
-        " AND hash = $1 AND plan <= now() LIMIT $2) AS d",
-        ["integer", "integer"], [group_hash, most])[0]["n"]
+        "SELECT count(*)::integer AS n FROM ("
+        " SELECT FROM {ext}.task WHERE state = 'PLAN' AND waiting_for = 0 AND hash = $1 AND plan <= now()"
+        " UNION ALL"
+        " (WITH RECURSIVE later (id, steps) AS ("
+        "   SELECT e.dependent, 1 FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = $3"
+        "   UNION ALL"
+        "   SELECT e.dependent, l.steps + 1 FROM later AS l"
+        "   JOIN pgtaskpy.pending_prerequisite AS e ON e.prerequisite = l.id WHERE l.steps < $2)"
+        "  SELECT FROM later AS l JOIN {ext}.task AS t ON t.id = l.id"
+        "  WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = $1 AND t.plan <= now())"
+        " LIMIT $2) AS d",
+        ["integer", "integer", "bigint"], [task["hash"], most, task["id"]])[0]["n"]
 
 
 def unclaim_task(ctx, task_id):
