@@ -111,11 +111,17 @@ DECLARE
     locked boolean := false;
     claimed integer := 0;
     n integer;
+    -- Whether any group is paused, any rate-limited: when none is (the common case), the
+    -- claim calls neither check for each task it looks at, nor notes its claims.
+    pauses boolean;
+    limits boolean;
 BEGIN
     IF claim_limit <= 0
        OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()) THEN
         RETURN;  -- nothing due: one probe of the plan index
     END IF;
+    pauses := EXISTS (SELECT FROM pgtaskpy.group_pause);
+    limits := EXISTS (SELECT FROM pgtaskpy.group_limit);
     FOR pass IN 1..2 LOOP
         IF pass = 1 THEN
             CONTINUE WHEN claim_limit > 1000;  -- (claims in every group with room: the second pass)
@@ -214,7 +220,7 @@ BEGIN
                   AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
                   AND (last_id IS NULL OR t.max > last_max OR (t.max = last_max AND t.id <= last_id))
                   AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
-                  AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
+                  AND NOT (pauses AND pgtaskpy.group_paused(t.owner, t."group"))  -- (70_operating.sql)
                   -- A task of a named series starts only while no other run of
                   -- the series (owner, key) is claimed or running: its runs never
                   -- overlap, also when task_schedule replaced the waiting run
@@ -238,7 +244,7 @@ BEGIN
             CROSS JOIN LATERAL (SELECT count(*) AS n FROM running AS r WHERE r.hash = d.hash) AS g
             WHERE pgtaskpy.group_has_room(d.max, g.n, d.rank)
               AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
-              AND pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank)
+              AND (NOT limits OR pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank))
             ORDER BY d.max DESC, d.id
             LIMIT claim_limit - claimed
         ), claimed AS (
@@ -248,7 +254,7 @@ BEGIN
             WHERE t.id = c.id AND t.state = 'PLAN'
             RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
         ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
-            SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
+            SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c HAVING limits
         )
         SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
         GET DIAGNOSTICS n = ROW_COUNT;
