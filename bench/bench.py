@@ -53,6 +53,20 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
+def start_delay_ms(conn, task_id: int, reached: str, deadline: float, failure: str) -> float:
+    """start - plan (ms) of the task, once the condition `reached` holds for its row (TimedOut,
+    saying `failure`, after `deadline` seconds)."""
+    end = time.monotonic() + deadline
+    while True:
+        row = conn.execute(f"SELECT extract(epoch FROM start - plan) * 1000 FROM task WHERE id = %s AND {reached}",
+                           [task_id]).fetchone()
+        if row:
+            return float(row[0])
+        if time.monotonic() > end:
+            raise TimedOut(f"task {task_id} {failure}")
+        time.sleep(0.002)
+
+
 def latency(conn, planned_ahead: float, samples: int) -> dict:
     """start - plan of single tasks on an idle launcher (immediate or planned ahead)."""
     delays = []
@@ -61,16 +75,7 @@ def latency(conn, planned_ahead: float, samples: int) -> dict:
         task_id = conn.execute(
             "INSERT INTO task (plan, input, delete) VALUES (clock_timestamp() + %s * interval '1 s',"
             " 'SELECT 1', false) RETURNING id", [planned_ahead]).fetchone()[0]
-        end = time.monotonic() + planned_ahead + 10
-        while True:
-            row = conn.execute("SELECT extract(epoch FROM start - plan) * 1000 FROM task"
-                               " WHERE id = %s AND state = 'DONE'", [task_id]).fetchone()
-            if row:
-                delays.append(float(row[0]))
-                break
-            if time.monotonic() > end:
-                raise TimedOut(f"task {task_id} did not run")
-            time.sleep(0.002)
+        delays.append(start_delay_ms(conn, task_id, "state = 'DONE'", planned_ahead + 10, "did not run"))
     return {"median_ms": round(statistics.median(delays), 2), "p95_ms": round(percentile(delays, 0.95), 2),
             "min_ms": round(min(delays), 2), "early": sum(d < 0 for d in delays), "samples": samples}
 
@@ -104,16 +109,7 @@ def wake_floor(cluster, conn, samples: int) -> dict:
                 "WITH t AS (INSERT INTO task (plan, state, input, delete) VALUES (clock_timestamp(), 'STOP',"
                 " 'SELECT 1', false) RETURNING id) SELECT t.id FROM t, pg_notify(%s, t.id::text)",
                 [channel]).fetchone()[0]
-            end = time.monotonic() + 10
-            while True:
-                row = conn.execute("SELECT extract(epoch FROM start - plan) * 1000 FROM task"
-                                   " WHERE id = %s AND start IS NOT NULL", [task_id]).fetchone()
-                if row:
-                    delays.append(float(row[0]))
-                    break
-                if time.monotonic() > end:
-                    raise TimedOut(f"the listener did not stamp row {task_id}")
-                time.sleep(0.002)
+            delays.append(start_delay_ms(conn, task_id, "start IS NOT NULL", 10, "was not stamped by the listener"))
     finally:
         stop.set()
         thread.join()
