@@ -200,14 +200,20 @@ def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
     return round(float(tps[0].split()[2]), 1)
 
 
-def claim_ms(conn, repeat: int = 200) -> float:
-    """Median time of one claim (rolled back), by the server's clock."""
+# What an idle launcher asks claim_due_tasks for (dispatch.py: NEW_WORKERS_A_TURN workers a turn,
+# TASKS_A_WORKER tasks each), beside a claim of 1.
+LAUNCHER_CLAIM_LIMIT = 400
+
+
+def claim_ms(conn, repeat: int = 200, limit: int = 1) -> float:
+    """Median time of one claim of up to `limit` tasks (rolled back), by the server's clock."""
     times = []
     for _ in range(repeat):
         conn.execute("BEGIN")
         times.append(conn.execute(
             "SELECT extract(epoch FROM clock_timestamp() - t0) * 1000 FROM (SELECT clock_timestamp() AS t0) AS s,"
-            " LATERAL (SELECT count(*) FROM pgtaskpy.claim_due_tasks(1, pg_backend_pid())) AS c").fetchone()[0])
+            " LATERAL (SELECT count(*) FROM pgtaskpy.claim_due_tasks(%s, pg_backend_pid())) AS c",
+            [limit]).fetchone()[0])
         conn.execute("ROLLBACK")
     return round(float(statistics.median(times)), 3)
 
@@ -220,13 +226,13 @@ def with_one_due_task(cluster, *names: str) -> None:
             conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
 
 
-def claims_in_turns(empty, held, turns: int) -> tuple[float, float]:
+def claims_in_turns(empty, held, turns: int, limit: int = 1) -> tuple[float, float]:
     """Median claim time (ms) in `empty` and in `held`, `turns` rounds of 40 claims each in
     turns, so that both see the same machine load."""
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(turns):
-        times[0].append(claim_ms(empty, 40))
-        times[1].append(claim_ms(held, 40))
+        times[0].append(claim_ms(empty, 40, limit))
+        times[1].append(claim_ms(held, 40, limit))
     return statistics.median(times[0]), statistics.median(times[1])
 
 
@@ -234,7 +240,8 @@ def backlog(cluster) -> dict:
     """Claim cost of one due task with 1,000,000 finished rows and 100,000 waiting ones (planned
     ahead), with those 100,000 all due, in 100 groups and in 10,000, each against a table holding
     the one due task only, measured in turns with it (so that both see the same machine load); in
-    databases of their own, with no launcher."""
+    databases of their own, with no launcher.  With the tasks planned ahead, also claims of up to
+    LAUNCHER_CLAIM_LIMIT, as the launcher makes them."""
     with_one_due_task(cluster, "backlog_empty", "backlog")
     result = {}
     with cluster.connect("backlog_empty") as empty, cluster.connect("backlog") as conn:
@@ -257,6 +264,9 @@ def backlog(cluster) -> dict:
             empty_ms, held_ms = claims_in_turns(empty, conn, 5)
             result.update({f"{figure}_empty_ms": round(empty_ms, 3), f"{figure}_ms": round(held_ms, 3),
                            f"{figure}_ratio": round(held_ms / empty_ms, 2)})
+            if change is None:  # (with every task due, a claim of 400 takes 400 where the empty table has 1)
+                empty_ms, held_ms = claims_in_turns(empty, conn, 5, LAUNCHER_CLAIM_LIMIT)
+                result[f"{figure}_ratio_at_{LAUNCHER_CLAIM_LIMIT}"] = round(held_ms / empty_ms, 2)
         result["groups_due"] = conn.execute(
             "SELECT count(DISTINCT \"group\") FROM task WHERE state = 'PLAN'").fetchone()[0]
     return result
@@ -298,6 +308,32 @@ def chain(conn, launcher, rounds: int = 9) -> dict:
             "rounds": list(zip(serial, chained))}
 
 
+def grown(cluster, samples: int = 20) -> dict:
+    """start - plan of lone tasks on a launcher started on an empty table, before and after a bulk
+    load (triggers off, as a restore might) of 300,000 finished tasks and 100,000 planned for
+    tomorrow, with no ANALYZE since (autovacuum off for the table): the plans the scheduler's
+    backends made on the small table must not read the grown one whole."""
+    cluster.create_database("grown")
+    with cluster.connect("grown") as conn:
+        conn.execute("ALTER TABLE task SET (autovacuum_enabled = false)")
+        launcher = Launcher(cluster.dsn("grown")).start()
+        try:
+            launcher.wait_active()
+            before = latency(conn, 0.0, samples)
+            conn.execute("SET session_replication_role = replica")
+            conn.execute("INSERT INTO task (input, state, plan, start, stop, output)"
+                         " SELECT 'SELECT 1', 'DONE', now() - interval '1 day', now() - interval '1 day',"
+                         " now() - interval '1 day', '1' FROM generate_series(1, 300000)")
+            conn.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || (i % 100),"
+                         " now() + interval '1 day' FROM generate_series(1, 100000) AS i")
+            conn.execute("RESET session_replication_role")
+            after = latency(conn, 0.0, samples)
+        finally:
+            launcher.stop()
+    return {"median_ms": before["median_ms"], "grown_median_ms": after["median_ms"],
+            "grown_p95_ms": after["p95_ms"], "ratio": round(after["median_ms"] / before["median_ms"], 2)}
+
+
 def waiting(cluster) -> dict:
     """Claim cost of one due task with 100,000 tasks waiting for a prerequisite (planned a day
     ahead), against a table holding the one due task only; each in a database of its own, no
@@ -306,7 +342,7 @@ def waiting(cluster) -> dict:
     with cluster.connect("waiting") as conn:
         first = conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')"
                              " RETURNING id").fetchone()[0]
-        conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i %% 100),"
+        conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i % 100),"
                      " ARRAY[%s]::bigint[] FROM generate_series(1, 100000) AS i", [first])
         conn.execute("VACUUM ANALYZE pgtaskpy.pending_prerequisite")  # (not autovacuum while timed)
         settle(conn)
@@ -766,6 +802,7 @@ SCENARIOS = {
     "cron": None,  # needs the launcher: see cron()
     "retry": None,  # needs the launcher: see retry()
     "backlog": None,  # needs the cluster: see backlog()
+    "grown": None,  # needs the cluster: see grown()
     "idle": None,  # needs the launcher: see idle()
     "burst": None,  # a cluster of its own: see burst()
     "thousand": None,  # a cluster of its own: see burst()
@@ -829,6 +866,8 @@ def run_scenario(name: str, cluster, conn, launcher) -> dict:
         return idle(conn, launcher)
     if name == "backlog":
         return backlog(cluster)
+    if name == "grown":
+        return grown(cluster)
     if name == "burst":
         return burst()
     if name == "thousand":  # issue 20's scenario: 1,000 tasks at once, max_connections 1100

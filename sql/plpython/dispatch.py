@@ -24,7 +24,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
-    from plans import Context
+    from plans import Context, replan_after_growth
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
@@ -447,6 +447,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         # A standby is read-only and its rows are the primary's, whose launcher runs them:
         # claim, recover and start nothing here; look again soon for a promotion.
         return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
+    replan_after_growth(ctx)
     pool = state(ctx)
     events = []
     # Workers go on with their group's tasks only while their launcher's session

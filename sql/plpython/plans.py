@@ -10,6 +10,10 @@ the schemas are looked up at run time rather than pasted in by CREATE
 EXTENSION, where a schema name that needs quotes would break the Python source.
 """
 
+# A scheduler backend makes its plans again once the task table has grown past twice the size
+# it had when they were made, and past this many bytes (replan_after_growth).
+REPLAN_LEAST_BYTES = 256 * 1024
+
 
 class Context:
     """One call's PL/Python: `plpy`; `GD`, the backend's dict, shared by every
@@ -58,3 +62,22 @@ class Context:
         if key not in self.SD:
             self.SD[key] = self.run(key, "SELECT pgtaskpy.name_of($1) AS n", ["text"], [what])[0]["n"]
         return self.SD[key]
+
+
+def replan_after_growth(ctx):
+    """Have this backend's plans made again when the task table has grown past twice its size
+    at the time they were made: called at the start of each launcher turn and worker call.
+
+    A plan is kept for the backend's life (claim_due_tasks even forces a generic one), and the
+    plans made on a small table scan it whole.  A launcher started on an almost empty table
+    then read a whole bulk insert's rows several times a turn until autovacuum's ANALYZE came
+    (a lone task's start 2.7 -> 178 ms with 350,000 rows; bench/RESULTS.md).  Plans made again
+    see the table's size on disk, analyzed or not.  Doubling keeps them within half of it at a
+    cost of a few replans over the table's life; a table that shrinks needs none (index scans
+    suit a small table too).
+    """
+    size = ctx.run("task_size", "SELECT pg_catalog.pg_relation_size('{ext}.task'::pg_catalog.regclass) AS b")[0]["b"]
+    planned_at = ctx.GD.setdefault("pgtaskpy.plans_made_at_size", size)
+    if size > max(2 * planned_at, REPLAN_LEAST_BYTES):
+        ctx.plpy.execute("DISCARD PLANS")  # every plan of this backend, PL/Python's and PL/pgSQL's
+        ctx.GD["pgtaskpy.plans_made_at_size"] = size

@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call
 if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
     from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
     from output import OutputTooLarge, format_message
-    from plans import Context
+    from plans import Context, replan_after_growth
     from run_task import (
         INTERRUPT_EVERY,
         LOST_RUN,
@@ -186,5 +186,7 @@ class BatchCall:
 
 def main(plpy, GD, SD, task_ids, claimer):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
-    report = BatchCall(Context(plpy, GD, SD), claimer).run(task_ids)
+    ctx = Context(plpy, GD, SD)
+    replan_after_growth(ctx)
+    report = BatchCall(ctx, claimer).run(task_ids)
     return (json.dumps(report),)

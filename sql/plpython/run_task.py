@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         MalformedConninfo,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
-    from plans import Context
+    from plans import Context, replan_after_growth
     from sessions import TaskSessions, reuses_sessions
     from task_rows import (
         claim_next_task,
@@ -72,7 +72,9 @@ BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "t
 
 def main(plpy, GD, SD, task_id, claimer):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
-    report = WorkerCall(Context(plpy, GD, SD), claimer).run(task_id)
+    ctx = Context(plpy, GD, SD)
+    replan_after_growth(ctx)
+    report = WorkerCall(ctx, claimer).run(task_id)
     return (json.dumps(report),)
 
 
