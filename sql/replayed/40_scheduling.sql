@@ -117,6 +117,7 @@ DECLARE
     -- claim calls neither check for each task it looks at, nor notes its claims.
     pauses boolean;
     limits boolean;
+    caps boolean;  -- and whether any role has a running limit
 BEGIN
     IF claim_limit <= 0
        OR NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()) THEN
@@ -124,6 +125,7 @@ BEGIN
     END IF;
     pauses := EXISTS (SELECT FROM pgtaskpy.group_pause);
     limits := EXISTS (SELECT FROM pgtaskpy.group_limit);
+    caps := pgtaskpy.role_running_limits_set();
     FOR pass IN 1..2 LOOP
         IF pass = 1 THEN
             CONTINUE WHEN claim_limit > 1000;  -- (claims in every group with room: the second pass)
@@ -245,7 +247,7 @@ BEGIN
                                          AND f.hash = w.hash ORDER BY f.max DESC, f.id LIMIT 1)::bigint + 1))
             ) AS c
         ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
-            SELECT o.owner, pgtaskpy.role_running_limit(o.owner) AS cap,
+            SELECT o.owner, CASE WHEN caps THEN pgtaskpy.role_running_limit(o.owner) END AS cap,
                    (SELECT count(*) FROM running AS r WHERE r.owner = o.owner) AS n
             FROM (SELECT DISTINCT due.owner FROM due) AS o
         ), chosen AS (
@@ -334,7 +336,7 @@ BEGIN
     IF NOT pgtaskpy.group_has_room(claimed.max, running, 1) THEN
         RETURN NULL;
     END IF;
-    cap := pgtaskpy.role_running_limit(claimed.owner);
+    cap := CASE WHEN pgtaskpy.role_running_limits_set() THEN pgtaskpy.role_running_limit(claimed.owner) END;
     IF cap IS NOT NULL THEN  -- an owner's count spans groups: no slot to hand on
         PERFORM pgtaskpy.lock_owner(claimed.owner);
         running := (SELECT count(*) FROM @extschema@.task AS r
@@ -427,6 +429,21 @@ BEGIN
           AND c LIKE 'pg\_task\_py.role\_running\_limit=%'
         ORDER BY s.setdatabase DESC
         LIMIT 1);
+END
+$$;
+
+-- Whether any role has pg_task_py.role_running_limit set (ALTER ROLE ... SET, in
+-- this database or any): when none has (the common case), a claim looks up no
+-- owner's limit, which costs two calls and a catalog read an owner (0.14 ms of
+-- a lone task's claim).  PL/pgSQL without SET (every name qualified), so that
+-- its plan is kept.
+CREATE FUNCTION pgtaskpy.role_running_limits_set() RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM pg_catalog.pg_db_role_setting AS s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c
+                   WHERE s.setrole OPERATOR(pg_catalog.<>) 0
+                     AND c OPERATOR(pg_catalog.~~) 'pg\_task\_py.role\_running\_limit=%');
 END
 $$;
 
