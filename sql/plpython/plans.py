@@ -70,11 +70,11 @@ def replan_after_growth(ctx):
 
     A plan is kept for the backend's life (claim_due_tasks even forces a generic one), and the
     plans made on a small table scan it whole.  A launcher started on an almost empty table
-    then read a whole bulk insert's rows several times a turn until autovacuum's ANALYZE came
-    (a lone task's start 2.7 -> 178 ms with 350,000 rows; bench/RESULTS.md).  Plans made again
-    see the table's size on disk, analyzed or not.  Doubling keeps them within half of it at a
-    cost of a few replans over the table's life; a table that shrinks needs none (index scans
-    suit a small table too).
+    then read a whole bulk load's rows several times a turn until autovacuum's ANALYZE came:
+    a lone task's start took 2.8 -> 245 ms after a load of 400,000 rows (bench/RESULTS.md,
+    `grown`).  Plans made again see the table's size on disk, analyzed or not.  Doubling keeps
+    them within half of it at a cost of a few replans over the table's life; a table that
+    shrinks needs none (index scans suit a small table too).
     """
     size = ctx.run("task_size", "SELECT pg_catalog.pg_relation_size('{ext}.task'::pg_catalog.regclass) AS b")[0]["b"]
     planned_at = ctx.GD.setdefault("pgtaskpy.plans_made_at_size", size)

@@ -86,8 +86,8 @@ AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 -- Its cost does not grow with the backlog.  The first pass reads waiting
 -- tasks in priority order (due or not, so that the read stays short) until
 -- the due ones among them span claim_limit + 1 groups (one to spare for a
--- full group), or 4 claim_limit + 32 tasks, or it has read 32 that are not
--- due (tasks planned ahead ahead of the due ones), and claims only from that
+-- full group), or 4 claim_limit + 32 tasks, or 32 that are not due (tasks
+-- planned for later that come first in the order), and claims only from that
 -- prefix of the order: what it claims is what a look at every group would
 -- have claimed first.  Only when that does not fill claim_limit and tasks
 -- were left unread does the second pass look at every group with due tasks:
