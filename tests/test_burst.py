@@ -54,6 +54,23 @@ def test_each_task_of_a_burst_behaves_as_it_does_alone(running):
     assert running.value("SELECT count(DISTINCT worker) FROM task") <= 3  # side by side, not a worker each
 
 
+def test_the_ended_tasks_of_a_burst_make_room_under_run_while_one_runs_on(db):
+    # --run counts the tasks running: a burst's worker returns only with its last task, but those
+    # that have ended count no more.  20 tasks in 20 groups, one of them long, go to one worker.
+    db.launcher("--run", "20")
+    db.sql("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"
+           " CASE WHEN i = 1 THEN 'SELECT pg_sleep(60)' ELSE 'SELECT 1' END, false FROM generate_series(1, 20) AS i")
+    long = db.value("SELECT id FROM task WHERE input = 'SELECT pg_sleep(60)'")
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 19, 30, 0.02,
+               "the short tasks of the burst to end")
+    db.sql("INSERT INTO task (\"group\", input, delete)"
+           " SELECT 'later' || i, 'SELECT pg_sleep(3)', false FROM generate_series(1, 5) AS i")
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE \"group\" LIKE 'later%%' AND state = 'WORK'") == 5,
+               15, 0.02, "5 later tasks running at once beside the long one")
+    assert db.value("SELECT state::text FROM task WHERE id = %s", [long]) == "WORK"  # it still runs
+    assert db.value("SELECT task_cancel(%s)", [long])
+
+
 def test_a_burst_worker_that_dies_fails_its_running_tasks_and_runs_none_twice(running):
     running.sql("CREATE TABLE ran (i integer)")
     running.sql("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"

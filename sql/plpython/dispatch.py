@@ -183,6 +183,11 @@ def reap(ctx, pool, events):
         [[w["pid"] for w in busy.values()], [t for w in busy.values() for t in w["tasks"]]],
     )[0]
     pids, ids = set(working["pids"] or ()), set(working["ids"] or ())
+    for worker in busy.values():
+        if len(worker["tasks"]) > 1:
+            # A burst's worker (run_tasks) returns with its last task only: those that have
+            # ended count no more against --run (running_tasks), nor are they its to unclaim.
+            worker["tasks"] = [task_id for task_id in worker["tasks"] if task_id in ids]
     answering = False
     for name, worker in busy.items():
         # A worker returns right after committing its last task's end: wait that
@@ -214,7 +219,8 @@ def new_worker_room(ctx, pool):
 
 
 def running_tasks(pool):
-    """The tasks this launcher's workers were given and have not returned (a warming spare counts one)."""
+    """The tasks this launcher's workers were given and have not returned, less those of a burst's
+    worker seen ended (reap); a warming spare counts one."""
     return sum(len(w["tasks"]) for w in pool["workers"].values() if w["task"] is not None)
 
 
