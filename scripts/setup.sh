@@ -20,6 +20,8 @@ if [ -z "$ONLY_VENV" ]; then
     [ -f /usr/lib/postgresql/$PGVER/lib/pgxs/src/makefiles/pgxs.mk ] || missing+=(postgresql-server-dev-$PGVER)
     # As root, the test clusters' servers run as the postgres OS user, through setpriv.
     command -v setpriv >/dev/null || missing+=(util-linux)
+    # A test runs a server whose messages are in German (lc_messages): its locale is made below.
+    command -v localedef >/dev/null || missing+=(locales)
 fi
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -41,5 +43,8 @@ if [ ! -f "$stamp" ] || [ -n "$(find pg_task_py.control python/pyproject.toml py
 fi
 
 [ -z "$ONLY_VENV" ] || exit 0
+if ! locale -a 2>/dev/null | grep -qi '^de_DE\.utf-\?8$'; then
+    $SUDO localedef -i de_DE -f UTF-8 de_DE.UTF-8
+fi
 make -s all
 $SUDO make -s install >/dev/null

@@ -9,8 +9,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import psycopg
 import pytest
-from pg_task_py_testing import LAUNCHER, Launcher, extension_version, most_at_once, wait_until
+from pg_task_py_testing import LAUNCHER, Launcher, extension_version, most_at_once, throwaway_cluster, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -250,6 +251,35 @@ def test_tasks_wait_for_free_connections_instead_of_failing(running, cluster):
     finally:
         for hog in hogs:
             hog.close()
+
+
+@pytest.mark.slow
+def test_tasks_wait_for_free_connections_on_a_server_that_speaks_german():
+    """The server refuses a task's session in the language of its lc_messages ("zu viele
+    Verbindungen"): the task waits all the same, by the refusal's SQLSTATE.  (scripts/setup.sh
+    makes the de_DE.UTF-8 locale.)"""
+    with throwaway_cluster({"lc_messages": "'de_DE.UTF-8'", "max_connections": "24"}) as cluster:
+        cluster.create_database("busy")
+        launcher = Launcher(cluster.dsn("busy")).start()
+        hogs = []
+        try:
+            launcher.wait_active()
+            with cluster.connect("busy") as conn:
+                with pytest.raises(psycopg.errors.DivisionByZero, match="Division durch Null"):
+                    conn.execute("SELECT 1/0")
+                free = conn.execute("SELECT current_setting('max_connections')::int - count(*) FROM pg_stat_activity"
+                                    " WHERE backend_type = 'client backend'").fetchone()[0]
+                hogs = [cluster.connect("busy") for _ in range(free - 5)]
+                conn.execute("INSERT INTO task (\"group\", input, delete)"
+                             " SELECT 'g' || i, 'SELECT pg_sleep(0.1)', false FROM generate_series(1, 10) AS i")
+                wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')")
+                           .fetchone()[0] == 0, 60, 0.05, "the tasks to end")
+                assert conn.execute("SELECT state::text, count(*) FROM task GROUP BY 1").fetchall() == [("DONE", 10)], \
+                    conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()
+        finally:
+            for hog in hogs:
+                hog.close()
+            launcher.stop()
 
 
 def test_log_json_has_one_object_a_line(db, tmp_path):

@@ -9,6 +9,7 @@ libpq is on every PostgreSQL server (dblink links it), so no package is needed.
 """
 
 import ctypes
+import re
 import select
 
 
@@ -83,6 +84,7 @@ class PQconninfoOption(ctypes.Structure):
 PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
 PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
 PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
+PQsetErrorVerbosity = _fn("PQsetErrorVerbosity", _I, _P, _I)
 
 CONNECTION_OK, CONNECTION_BAD = 0, 1
 PGRES_POLLING_FAILED, PGRES_POLLING_READING, PGRES_POLLING_WRITING, PGRES_POLLING_OK = 0, 1, 2, 3
@@ -91,6 +93,12 @@ PGRES_COPY_OUT, PGRES_COPY_IN = 3, 4
 PGRES_FATAL_ERROR = 7
 PGRES_COPY_BOTH, PGRES_SINGLE_TUPLE = 8, 9
 PQTRANS_INTRANS, PQTRANS_INERROR = 2, 3
+PQERRORS_DEFAULT, PQERRORS_VERBOSE = 1, 2
+
+# What PQERRORS_VERBOSE adds to a server's error: its SQLSTATE after the severity, and a last
+# line with the function, file and line that raised it (both labels in the server's language).
+_VERBOSE_SQLSTATE = re.compile(r"(\S:  )([0-9A-Z]{5}): ")
+_VERBOSE_LOCATION = re.compile(r"\n[^\n]*:  [^\n]*, [^\n]*\.c:[0-9]+$")
 
 # Error fields, from postgres_ext.h.
 PG_DIAG_SEVERITY = ord("S")
@@ -120,6 +128,16 @@ class ConnectError(Exception):
     def __init__(self, message, sqlstate=None):
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+def _without_sqlstate(message):
+    """(the message as libpq's default verbosity writes it, the SQLSTATE) of a verbose one; a
+    message that carries none comes back as it is, with None."""
+    found = _VERBOSE_SQLSTATE.search(message)
+    if found is None:
+        return message, None
+    message = message[:found.end(1)] + message[found.end():]
+    return _VERBOSE_LOCATION.sub("", message), found.group(2)
 
 
 class MalformedConninfo(ConnectError):
@@ -208,16 +226,22 @@ class Session:
         # Kept on self: ctypes must not collect the callback while libpq holds it.
         self._receiver = NoticeReceiver(self._on_notice)
         self._polling = None if wait else PGRES_POLLING_WRITING
+        if not wait:
+            # A server's error before the session is open (too many clients, starting up) comes
+            # as text in the server's language (lc_messages): verbose, it carries its SQLSTATE.
+            PQsetErrorVerbosity(self.handle, PQERRORS_VERBOSE)
         if wait or PQstatus(self.handle) == CONNECTION_BAD:
             self._connected()
 
     def _connected(self):
-        """Raise libpq's message if the connection failed; else make the session usable."""
+        """Raise libpq's message if the connection failed (with the server's SQLSTATE, when it
+        sent the error to an attempt started with wait=False); else make the session usable."""
         self._polling = None
         if PQstatus(self.handle) != CONNECTION_OK:
-            message = _text(PQerrorMessage(self.handle)).strip()
+            message, sqlstate = _without_sqlstate(_text(PQerrorMessage(self.handle)).strip())
             self.close()
-            raise ConnectError(message)
+            raise ConnectError(message, sqlstate)
+        PQsetErrorVerbosity(self.handle, PQERRORS_DEFAULT)  # the task's own errors read as usual
         PQsetNoticeReceiver(self.handle, self._receiver, None)
 
     def advance(self, timeout=0.0):

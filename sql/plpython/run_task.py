@@ -65,7 +65,11 @@ NO_SESSION = "08001"  # the task's session could not be opened
 BAD_SETTING = "22023"  # a setting, or a remote conninfo, that cannot be used
 OUTPUT_TOO_LARGE = "54000"
 NOT_SUPPORTED = "0A000"  # COPY FROM STDIN / TO STDOUT
-# A server that cannot take the task's session now, but will: the task waits.
+# A server that cannot take the task's session now, but will: the task waits.  Its SQLSTATE
+# (too_many_connections, cannot_connect_now) for a session of this server, whatever the language
+# of its messages; the English messages for a remote one (connected by libpq's blocking call,
+# whose errors carry no SQLSTATE).
+BUSY_SQLSTATES = ("53300", "57P03")
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
 
@@ -267,7 +271,7 @@ class WorkerCall:
         """The task's session could not be opened or used: the task waits for a connection
         slot when the server is full, else it fails with the reason (committed; no next task)."""
         self.sessions.close_kept()
-        if any(reason in str(exc) for reason in BUSY_SERVER):
+        if exc.sqlstate in BUSY_SQLSTATES or any(reason in str(exc) for reason in BUSY_SERVER):
             unclaim_task(self.ctx, task["id"])  # it never started: it waits for a connection slot, not FAIL
             wake_launchers(self.ctx)
             self.ctx.commit()

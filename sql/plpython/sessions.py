@@ -173,13 +173,12 @@ class TaskSessions:
         if task["remote"] is not None:
             session = self.open_remote(task)
         elif task["target"] == "standby":
-            session = self.open_standby(task["owner"]) or Session(self.loopback_keywords(task["owner"]))
+            session = self.open_standby(task["owner"]) or self.open_local(task["owner"])
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
             session = choice.ahead.session
         else:
-            session = (self.take_ahead(task["owner"], choice.fingerprint)
-                       or Session(self.loopback_keywords(task["owner"])))
+            session = self.take_ahead(task["owner"], choice.fingerprint) or self.open_local(task["owner"])
         self.kept = KeptSession(session_key(task), session, task["target"])
         return self.kept
 
@@ -273,6 +272,14 @@ class TaskSessions:
             ["name"],
             [owner],
         )[0]["f"]
+
+    def open_local(self, owner):
+        """A new session of `owner` in this database, waited for.  Started asynchronously, as
+        the sessions ahead are: a refusal of the server (too many clients) then carries its
+        SQLSTATE, whatever the language of its message (libpq.Session)."""
+        session = Session(self.loopback_keywords(owner), wait=False)
+        session.wait_connected()
+        return session
 
     def loopback_keywords(self, owner):
         """Connection keywords of a session in this database, logged in as `owner`."""
