@@ -71,6 +71,23 @@ def test_the_ended_tasks_of_a_burst_make_room_under_run_while_one_runs_on(db):
     assert db.value("SELECT task_cancel(%s)", [long])
 
 
+def test_a_burst_of_tasks_that_take_a_worker_each_is_claimed_as_workers_take_it(db):
+    # Tasks with `count` keep their session for their group: a worker each, connected 8 a turn.
+    # A turn claims what its workers take, not hundreds of them only to unclaim the rest (each
+    # claim and unclaim rewrites the row).  A trigger of the test's notes every unclaim.
+    db.sql("CREATE TABLE unclaimed (id bigint)")
+    db.sql("CREATE FUNCTION note_unclaim() RETURNS trigger LANGUAGE plpgsql"
+           " AS $$ BEGIN INSERT INTO public.unclaimed VALUES (NEW.id); RETURN NULL; END $$")
+    db.sql("CREATE TRIGGER note_unclaim AFTER UPDATE ON task FOR EACH ROW"
+           " WHEN (OLD.state = 'TAKE' AND NEW.state = 'PLAN') EXECUTE FUNCTION note_unclaim()")
+    db.launcher()
+    db.sql("INSERT INTO task (\"group\", count, input, delete)"
+           " SELECT 'g' || i, 5, 'SELECT 1', false FROM generate_series(1, 100) AS i")
+    db.wait_all_done(60)
+    assert db.sql("SELECT state::text, count(*) FROM task GROUP BY 1") == [("DONE", 100)]
+    assert db.value("SELECT count(*) FROM unclaimed") == 0
+
+
 def test_a_burst_worker_that_dies_fails_its_running_tasks_and_runs_none_twice(running):
     running.sql("CREATE TABLE ran (i integer)")
     running.sql("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"

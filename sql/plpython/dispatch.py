@@ -326,6 +326,36 @@ def start(ctx, pool, tasks, claimer, events):
     return True
 
 
+def claim_for_workers(ctx, room, workers, claimer):
+    """Claim up to `room` due tasks for the `workers` this turn may use (idle and new ones).
+
+    First as many as those workers take one each.  When they are all claimed and some of them
+    can share a worker (local tasks that start a new session each: run_tasks, TASKS_A_WORKER to
+    a worker), then as many more as the workers left and the room in those shared ones take.
+    Claiming at once what the workers could take if every task shared one (idle + 400) took
+    tasks of `remote` or `count`/`live`, which take a worker each, by the hundred a turn, only
+    to unclaim all but the few the workers could take: 3 to 8 row updates a task where 2 or 3
+    do (bench/RESULTS.md).
+    """
+    def claim(limit):
+        return list(ctx.run("claim", "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)", ["integer", "integer"],
+                            [limit, claimer])) if limit > 0 else []
+
+    first = min(room, workers)
+    claimed = claim(first)
+    if len(claimed) < first:
+        return claimed  # all that is due now (or all the room)
+    alone = sum(1 for task in claimed if task["remote"] is not None or task["reuse"])
+    shared = len(claimed) - alone
+    # (A task of a target shares no worker either: start_claimed finds those, and unclaims what
+    # the workers cannot take.)
+    if shared == 0:
+        return claimed
+    spare_workers = workers - alone - -(-shared // TASKS_A_WORKER)  # (-(-a // b): a / b rounded up)
+    more = spare_workers * TASKS_A_WORKER + (-shared) % TASKS_A_WORKER  # (and the last shared one's room)
+    return claimed + claim(min(room - len(claimed), more))
+
+
 def start_claimed(ctx, pool, claimed, claimer, events):
     """Start the claimed tasks: each on a worker of its own while the idle workers and this
     turn's new ones are enough (a worker of one task goes on with its group), else (a burst)
@@ -473,12 +503,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
-    claimed = ctx.run(
-        "claim",
-        "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)",
-        ["integer", "integer"],
-        [max(0, min(limit - busy, idle + new_worker_room(ctx, pool) * TASKS_A_WORKER)), claimer],
-    )
+    claimed = claim_for_workers(ctx, max(0, limit - busy), idle + new_worker_room(ctx, pool), claimer)
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.
