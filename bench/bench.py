@@ -200,8 +200,8 @@ def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
     return round(float(tps[0].split()[2]), 1)
 
 
-# What an idle launcher asks claim_due_tasks for (dispatch.py: NEW_WORKERS_A_TURN workers a turn,
-# TASKS_A_WORKER tasks each), beside a claim of 1.
+# The most an idle launcher's turn claims, in a burst of tasks that share workers (dispatch.py,
+# claim_for_workers: NEW_WORKERS_A_TURN new workers, TASKS_A_WORKER tasks each), beside a claim of 1.
 LAUNCHER_CLAIM_LIMIT = 400
 
 
