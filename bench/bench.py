@@ -342,7 +342,7 @@ def waiting(cluster) -> dict:
     with cluster.connect("waiting") as conn:
         first = conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')"
                              " RETURNING id").fetchone()[0]
-        conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i % 100),"
+        conn.execute("INSERT INTO task (input, \"group\", after) SELECT 'SELECT 1', 'g' || (i %% 100),"
                      " ARRAY[%s]::bigint[] FROM generate_series(1, 100000) AS i", [first])
         conn.execute("VACUUM ANALYZE pgtaskpy.pending_prerequisite")  # (not autovacuum while timed)
         settle(conn)
