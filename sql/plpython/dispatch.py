@@ -326,6 +326,13 @@ def start(ctx, pool, tasks, claimer, events):
     return True
 
 
+def may_share_a_worker(task):
+    """Whether a claimed task may run in a burst's worker (run_tasks) beside others: a local
+    task that starts a new session (no `remote`, `count` or `live`).  Those of a `target` may
+    not either; the claim does not say, start_claimed looks them up."""
+    return task["remote"] is None and not task["reuse"]
+
+
 def claim_for_workers(ctx, room, workers, claimer):
     """Claim up to `room` due tasks for the `workers` this turn may use (idle and new ones).
 
@@ -345,10 +352,8 @@ def claim_for_workers(ctx, room, workers, claimer):
     claimed = claim(first)
     if len(claimed) < first:
         return claimed  # all that is due now (or all the room)
-    alone = sum(1 for task in claimed if task["remote"] is not None or task["reuse"])
-    shared = len(claimed) - alone
-    # (A task of a target shares no worker either: start_claimed finds those, and unclaims what
-    # the workers cannot take.)
+    shared = sum(1 for task in claimed if may_share_a_worker(task))
+    alone = len(claimed) - shared  # (start_claimed unclaims what the workers cannot take)
     if shared == 0:
         return claimed
     spare_workers = workers - alone - -(-shared // TASKS_A_WORKER)  # (-(-a // b): a / b rounded up)
@@ -365,7 +370,7 @@ def start_claimed(ctx, pool, claimed, claimer, events):
     most_new = new_worker_room(ctx, pool)
     jobs = [[task] for task in claimed]
     if len(claimed) > idle + most_new:
-        local = [t for t in claimed if t["remote"] is None and not t["reuse"]]
+        local = [t for t in claimed if may_share_a_worker(t)]
         alone = {row["id"] for row in ctx.run(
             "alone", "SELECT id FROM {ext}.task WHERE id = ANY($1) AND target IS NOT NULL", ["bigint[]"],
             [[t["id"] for t in local]])}
