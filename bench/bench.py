@@ -67,14 +67,15 @@ def start_delay_ms(conn, task_id: int, reached: str, deadline: float, failure: s
         time.sleep(0.002)
 
 
-def latency(conn, planned_ahead: float, samples: int) -> dict:
-    """start - plan of single tasks on an idle launcher (immediate or planned ahead)."""
+def latency(conn, planned_ahead: float, samples: int, owner: str | None = None) -> dict:
+    """start - plan of single tasks on an idle launcher (immediate or planned ahead), of `owner`
+    (default: the launcher's role)."""
     delays = []
     for i in range(samples):
         time.sleep(0.05 + (i % 7) * 0.013)  # land at different points of any timer
         task_id = conn.execute(
-            "INSERT INTO task (plan, input, delete) VALUES (clock_timestamp() + %s * interval '1 s',"
-            " 'SELECT 1', false) RETURNING id", [planned_ahead]).fetchone()[0]
+            "INSERT INTO task (plan, input, delete, owner) VALUES (clock_timestamp() + %s * interval '1 s',"
+            " 'SELECT 1', false, coalesce(%s, current_user)) RETURNING id", [planned_ahead, owner]).fetchone()[0]
         delays.append(start_delay_ms(conn, task_id, "state = 'DONE'", planned_ahead + 10, "did not run"))
     return {"median_ms": round(statistics.median(delays), 2), "p95_ms": round(percentile(delays, 0.95), 2),
             "min_ms": round(min(delays), 2), "early": sum(d < 0 for d in delays), "samples": samples}
@@ -118,12 +119,20 @@ def wake_floor(cluster, conn, samples: int) -> dict:
 
 
 def latency_with_floor(cluster, conn, samples: int = 40) -> dict:
-    """latency() of one-off tasks, beside wake_floor() measured just before it, and their ratios."""
+    """latency() of one-off tasks, beside wake_floor() measured just before it, and their ratios;
+    then (role_*) of tasks of a role that is not the launcher's, as an application's are."""
     floor_result = wake_floor(cluster, conn, samples)
     conn.execute("DELETE FROM task")
     result = {**latency(conn, 0.0, samples), **floor_result}
     result["median_of_wake_floor"] = round(result["median_ms"] / floor_result["wake_floor_median_ms"], 2)
     result["p95_of_wake_floor"] = round(result["p95_ms"] / floor_result["wake_floor_p95_ms"], 2)
+    conn.execute("CREATE ROLE bench_app LOGIN IN ROLE pgtaskpy_user")
+    try:
+        of_role = latency(conn, 0.0, samples, owner="bench_app")
+        result["role_median_ms"], result["role_p95_ms"] = of_role["median_ms"], of_role["p95_ms"]
+    finally:
+        conn.execute("DELETE FROM task")
+        conn.execute("DROP ROLE bench_app")
     return result
 
 

@@ -51,6 +51,60 @@ def test_insert_wakes_an_idle_launcher_at_once(running):
     assert max(delays) < 0.25, delays
 
 
+SESSION_START = "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+
+
+@pytest.fixture
+def task_role(running):
+    """A login role that owns tasks, dropped afterwards; its name and its connection."""
+    name = "task_role"
+    running.sql(f"DROP ROLE IF EXISTS {name}")
+    running.sql(f"CREATE ROLE {name} LOGIN IN ROLE pgtaskpy_user")
+    yield name
+    running.sql("DELETE FROM task")
+    running.sql(f"DROP ROLE {name}")
+
+
+def sessions_ahead(db, role):
+    """Pids of the idle task sessions of `role`: sessions a spare worker started ahead."""
+    return [pid for (pid,) in db.sql("SELECT pid FROM pg_stat_activity WHERE usename = %s"
+                                     " AND application_name = 'pg_task_py task' AND state = 'idle'", [role])]
+
+
+def test_a_lone_task_of_a_role_finds_a_session_of_its_owner_started_ahead(running, task_role):
+    """The spare worker starts its session ahead for the owner of the latest task: the next lone
+    task of that role starts in a backend that was up before it was inserted."""
+    wait_until(lambda: sessions_ahead(running, "postgres"), 10, 0.02, "the first spare's session")
+    first = running.wait_done(running.insert("SELECT 1", owner=task_role, delete=False))
+    assert first["state"] == "DONE", first
+    wait_until(lambda: sessions_ahead(running, task_role), 10, 0.02, "a session of the role started ahead")
+    second = running.insert(SESSION_START, owner=task_role, delete=False)
+    assert running.wait_done(second)["state"] == "DONE"
+    assert running.value("SELECT output::timestamptz < plan FROM task WHERE id = %s", [second]) is True
+
+
+def test_no_session_is_held_ahead_for_a_role_with_a_connection_limit(running, task_role):
+    """A session held ahead would take a slot of the role's CONNECTION LIMIT: the spare's is the
+    launcher's own role's instead, and the role can still connect while the launcher idles."""
+    running.sql(f"ALTER ROLE {task_role} CONNECTION LIMIT 1")
+    spare = wait_until(lambda: sessions_ahead(running, "postgres"), 10, 0.02, "the first spare's session")
+    first = running.wait_done(running.insert("SELECT 1", owner=task_role, delete=False))
+    assert first["state"] == "DONE", first
+    # The task took the spare; the launcher warms another, with a session ahead.
+    wait_until(lambda: set(sessions_ahead(running, "postgres")) - set(spare), 10, 0.02,
+               "the new spare's session, of the launcher's role")
+
+    def role_connects():
+        try:
+            running.connect(task_role).close()
+            return True
+        except psycopg.OperationalError:
+            return False  # (until the task's own session has gone)
+    wait_until(role_connects, 10, 0.05, f"a connection as {task_role}")
+    assert sessions_ahead(running, task_role) == []
+    assert running.wait_done(running.insert("SELECT 2", owner=task_role, delete=False))["output"] == "2"
+
+
 def test_planned_task_never_starts_early(running):
     task_id = running.value("INSERT INTO task (plan, input, delete)"
                             " VALUES (now() + interval '1.5 s', 'SELECT 1', false)"

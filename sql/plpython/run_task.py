@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         claim_next_task,
         due_in_group,
         finish_task,
+        owner_to_start_ahead,
         retry_of,
         start_task,
         take_task,
@@ -59,6 +60,7 @@ CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launch
 FRESH_AHEAD = 2  # most new sessions kept starting or ready for the due tasks of a worker's group
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
 WARM_UP = 0  # the "task id" of the launcher's call that loads PL/Python in a new spare worker
+WARM_AHEAD = 3.0  # seconds: the tasks coming due this soon have spare workers warmed (dispatch.py's)
 # The SQLSTATEs of the scheduler's own errors (a FAIL's sqlstate, which retry_on matches).
 LOST_RUN = "08006"  # the session broke while the task ran: it may have done its work (pgtaskpy.lost_run_sqlstate)
 NO_SESSION = "08001"  # the task's session could not be opened
@@ -99,11 +101,14 @@ class WorkerCall:
         self.sessions = sessions or TaskSessions.of_worker(ctx)
         self.limit = None  # pg_task_py.output_limit
         self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0}
+        self.early = None  # the sessions ahead's login fingerprint, for the first task's choice only
 
     def run(self, task_id):
+        # Read while take_task waits for the launcher's claim to commit, not after it.
+        self.early = self.sessions.fingerprint_ahead() if task_id != WARM_UP else None
         task = take_task(self.ctx, task_id, self.claimer)
         if task is None and task_id == WARM_UP:  # a new spare worker: have a session ready for the next task
-            self.sessions.start_ahead(self.ctx.plpy.execute("SELECT current_user AS u")[0]["u"], 1)
+            self.sessions.start_ahead(owner_to_start_ahead(self.ctx, WARM_AHEAD), 1)
             # Sent as this call ends (not committed here): the launcher collects this worker now,
             # not in the turn of the next task, which would wait for that.
             wake_launchers(self.ctx)
@@ -189,7 +194,8 @@ class WorkerCall:
     def start_in_session(self, task):
         """The task's session, with the task WORK in it (not committed yet); None when the
         task did not start (its end, or its wait for a connection, is recorded)."""
-        choice = self.sessions.choose(task)
+        choice = self.sessions.choose(task, self.early)
+        self.early = None
         if not choice.ready:
             self.ctx.commit()  # hold neither the scheduling lock nor rows while a backend starts
         try:

@@ -145,14 +145,15 @@ class TaskSessions:
             sessions = ctx.GD[SESSIONS_KEY] = cls(ctx)
         return sessions
 
-    def choose(self, task):
+    def choose(self, task, early=None):
         """Which session the task runs in, and whether it is ready now.
 
         The kept session when `count`/`live` allow (ready).  Else, for a local
         task without `count`/`live`, the first session started ahead for its
         owner: ready when it has connected and a new session would start the
         same.  Else a new session (not ready): take opens it, unless it finds
-        one started ahead after all.
+        one started ahead after all.  `early`: (owner, login_fingerprint) read
+        since the task was inserted (fingerprint_ahead), used for that owner.
         """
         if self.kept is not None and self.kept.may_run(task):
             return SessionChoice(kept=self.kept, ready=True)
@@ -161,8 +162,21 @@ class TaskSessions:
         ahead = next((entry for entry in self.ahead if entry.owner == task["owner"]), None)
         if ahead is None or not ahead.connected():
             return SessionChoice()
-        fingerprint = self.login_fingerprint(task["owner"])
+        if early is not None and early[0] == task["owner"]:
+            fingerprint = early[1]
+        else:
+            fingerprint = self.login_fingerprint(task["owner"])
         return SessionChoice(ahead=ahead, ready=ahead.fingerprint == fingerprint, fingerprint=fingerprint)
+
+    def fingerprint_ahead(self):
+        """(owner, login_fingerprint) of the first session started ahead, or None: read by a worker
+        while its task's claim commits, for the choice of that task's session.  Read after the
+        launcher's claim saw the task, so after its insert: as good as reading it once the
+        task is taken, which would put the lookup between the claim and the task's start."""
+        if not self.ahead:
+            return None
+        owner = self.ahead[0].owner
+        return owner, self.login_fingerprint(owner)
 
     def take(self, task, choice):
         """The task's session, as chosen, kept from now on for the tasks after it;

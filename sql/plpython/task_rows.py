@@ -118,3 +118,9 @@ def unclaim_task(ctx, task_id):
 
 def wake_launchers(ctx):
     ctx.run("wake", "SELECT pgtaskpy.wake_launchers()")
+
+
+def owner_to_start_ahead(ctx, seconds):
+    """The role a spare worker starts a session ahead for: the owner of the next task due within
+    `seconds`, else of the latest task (pgtaskpy.owner_to_start_ahead)."""
+    return ctx.run("owner_ahead", "SELECT pgtaskpy.owner_to_start_ahead($1) AS o", ["float8"], [seconds])[0]["o"]
