@@ -10,12 +10,9 @@ the schemas are looked up at run time rather than pasted in by CREATE
 EXTENSION, where a schema name that needs quotes would break the Python source.
 """
 
-import time
-
 # A scheduler backend makes its plans again once the task table has grown past twice the size
 # it had when they were made, and past this many bytes (replan_after_growth).
 REPLAN_LEAST_BYTES = 256 * 1024
-REPLAN_LOOK_EVERY = 1.0  # seconds between a backend's looks at the table's size
 
 
 class Context:
@@ -77,13 +74,8 @@ def replan_after_growth(ctx):
     a lone task's start took 2.8 -> 245 ms after a load of 400,000 rows (bench/RESULTS.md,
     `grown`).  Plans made again see the table's size on disk, analyzed or not.  Doubling keeps
     them within half of it at a cost of a few replans over the table's life; a table that
-    shrinks needs none (index scans suit a small table too).  A look costs a query (70 us on a
-    lone task's path from its plan to its start): once a second is soon enough.
+    shrinks needs none (index scans suit a small table too).
     """
-    now = time.monotonic()
-    if now < ctx.GD.get("pgtaskpy.plans_size_looked_at", float("-inf")) + REPLAN_LOOK_EVERY:
-        return
-    ctx.GD["pgtaskpy.plans_size_looked_at"] = now
     size = ctx.run("task_size", "SELECT pg_catalog.pg_relation_size('{ext}.task'::pg_catalog.regclass) AS b")[0]["b"]
     planned_at = ctx.GD.setdefault("pgtaskpy.plans_made_at_size", size)
     if size > max(2 * planned_at, REPLAN_LEAST_BYTES):
