@@ -104,8 +104,11 @@ class WorkerCall:
         self.early = None  # the sessions ahead's login fingerprint, for the first task's choice only
 
     def run(self, task_id):
-        # Read while take_task waits for the launcher's claim to commit, not after it.
-        self.early = self.sessions.fingerprint_ahead() if task_id != WARM_UP else None
+        if task_id != WARM_UP:
+            # While take_task waits for the launcher's claim to commit, not after it: the
+            # sessions ahead's last steps of connecting, and their owner's login fingerprint.
+            self.sessions.advance_ahead()
+            self.early = self.sessions.fingerprint_ahead()
         task = take_task(self.ctx, task_id, self.claimer)
         if task is None and task_id == WARM_UP:  # a new spare worker: have a session ready for the next task
             self.sessions.start_ahead(owner_to_start_ahead(self.ctx, WARM_AHEAD), 1)
