@@ -649,7 +649,8 @@ def stats_view(cluster) -> dict:
     """The view task_stats with 1,000,000 finished rows in 1,000 groups (their stops spread over 30
     days, so about 1,400 ended in the last hour) and 1,000 waiting tasks: median time of one
     read of the whole view, by the server's clock, as a superuser and as a role that sees one
-    group (row-level security); in a database of its own."""
+    group (row-level security); in a database of its own.  And (series_*) a read of the view
+    task_series there, with 100 cron series of the superuser and 10 of the role."""
     cluster.create_database("stats")
     with cluster.connect("stats") as conn:
         conn.execute("SET session_replication_role = replica")  # rows and counters written in bulk below
@@ -671,11 +672,27 @@ def stats_view(cluster) -> dict:
         conn.execute("CHECKPOINT")
         groups = conn.execute("SELECT count(*) FROM task_stats").fetchone()[0]
         superuser = view_ms(conn)
+        conn.execute("SELECT task_schedule('s' || i, '0 3 * * *', 'SELECT 1') FROM generate_series(1, 100) AS i")
+        series = read_ms(conn, "SELECT * FROM task_series")
     with cluster.connect("stats", "stats_reader") as reader:
         seen = reader.execute("SELECT count(*) FROM task_stats").fetchone()[0]
         one_role = view_ms(reader)
+        reader.execute("SELECT task_schedule('s' || i, '0 3 * * *', 'SELECT 1') FROM generate_series(1, 10) AS i")
+        one_role_series = read_ms(reader, "SELECT * FROM task_series")
     return {"finished_rows": 1000000, "groups": groups, **{f"view_{k}": v for k, v in superuser.items()},
-            "one_role_groups": seen, **{f"one_role_{k}": v for k, v in one_role.items()}}
+            "one_role_groups": seen, **{f"one_role_{k}": v for k, v in one_role.items()},
+            "series_median_ms": series, "one_role_series_median_ms": one_role_series}
+
+
+def read_ms(conn, query: str, repeat: int = 50) -> float:
+    """Median time (ms, by the client's clock) of `query` with every row fetched."""
+    conn.execute(query).fetchall()  # the session's caches are filled
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        conn.execute(query).fetchall()
+        times.append(1000 * (time.perf_counter() - started))
+    return round(statistics.median(times), 3)
 
 
 def view_ms(conn, repeat: int = 50) -> dict:

@@ -362,8 +362,25 @@ COMMENT ON FUNCTION @extschema@.task_unschedule IS 'end the named series key: it
 -- the waiting run's plan, or what the next run's would be if the run in
 -- progress ended now; the last run is the one in progress, else the run
 -- before the waiting one (NULL when its row is gone: deleted as it produced
--- nothing, see `delete`).  security_invoker: each role sees its own series.
-CREATE OR REPLACE VIEW @extschema@.task_series WITH (security_invoker = true) AS
+-- nothing, see `delete`).  The view is security_invoker, and the function
+-- behind it runs as the caller: each role sees its own series.
+--
+-- The current tasks are found from the small indexes of waiting and running
+-- tasks, as task_stats finds them: with a million finished rows kept, a scan
+-- of the table took 180 ms, and now 1 ms.  A function for its settings, as
+-- group_stats: under row-level security the planner guesses the indexes'
+-- rows badly and compiled the query (JIT) for 30 ms of the caller's 33.
+CREATE FUNCTION pgtaskpy.repeating_series()
+RETURNS TABLE (
+    key text, owner name, id bigint, state @extschema@.state, cron text, repeat interval, tz text,
+    next_plan timestamptz, last_state @extschema@.state, last_start timestamptz, last_stop timestamptz,
+    "group" text, input text)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp SET jit = off SET max_parallel_workers_per_gather = 0
+AS $$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
 SELECT DISTINCT ON (t.owner, t.key, CASE WHEN t.key IS NULL THEN t.id END)
        t.key, t.owner, t.id, t.state, t.cron, t.repeat, t.tz,
        CASE WHEN t.state = 'PLAN' THEN t.plan ELSE pgtaskpy.next_plan(t) END AS next_plan,
@@ -381,8 +398,22 @@ LEFT JOIN @extschema@.task AS previous
     ON previous.id = t.parent AND previous.owner = t.owner AND previous.key IS NOT DISTINCT FROM t.key
    AND previous.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
    AND (previous.cron IS NOT NULL OR previous.repeat > interval '0' OR previous.key IS NOT NULL)
-WHERE t.state IN ('PLAN', 'TAKE', 'WORK') AND (t.cron IS NOT NULL OR t.repeat > interval '0')
+WHERE t.id IN (SELECT w.id FROM @extschema@.task AS w
+               WHERE w.state = 'PLAN' AND w.waiting_for = 0 AND (w.cron IS NOT NULL OR w.repeat > interval '0')
+               UNION ALL
+               SELECT b.id FROM @extschema@.task AS b
+               WHERE b.state = 'PLAN' AND b.waiting_for > 0 AND (b.cron IS NOT NULL OR b.repeat > interval '0')
+               UNION ALL
+               SELECT r.id FROM @extschema@.task AS r
+               WHERE r.state IN ('TAKE', 'WORK') AND (r.cron IS NOT NULL OR r.repeat > interval '0'))
 ORDER BY t.owner, t.key, CASE WHEN t.key IS NULL THEN t.id END, t.state = 'PLAN' DESC, t.id DESC;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskpy.repeating_series() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgtaskpy.repeating_series() TO pgtaskpy_user;
+
+CREATE OR REPLACE VIEW @extschema@.task_series WITH (security_invoker = true) AS
+SELECT * FROM pgtaskpy.repeating_series();
 COMMENT ON VIEW @extschema@.task_series IS 'the caller''s repeating series (cron or repeat): next plan and last run';
 
 -- Task authors get them through pgtaskpy_user (and PUBLIC, unless a DBA revokes it).

@@ -232,9 +232,17 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- (Read from the indexes of waiting tasks, ready and blocked: not a scan of the finished rows.)
     UPDATE @extschema@.task AS t
     SET active = t.active + (now() - greatest(t.plan, paused_since))
-    WHERE t.state = 'PLAN' AND t.owner = whose AND t."group" = task_resume."group" AND t.plan < now();
+    WHERE t.id IN (SELECT w.id FROM @extschema@.task AS w
+                   WHERE w.state = 'PLAN' AND w.waiting_for = 0 AND w.plan < now()
+                     AND w.owner = whose AND w."group" = task_resume."group"
+                   UNION ALL
+                   SELECT b.id FROM @extschema@.task AS b
+                   WHERE b.state = 'PLAN' AND b.waiting_for > 0 AND b.plan < now()
+                     AND b.owner = whose AND b."group" = task_resume."group")
+      AND t.state = 'PLAN';
     PERFORM pgtaskpy.wake_launchers();
     RETURN true;
 END
