@@ -650,7 +650,9 @@ def stats_view(cluster) -> dict:
     days, so about 1,400 ended in the last hour) and 1,000 waiting tasks: median time of one
     read of the whole view, by the server's clock, as a superuser and as a role that sees one
     group (row-level security); in a database of its own.  And (series_*) a read of the view
-    task_series there, with 100 cron series of the superuser and 10 of the role."""
+    task_series there, with 100 cron series of the superuser and 10 of the role.  Then (half_*)
+    both views read by the role once it owns half the finished rows, as an application's role
+    does: row-level security keeps the planner from the table's statistics."""
     cluster.create_database("stats")
     with cluster.connect("stats") as conn:
         conn.execute("SET session_replication_role = replica")  # rows and counters written in bulk below
@@ -660,11 +662,7 @@ def stats_view(cluster) -> dict:
                      " now() - i * interval '2.6 s' + interval '5 ms', '1' FROM generate_series(1, 1000000) AS i")
         conn.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || i, now() + interval '1 day'"
                      " FROM generate_series(1, 1000) AS i")
-        conn.execute("INSERT INTO pgtaskpy.group_counts (owner, \"group\", done, fail, last_success, last_failure)"
-                     " SELECT owner, \"group\", count(*) FILTER (WHERE state = 'DONE'),"
-                     " count(*) FILTER (WHERE state = 'FAIL'), max(stop) FILTER (WHERE state = 'DONE'),"
-                     " max(stop) FILTER (WHERE state = 'FAIL') FROM task WHERE state IN ('DONE', 'FAIL')"
-                     " GROUP BY owner, \"group\"")
+        count_groups(conn)
         conn.execute("SET session_replication_role = origin")
         conn.execute("CREATE ROLE stats_reader LOGIN IN ROLE pgtaskpy_user")
         conn.execute("UPDATE task SET owner = 'stats_reader' WHERE \"group\" = 'g1' AND state = 'PLAN'")
@@ -679,9 +677,30 @@ def stats_view(cluster) -> dict:
         one_role = view_ms(reader)
         reader.execute("SELECT task_schedule('s' || i, '0 3 * * *', 'SELECT 1') FROM generate_series(1, 10) AS i")
         one_role_series = read_ms(reader, "SELECT * FROM task_series")
+    with cluster.connect("stats") as conn:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("UPDATE task SET owner = 'stats_reader' WHERE state IN ('DONE', 'FAIL') AND id % 2 = 0")
+        conn.execute("DELETE FROM pgtaskpy.group_counts")
+        count_groups(conn)
+        conn.execute("SET session_replication_role = origin")
+        conn.execute("VACUUM ANALYZE task")
+    with cluster.connect("stats", "stats_reader") as reader:
+        half_groups = reader.execute("SELECT count(*) FROM task_stats").fetchone()[0]
+        half = read_ms(reader, "SELECT * FROM task_stats")
+        half_series = read_ms(reader, "SELECT * FROM task_series")
     return {"finished_rows": 1000000, "groups": groups, **{f"view_{k}": v for k, v in superuser.items()},
             "one_role_groups": seen, **{f"one_role_{k}": v for k, v in one_role.items()},
-            "series_median_ms": series, "one_role_series_median_ms": one_role_series}
+            "series_median_ms": series, "one_role_series_median_ms": one_role_series,
+            "half_groups": half_groups, "half_median_ms": half, "half_series_median_ms": half_series}
+
+
+def count_groups(conn) -> None:
+    """group_counts as the scheduler would have them for the finished rows (written in bulk)."""
+    conn.execute("INSERT INTO pgtaskpy.group_counts (owner, \"group\", done, fail, last_success, last_failure)"
+                 " SELECT owner, \"group\", count(*) FILTER (WHERE state = 'DONE'),"
+                 " count(*) FILTER (WHERE state = 'FAIL'), max(stop) FILTER (WHERE state = 'DONE'),"
+                 " max(stop) FILTER (WHERE state = 'FAIL') FROM task WHERE state IN ('DONE', 'FAIL')"
+                 " GROUP BY owner, \"group\"")
 
 
 def read_ms(conn, query: str, repeat: int = 50) -> float:

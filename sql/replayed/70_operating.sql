@@ -489,7 +489,7 @@ WITH active AS (
           FROM @extschema@.task AS b WHERE b.state = 'PLAN' AND b.waiting_for > 0
           UNION ALL
           SELECT r.owner, r."group" COLLATE "C", r.state, r.plan, true
-          FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) AS a
+          FROM pgtaskpy.running_tasks() AS r) AS a
     GROUP BY a.owner, a."group"
 ), hour AS (
     -- Nearest-rank percentiles (percentile_disc: the value at rank ceil(p n)
