@@ -995,7 +995,7 @@ $$;
 -- of the latest task.  A lone task is most often of the role whose tasks came
 -- before it, and finds a session of its owner started; a session of the
 -- launcher's role was of use only to that role's tasks, and every other role's
--- lone task waited for a new session (5.7 ms from plan to start, not 2.5:
+-- lone task waited for a new session (7.1 ms from plan to start, not 2.7:
 -- bench/RESULTS.md).  The worker's own role (a superuser, whom no connection
 -- limit counts) for an empty table, for a role that cannot log in, and for one
 -- a connection limit counts (CONNECTION LIMIT of the role or the database): a

@@ -356,6 +356,19 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_unschedule IS 'end the named series key: its waiting run STOP, a running one gets no next run';
 
+-- The running (TAKE or WORK) tasks the caller may see, for the views: from
+-- their index.  Under row-level security the planner may not use the table's
+-- statistics for `state` (enum equality is not leakproof) and took a scan of
+-- the whole table for them (350 ms for a role owning 500,000 finished rows);
+-- the setting holds for this query only.
+CREATE FUNCTION pgtaskpy.running_tasks() RETURNS SETOF @extschema@.task
+LANGUAGE sql STABLE ROWS 10 SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+    SELECT * FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')
+$$;
+REVOKE ALL ON FUNCTION pgtaskpy.running_tasks() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgtaskpy.running_tasks() TO pgtaskpy_user;
+
 -- The series of repeating tasks (cron or repeat), one row each: a named
 -- series by its owner and key, an unnamed one by its current task.  The
 -- current task is the waiting run, else the run in progress; next_plan is
@@ -370,19 +383,6 @@ COMMENT ON FUNCTION @extschema@.task_unschedule IS 'end the named series key: it
 -- of the table took 180 ms, and now 1 ms.  A function for its settings, as
 -- group_stats: under row-level security the planner guesses the indexes'
 -- rows badly and compiled the query (JIT) for 30 ms of the caller's 33.
--- The running (TAKE or WORK) tasks the caller may see, for the views: from
--- their index.  Under row-level security the planner may not use the table's
--- statistics for `state` (enum equality is not leakproof) and took a scan of
--- the whole table for them (350 ms for a role owning 500,000 finished rows);
--- the setting holds for this query only.
-CREATE FUNCTION pgtaskpy.running_tasks() RETURNS SETOF @extschema@.task
-LANGUAGE sql STABLE ROWS 10 SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
-AS $$
-    SELECT * FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')
-$$;
-REVOKE ALL ON FUNCTION pgtaskpy.running_tasks() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgtaskpy.running_tasks() TO pgtaskpy_user;
-
 CREATE FUNCTION pgtaskpy.repeating_series()
 RETURNS TABLE (
     key text, owner name, id bigint, state @extschema@.state, cron text, repeat interval, tz text,
