@@ -24,7 +24,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
-    from plans import Context, replan_after_growth
+    from plans import WARM_AHEAD, Context, replan_after_growth
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
@@ -38,9 +38,6 @@ NEW_WORKERS_A_TURN = 8
 # Most tasks of a burst one worker runs side by side (pgtaskpy.run_tasks): a burst of N tasks
 # holds N task sessions and about N / TASKS_A_WORKER workers, and waits for as few connections.
 TASKS_A_WORKER = 50
-# Seconds ahead: workers are connected and warm for the groups whose tasks come due this soon
-# (a cron minute's burst starts in workers that are ready, not after a connection each).
-WARM_AHEAD = 3.0
 MOST_WARM = 1000  # most idle workers kept warm for tasks coming due
 WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_workers)
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen

@@ -13,6 +13,10 @@ EXTENSION, where a schema name that needs quotes would break the Python source.
 # A scheduler backend makes its plans again once the task table has grown past twice the size
 # it had when they were made, and past this many bytes (replan_after_growth).
 REPLAN_LEAST_BYTES = 256 * 1024
+# Seconds ahead: workers are connected and warm for the groups whose tasks come due this soon
+# (a cron minute's burst starts in workers that are ready, not after a connection each), and a
+# warm worker's session ahead is of the owner of the first of them (run_task.py).
+WARM_AHEAD = 3.0
 
 
 class Context:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         MalformedConninfo,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
-    from plans import Context, replan_after_growth
+    from plans import WARM_AHEAD, Context, replan_after_growth
     from sessions import TaskSessions, reuses_sessions
     from task_rows import (
         claim_next_task,
@@ -60,7 +60,6 @@ CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launch
 FRESH_AHEAD = 2  # most new sessions kept starting or ready for the due tasks of a worker's group
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
 WARM_UP = 0  # the "task id" of the launcher's call that loads PL/Python in a new spare worker
-WARM_AHEAD = 3.0  # seconds: the tasks coming due this soon have spare workers warmed (dispatch.py's)
 # The SQLSTATEs of the scheduler's own errors (a FAIL's sqlstate, which retry_on matches).
 LOST_RUN = "08006"  # the session broke while the task ran: it may have done its work (pgtaskpy.lost_run_sqlstate)
 NO_SESSION = "08001"  # the task's session could not be opened
