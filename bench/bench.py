@@ -118,14 +118,57 @@ def wake_floor(cluster, conn, samples: int) -> dict:
             "wake_floor_p95_ms": round(percentile(delays, 0.95), 2)}
 
 
+def claim_floor(cluster, samples: int) -> dict:
+    """The least a scheduler that applies pg_task_py's rules needs, woken by the insert's own
+    NOTIFY: wake_floor()'s pattern, where the woken client claims the task with the launcher's claim
+    (`claim_due_tasks`: groups, their `max`, pauses, limits) and starts it (`start_task`: WORK and
+    `start`) in one statement, in the process the NOTIFY woke; no hand-over, no task session.  In a
+    database of its own, with no launcher to race it; each task in a group of its own."""
+    cluster.create_database("claim_floor")
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def listen() -> None:
+        with cluster.connect("claim_floor") as listener:
+            listener.autocommit = True
+            channel = listener.execute("SELECT pgtaskpy.name_of('channel')").fetchone()[0]
+            listener.execute(f'LISTEN "{channel}"')
+            ready.set()
+            while not stop.is_set():
+                if list(listener.notifies(timeout=0.2, stop_after=1)):
+                    listener.execute("SELECT (pgtaskpy.start_task(c.id, pg_backend_pid(), 0)).id"
+                                     " FROM pgtaskpy.claim_due_tasks(1, pg_backend_pid()) AS c")
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    ready.wait(10)
+    delays = []
+    try:
+        with cluster.connect("claim_floor") as conn:
+            conn.autocommit = True
+            for i in range(samples):
+                time.sleep(0.05 + (i % 7) * 0.013)  # as latency()
+                task_id = conn.execute("INSERT INTO task (\"group\", input, delete) VALUES (%s, 'SELECT 1', false)"
+                                       " RETURNING id", [f"g{i}"]).fetchone()[0]
+                delays.append(start_delay_ms(conn, task_id, "start IS NOT NULL", 10, "was not started by the listener"))
+    finally:
+        stop.set()
+        thread.join()
+    return {"claim_floor_median_ms": round(statistics.median(delays), 2),
+            "claim_floor_p95_ms": round(percentile(delays, 0.95), 2)}
+
+
 def latency_with_floor(cluster, conn, samples: int = 40) -> dict:
-    """latency() of one-off tasks, beside wake_floor() measured just before it, and their ratios;
-    then (role_*) of tasks of a role that is not the launcher's, as an application's are."""
-    floor_result = wake_floor(cluster, conn, samples)
+    """latency() of one-off tasks, beside wake_floor() and claim_floor() measured just before it,
+    and their ratios; then (role_*) of tasks of a role that is not the launcher's, as an
+    application's are."""
+    floor_result = {**wake_floor(cluster, conn, samples), **claim_floor(cluster, samples)}
     conn.execute("DELETE FROM task")
     result = {**latency(conn, 0.0, samples), **floor_result}
     result["median_of_wake_floor"] = round(result["median_ms"] / floor_result["wake_floor_median_ms"], 2)
     result["p95_of_wake_floor"] = round(result["p95_ms"] / floor_result["wake_floor_p95_ms"], 2)
+    result["median_of_claim_floor"] = round(result["median_ms"] / floor_result["claim_floor_median_ms"], 2)
+    result["p95_of_claim_floor"] = round(result["p95_ms"] / floor_result["claim_floor_p95_ms"], 2)
     conn.execute("CREATE ROLE bench_app LOGIN IN ROLE pgtaskpy_user")
     try:
         of_role = latency(conn, 0.0, samples, owner="bench_app")
