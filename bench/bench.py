@@ -321,7 +321,30 @@ def backlog(cluster) -> dict:
                 result[f"{figure}_ratio_at_{LAUNCHER_CLAIM_LIMIT}"] = round(held_ms / empty_ms, 2)
         result["groups_due"] = conn.execute(
             "SELECT count(DISTINCT \"group\") FROM task WHERE state = 'PLAN'").fetchone()[0]
+    result.update(burst_claim(cluster))
     return result
+
+
+def burst_claim(cluster, tasks: int = 1000) -> dict:
+    """A claim of `tasks` tasks due in as many groups, inserted at once into a new table (no
+    statistics yet, as in a burst into a new table, or one whose statistics saw few waiting
+    tasks), beside the same claim once the table is analyzed: the claim's plan must not depend
+    on them.  Each claim rolled back; each measured on a connection of its own (a backend makes
+    the claim's plan once)."""
+    cluster.create_database("burst_claim")
+    with cluster.connect("burst_claim") as conn:
+        conn.execute("INSERT INTO task (\"group\", input) SELECT 'g' || i, 'SELECT 1' FROM generate_series(1, %s) AS i",
+                     [tasks])
+        conn.commit()
+    with cluster.connect("burst_claim") as conn:
+        conn.autocommit = True
+        fresh_ms = claim_ms(conn, 20, tasks)
+        conn.execute("ANALYZE task")
+    with cluster.connect("burst_claim") as conn:
+        conn.autocommit = True
+        analyzed_ms = claim_ms(conn, 20, tasks)
+    return {"burst_claim_ms": fresh_ms, "burst_claim_analyzed_ms": analyzed_ms,
+            "burst_claim_ratio": round(fresh_ms / analyzed_ms, 2)}
 
 
 def settle(conn) -> None:

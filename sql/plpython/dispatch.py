@@ -37,7 +37,7 @@ WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare wor
 NEW_WORKERS_A_TURN = 8
 # Most tasks of a burst one worker runs side by side (pgtaskpy.run_tasks): a burst of N tasks
 # holds N task sessions and about N / TASKS_A_WORKER workers, and waits for as few connections.
-TASKS_A_WORKER = 50
+TASKS_A_WORKER = 100
 MOST_WARM = 1000  # most idle workers kept warm for tasks coming due
 WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_workers)
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
         task_table,
     )
     from sessions import TaskSessions
-    from task_rows import start_task, take_task, wake_launchers
+    from task_rows import start_task, take_tasks, wake_launchers
 
 
 class Running:
@@ -65,7 +65,7 @@ class BatchCall:
         self.call = WorkerCall(ctx, claimer, TaskSessions(ctx))
 
     def run(self, task_ids):
-        tasks = [task for task in (take_task(self.ctx, task_id, self.claimer) for task_id in task_ids) if task]
+        tasks = take_tasks(self.ctx, task_ids, self.claimer)
         if not tasks:
             return self.call.report
         if not self.call.read_output_limit(tasks):
