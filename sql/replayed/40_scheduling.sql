@@ -234,7 +234,7 @@ BEGIN
                 -- into a new table) may read the index of all groups in priority
                 -- order, filtered by group: every group's scan reads the tasks of
                 -- the groups before it, and a claim of 1,000 tasks in 1,000 groups
-                -- took 180 ms, not 30 (bench/RESULTS.md).
+                -- took 191 ms, not 21 (bench/RESULTS.md).
                 SELECT t.id, t.hash, t.max, t.owner, t."group"
                 FROM @extschema@.task AS t
                 WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= w.hash AND t.hash <= w.hash
@@ -267,8 +267,8 @@ BEGIN
             -- over `running` for each due task read all of it each time (a claim of 1,000
             -- tasks beside 1,000 running ones: 65 ms, not 22), and a join may be planned the
             -- same way, for the few rows a table with few running tasks suggests.
-            SELECT coalesce(array_agg(r.hash), '{}') AS hashes, coalesce(array_agg(r.n), '{}') AS counts
-            FROM (SELECT r.hash, count(*) AS n FROM running AS r GROUP BY r.hash) AS r
+            SELECT coalesce(array_agg(g.hash), '{}') AS hashes, coalesce(array_agg(g.n), '{}') AS counts
+            FROM (SELECT r.hash, count(*) AS n FROM running AS r GROUP BY r.hash) AS g
         ), chosen AS (
             SELECT d.id
             FROM due AS d
