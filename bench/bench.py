@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -81,29 +82,47 @@ def latency(conn, planned_ahead: float, samples: int, owner: str | None = None) 
             "min_ms": round(min(delays), 2), "early": sum(d < 0 for d in delays), "samples": samples}
 
 
+@contextlib.contextmanager
+def woken_client(cluster, database: str, channel: str | None, on_wake: Callable[[psycopg.Connection, list[str]], object]
+                 ) -> Iterator[None]:
+    """A client of `database` in a thread of its own, LISTENing on `channel` (None: the launchers'
+    channel), that calls on_wake(its connection, the payloads) each time it is woken, until the
+    block ends."""
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def listen() -> None:
+        with cluster.connect(database) as listener:
+            name = channel or listener.execute("SELECT pgtaskpy.name_of('channel')").fetchone()[0]
+            listener.execute(f'LISTEN "{name}"')
+            ready.set()
+            while not stop.is_set():
+                payloads = [n.payload for n in listener.notifies(timeout=0.2, stop_after=1)]
+                if payloads:
+                    on_wake(listener, payloads)
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def wake_floor(cluster, conn, samples: int) -> dict:
     """The least any NOTIFY-woken scheduler needs before a task starts, in the latency scenario's
     pattern: insert a row into `task` (in STOP: no launcher takes it) with a NOTIFY, and a listening
     client, woken, stamps its `start` (one UPDATE by id).  start - plan: the insert and its commit, the
     wake-up of another process, one write; no claim, no handing over, no task session."""
     channel = "pg_task_py_bench_floor"
-    stop = threading.Event()
-    ready = threading.Event()
 
-    def listen() -> None:
-        with cluster.connect("bench") as listener:
-            listener.execute(f"LISTEN {channel}")
-            ready.set()
-            while not stop.is_set():
-                woken = [int(n.payload) for n in listener.notifies(timeout=0.2, stop_after=1)]
-                if woken:
-                    listener.execute("UPDATE task SET start = clock_timestamp() WHERE id = ANY(%s)", [woken])
+    def stamp(listener: psycopg.Connection, payloads: list[str]) -> None:
+        listener.execute("UPDATE task SET start = clock_timestamp() WHERE id = ANY(%s)", [[int(p) for p in payloads]])
 
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    ready.wait(10)
     delays = []
-    try:
+    with woken_client(cluster, "bench", channel, stamp):
         for i in range(samples):
             time.sleep(0.05 + (i % 7) * 0.013)  # as latency()
             task_id = conn.execute(
@@ -111,9 +130,6 @@ def wake_floor(cluster, conn, samples: int) -> dict:
                 " 'SELECT 1', false) RETURNING id) SELECT t.id FROM t, pg_notify(%s, t.id::text)",
                 [channel]).fetchone()[0]
             delays.append(start_delay_ms(conn, task_id, "start IS NOT NULL", 10, "was not stamped by the listener"))
-    finally:
-        stop.set()
-        thread.join()
     return {"wake_floor_median_ms": round(statistics.median(delays), 2),
             "wake_floor_p95_ms": round(percentile(delays, 0.95), 2)}
 
@@ -125,35 +141,18 @@ def claim_floor(cluster, samples: int) -> dict:
     `start`) in one statement, in the process the NOTIFY woke; no hand-over, no task session.  In a
     database of its own, with no launcher to race it; each task in a group of its own."""
     cluster.create_database("claim_floor")
-    stop = threading.Event()
-    ready = threading.Event()
 
-    def listen() -> None:
-        with cluster.connect("claim_floor") as listener:
-            listener.autocommit = True
-            channel = listener.execute("SELECT pgtaskpy.name_of('channel')").fetchone()[0]
-            listener.execute(f'LISTEN "{channel}"')
-            ready.set()
-            while not stop.is_set():
-                if list(listener.notifies(timeout=0.2, stop_after=1)):
-                    listener.execute("SELECT (pgtaskpy.start_task(c.id, pg_backend_pid(), 0)).id"
-                                     " FROM pgtaskpy.claim_due_tasks(1, pg_backend_pid()) AS c")
+    def claim_and_start(listener: psycopg.Connection, _payloads: list[str]) -> None:
+        listener.execute("SELECT (pgtaskpy.start_task(c.id, pg_backend_pid(), 0)).id"
+                         " FROM pgtaskpy.claim_due_tasks(1, pg_backend_pid()) AS c")
 
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    ready.wait(10)
     delays = []
-    try:
-        with cluster.connect("claim_floor") as conn:
-            conn.autocommit = True
-            for i in range(samples):
-                time.sleep(0.05 + (i % 7) * 0.013)  # as latency()
-                task_id = conn.execute("INSERT INTO task (\"group\", input, delete) VALUES (%s, 'SELECT 1', false)"
-                                       " RETURNING id", [f"g{i}"]).fetchone()[0]
-                delays.append(start_delay_ms(conn, task_id, "start IS NOT NULL", 10, "was not started by the listener"))
-    finally:
-        stop.set()
-        thread.join()
+    with woken_client(cluster, "claim_floor", None, claim_and_start), cluster.connect("claim_floor") as conn:
+        for i in range(samples):
+            time.sleep(0.05 + (i % 7) * 0.013)  # as latency()
+            task_id = conn.execute("INSERT INTO task (\"group\", input, delete) VALUES (%s, 'SELECT 1', false)"
+                                   " RETURNING id", [f"g{i}"]).fetchone()[0]
+            delays.append(start_delay_ms(conn, task_id, "start IS NOT NULL", 10, "was not started by the listener"))
     return {"claim_floor_median_ms": round(statistics.median(delays), 2),
             "claim_floor_p95_ms": round(percentile(delays, 0.95), 2)}
 
@@ -342,14 +341,11 @@ def burst_claim(cluster, tasks: int = 1000) -> dict:
             conn.execute("ALTER TABLE task ENABLE TRIGGER USER")
             conn.execute("INSERT INTO task (\"group\", input) SELECT 'g' || i, 'SELECT 1'"
                          " FROM generate_series(1, %s) AS i", [tasks])
-            conn.commit()
         with cluster.connect(name) as conn:
-            conn.autocommit = True
             result[f"{name}_ms"] = claim_ms(conn, 20, tasks)
             conn.execute("ANALYZE task")
         if not running:
             with cluster.connect(name) as conn:
-                conn.autocommit = True
                 result[f"{name}_analyzed_ms"] = claim_ms(conn, 20, tasks)
     result["burst_claim_ratio"] = round(result["burst_claim_ms"] / result["burst_claim_analyzed_ms"], 2)
     return result
