@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -180,11 +181,12 @@ def latency_with_floor(cluster, conn, samples: int = 40) -> dict:
 
 def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None) -> dict:
     """Tasks per second from the first start to the last stop (fresh: emptying the table first);
-    with `launcher`, also the CPU time a task costs the server and the launcher (task_cpu_ms) and
-    how many of this machine's cores they kept busy."""
+    with `launcher`, also the CPU time a task costs the server and the launcher (task_cpu_ms; not
+    the bench's insert, nor its polls for the ends) and how many of this machine's cores they
+    kept busy."""
     if fresh:
         empty_task_table(conn)
-    cpu = server_cpu_seconds(conn, launcher) if launcher else None
+    cpu = server_cpu_seconds(conn, launcher, scheduler_only=True) if launcher else None
     conn.execute(insert, [count])
     wait_all_ended(conn)
     first, last, done = conn.execute(
@@ -192,7 +194,7 @@ def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None)
     seconds = (last - first).total_seconds()
     result = {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
     if cpu is not None:
-        cpu = server_cpu_seconds(conn, launcher) - cpu
+        cpu = server_cpu_seconds(conn, launcher, scheduler_only=True) - cpu
         result.update(task_cpu_ms=round(1000 * cpu / count, 3), cores_busy=round(cpu / seconds, 2))
     return result
 
@@ -219,7 +221,13 @@ def floor(cluster, conn, launcher) -> dict:
     """The machine's floor: the least work per task (claim a row with SKIP LOCKED, run SELECT 1,
     mark it done, each its own commit), by pgbench with one client on the same cluster; and
     how many new sessions a second the server can start (pgbench -C), with the server's CPU
-    time per session (its start, SELECT 1, its end; pgbench's own CPU not counted)."""
+    time per session (its start, SELECT 1, its end; pgbench's own CPU not counted).
+
+    `bookkept_bound_of_new_sessions`: the most of `new_sessions_per_s` that any scheduler
+    can reach that runs each task in a new session and commits the task's claim and its end
+    (as the floor does: `bookkeeping_cpu_ms`), where the cores are the bound.  A session costs
+    the server `session_cpu_ms` and its client (pgbench here, a worker for a task)
+    `session_client_cpu_ms`; the bookkeeping adds its CPU to each."""
     conn.execute("CREATE TABLE floor_task (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN')")
     conn.execute("INSERT INTO floor_task (state) SELECT 'PLAN' FROM generate_series(1, 200000)")
     conn.execute("CREATE INDEX ON floor_task (id) WHERE state = 'PLAN'")
@@ -227,16 +235,44 @@ def floor(cluster, conn, launcher) -> dict:
         script = Path(scripts) / "floor.sql"
         script.write_text(FLOOR_SCRIPT)
         tasks = pgbench(cluster, script, 5)
+        bookkeeping_ms = bookkeeping_cpu_ms(conn)
         conn.execute("DROP TABLE floor_task")
         # A task without count/live runs in a backend of its own, as in pg_task: the
         # rate at which this server starts backends bounds serial and parallel.
         script.write_text("SELECT 1;\n")
         cpu = server_cpu_seconds(conn, launcher)
+        client_cpu = children_cpu_seconds()
         seconds = 3
         sessions = pgbench(cluster, script, seconds, "-C")
         cpu = server_cpu_seconds(conn, launcher) - cpu
-    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions,
-            "session_cpu_ms": round(1000 * cpu / (sessions * seconds), 3)}
+        client_cpu = children_cpu_seconds() - client_cpu
+    session_ms = 1000 * cpu / (sessions * seconds)
+    client_ms = 1000 * client_cpu / (sessions * seconds)
+    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions, "session_cpu_ms": round(session_ms, 3),
+            "session_client_cpu_ms": round(client_ms, 3), "bookkeeping_cpu_ms": round(bookkeeping_ms, 3),
+            "bookkept_bound_of_new_sessions": round(
+                (session_ms + client_ms) / (session_ms + client_ms + bookkeeping_ms), 3)}
+
+
+def bookkeeping_cpu_ms(conn, count: int = 3000) -> float:
+    """The server's CPU time a task's least bookkeeping costs: the floor's claim (SKIP LOCKED,
+    then TAKE, one commit) and end (DONE, another), without the task's SELECT 1; run by this
+    client on floor_task and timed by its backend's own CPU clock."""
+    backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    before = cpu_seconds(backend)
+    for _ in range(count):
+        with conn.transaction():
+            task = conn.execute("SELECT id FROM floor_task WHERE state = 'PLAN' ORDER BY id LIMIT 1"
+                                " FOR UPDATE SKIP LOCKED").fetchone()[0]
+            conn.execute("UPDATE floor_task SET state = 'TAKE' WHERE id = %s", [task])
+        conn.execute("UPDATE floor_task SET state = 'DONE' WHERE id = %s", [task])
+    return 1000 * (cpu_seconds(backend) - before) / count
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's ended children (pgbench)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
@@ -557,16 +593,18 @@ def idle(conn, launcher, seconds: float = 10.0) -> dict:
             "transactions_per_s": round((after_xacts - before_xacts - 2) / seconds, 2)}
 
 
-def server_cpu_seconds(conn, launcher) -> float:
+def server_cpu_seconds(conn, launcher, scheduler_only: bool = False) -> float:
     """CPU seconds the cluster (the postmaster, its live children, and the children it has reaped,
-    such as tasks' ended sessions) and the launcher have used so far."""
+    such as tasks' ended sessions) and the launcher have used so far; `scheduler_only`: not
+    counting the backend of `conn`, the bench's own (its insert and its polls for the ends)."""
     def stat(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    postmaster = int(stat(conn.execute("SELECT pg_backend_pid()").fetchone()[0])[1])
+    bench_backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    postmaster = int(stat(bench_backend)[1])
     fields = stat(postmaster)
     ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and not (scheduler_only and int(entry.name) == bench_backend):
             with contextlib.suppress(OSError):
                 child = stat(int(entry.name))
                 if int(child[1]) == postmaster:

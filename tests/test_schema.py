@@ -61,6 +61,25 @@ def test_session_setting_changes_the_next_default(db):
     assert db.task(db.insert("SELECT 1"))["max"] == 0
 
 
+def test_empty_setting_and_any_search_path_give_the_default(db):
+    """The defaults are inlined into the insert, with no search_path of their own: they must read
+    the same under an inserter's search_path that holds nothing, or a lookalike operator."""
+    table = db.value("SELECT 'task'::regclass::oid")
+    db.sql("CREATE SCHEMA lookalike")
+    db.sql("CREATE FUNCTION lookalike.never(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT false'")
+    db.sql("CREATE OPERATOR lookalike.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = lookalike.never)")
+    db.sql("SET pg_task.max = ''")
+    db.sql("SET pg_task.timeout = '7 s'")
+    for search_path in ("''", "lookalike, pg_catalog"):
+        db.sql(f"SET search_path = {search_path}")
+        try:
+            name = db.value("SELECT %s::oid::regclass::text", [table])  # (qualified: nothing is on the path)
+            row = db.sql(f"INSERT INTO {name} (input) VALUES ('SELECT 1') RETURNING max, timeout::text")[0]
+        finally:
+            db.sql("RESET search_path")
+        assert row == (0, "00:00:07"), search_path
+
+
 def test_role_and_database_settings_most_specific_first(db, cluster):
     db.sql("CREATE ROLE setting_user LOGIN")
     db.sql("GRANT INSERT, SELECT ON task TO setting_user")
