@@ -24,8 +24,11 @@ AS $$
 $$;
 
 -- retry_on: five-character SQLSTATEs, two-character classes, or '*' (every error).
+-- STABLE, as array_to_string is: a function declared IMMUTABLE over a STABLE
+-- body is not inlined, and its body was parsed and planned again on every
+-- insert (0.1 ms of a lone task's 0.45 ms insert).
 CREATE FUNCTION pgtaskpy.retry_on_is_valid(codes text[]) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pg_catalog.array_position(codes, NULL) IS NULL
        AND pg_catalog.array_to_string(codes, ',') OPERATOR(pg_catalog.~) '^(([0-9A-Z]{2}|[0-9A-Z]{5}|\*)(,|$))*$'
