@@ -1,5 +1,8 @@
 """Tasks with `remote`: run on another server with the same output, errors, timeouts and cancel."""
 
+import socket
+import threading
+
 import psycopg
 import pytest
 from pg_task_py_testing import throwaway_cluster, wait_until
@@ -95,6 +98,12 @@ def test_malformed_remote_conninfo_fails_the_task(running):
         "STATEMENT:  SELECT 1")
 
 
+def test_remote_connect_timeout_that_is_no_number_fails_the_task(running, remote):
+    row = run(running, "SELECT 1", remote=conninfo(remote) + " connect_timeout=soon")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08001")
+    assert 'invalid integer value "soon" for connection option "connect_timeout"' in row["error"]
+
+
 def test_remote_tasks_are_their_own_group(running, remote):
     local = running.insert("SELECT pg_sleep(1)", delete=False)
     far = running.insert("SELECT 'far'", remote=conninfo(remote), delete=False)
@@ -105,3 +114,74 @@ def test_remote_tasks_are_their_own_group(running, remote):
 def test_remote_cluster_is_really_another_server(remote):
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(remote.dsn("remotedb", "remote_user"), connect_timeout=5).close()
+
+
+class SilentServer:
+    """A TCP port that accepts connections and never says a word, as a server behind a broken
+    proxy does: libpq's connect waits for its answer to the startup packet."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = []
+        self.closed_by_client = threading.Event()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.accepted.append(connection)
+            threading.Thread(target=self.watch, args=(connection,), daemon=True).start()
+
+    def watch(self, connection):
+        try:
+            while connection.recv(4096):  # the startup packet, then nothing until the client goes
+                pass
+        except OSError:
+            pass
+        self.closed_by_client.set()
+
+    def close(self):
+        self.listener.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+@pytest.fixture
+def silent_server():
+    server = SilentServer()
+    yield server
+    server.close()  # (a worker still waiting on it gets its answer now: the connection is gone)
+
+
+def test_remote_server_that_never_answers_fails_after_connect_timeout(running, silent_server):
+    row = run(running, "SELECT 1", remote=f"host=127.0.0.1 port={silent_server.port} dbname=x connect_timeout=2")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08001")
+    assert "could not open the task's session" in row["error"] and "timeout expired" in row["error"]
+    assert 1.5 < (row["stop"] - row["plan"]).total_seconds() < 15
+
+
+def test_cancelling_a_task_whose_remote_server_never_answers_frees_its_worker(running, silent_server):
+    """Without connect_timeout, libpq would wait for the answer for ever: the worker waits on
+    the socket itself, and gives the attempt up once the task is no longer its to start."""
+    task_id = running.insert("SELECT 1", remote=f"host=127.0.0.1 port={silent_server.port} dbname=x", delete=False)
+    wait_until(lambda: silent_server.accepted, message="the worker to connect to the silent server")
+    assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+    assert running.wait_done(task_id, 10)["state"] == "STOP"
+    assert silent_server.closed_by_client.wait(10), "the worker kept waiting for the silent server"
+    # the worker is free for the next task
+    assert run(running, "SELECT 'next'")["output"] == "next"
+
+
+def test_stopping_the_launcher_takes_back_a_task_whose_remote_server_never_answers(db, silent_server):
+    """Past the grace period, a claimed task that has not started waits again, and its worker
+    gives the connection attempt up: the launcher stops."""
+    launcher = db.launcher("--grace", "0.5")
+    task_id = db.insert("SELECT 1", remote=f"host=127.0.0.1 port={silent_server.port} dbname=x", delete=False)
+    wait_until(lambda: silent_server.accepted, message="the worker to connect to the silent server")
+    assert launcher.stop(timeout=20) == 0, launcher.output()
+    assert db.task(task_id)["state"] == "PLAN"
+    assert silent_server.closed_by_client.wait(10), "the worker kept waiting for the silent server"

@@ -456,8 +456,13 @@ def warm_up(ctx, pool, name, events):
 
 
 def cancel_running_tasks(ctx, pool, events):
-    """Cancel the tasks this launcher's workers run (graceful stop past its grace period)."""
+    """Cancel the tasks this launcher's workers run (graceful stop past its grace period), and
+    take back those they were given and have not started (a remote session still connecting:
+    its worker gives the attempt up), which wait again."""
     pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
+    given = [t for w in pool["workers"].values() if w["task"] not in (None, WARM_UP) for t in w["tasks"]]
+    ctx.run("unclaim_unstarted", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"],
+            [given, pool["pid"]])
     for row in ctx.run(
         "cancel",
         "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"

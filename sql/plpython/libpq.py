@@ -11,6 +11,7 @@ libpq is on every PostgreSQL server (dblink links it), so no package is needed.
 import ctypes
 import re
 import select
+import time
 
 
 def _load_libpq():
@@ -83,6 +84,7 @@ class PQconninfoOption(ctypes.Structure):
 
 PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
 PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
+PQconninfo = _fn("PQconninfo", ctypes.POINTER(PQconninfoOption), _P)
 PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
 PQsetErrorVerbosity = _fn("PQsetErrorVerbosity", _I, _P, _I)
 
@@ -153,6 +155,11 @@ def conninfo_options(conninfo):
         if error.value:
             PQfreemem(error)
         raise MalformedConninfo((message or "invalid connection string").strip())
+    return _options_set(options)
+
+
+def _options_set(options):
+    """{keyword: value} of a PQconninfoOption array's options that have a value; frees the array."""
     try:
         found = {}
         i = 0
@@ -163,6 +170,19 @@ def conninfo_options(conninfo):
         return found
     finally:
         PQconninfoFree(options)
+
+
+def connect_timeout_seconds(value):
+    """libpq's reading of connect_timeout (which its asynchronous connect leaves to the caller):
+    None (no limit) when unset or at most 0, else at least 2 seconds; ConnectError, with libpq's
+    message, when it is not a whole number."""
+    if value is None or not value.strip():
+        return None
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise ConnectError(f'invalid integer value "{value}" for connection option "connect_timeout"') from None
+    return max(seconds, 2) if seconds > 0 else None
 
 
 class Result:
@@ -257,11 +277,33 @@ class Session:
                 self._connected()
         return True
 
-    def wait_connected(self, timeout=60.0):
-        """Block until the connection attempt ends; ConnectError if it failed."""
-        if not self.advance(timeout) and self._polling is not None:
-            self.close()
-            raise ConnectError("timeout expired while connecting")
+    def wait_connected(self, timeout=60.0, on_wait=None, wait_step=1.0):
+        """Wait until the connection attempt ends; ConnectError if it failed, or if it took
+        `timeout` seconds (None: no limit).  `on_wait` runs every `wait_step` seconds meanwhile."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = wait_step if on_wait is not None else (timeout if deadline is not None else None)
+            if deadline is not None:
+                step = min(step, max(0.0, deadline - time.monotonic()))
+            if self.advance(step) or self._polling is None:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                self.close()
+                raise ConnectError("timeout expired while connecting")
+            if on_wait is not None:
+                try:
+                    on_wait()
+                except BaseException:
+                    self.close()  # the attempt is given up
+                    raise
+
+    def effective_options(self):
+        """The options this connection uses ({keyword: value}), its conninfo's and those libpq took
+        from the environment or a service file."""
+        options = PQconninfo(self.handle)
+        if not options:
+            return {}
+        return _options_set(options)
 
     def _on_notice(self, _arg, handle):
         # libpq frees the notice's PGresult when this returns: copy the text now.

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         owner_to_start_ahead,
         retry_of,
         start_task,
+        still_claimed,
         take_task,
         task_error,
         unclaim_task,
@@ -81,6 +82,10 @@ def main(plpy, GD, SD, task_id, claimer):
     replan_after_growth(ctx)
     report = WorkerCall(ctx, claimer).run(task_id)
     return (json.dumps(report),)
+
+
+class TakenBack(Exception):
+    """The task stopped being this worker's to start while its session connected."""
 
 
 class SettingError(Exception):
@@ -201,15 +206,32 @@ class WorkerCall:
         if not choice.ready:
             self.ctx.commit()  # hold neither the scheduling lock nor rows while a backend starts
         try:
-            kept = self.sessions.take(task, choice)
+            kept = self.sessions.take(task, choice, on_wait=lambda: self.wait_for_session(task))
         except ConnectError as exc:
             self.session_failed(task, exc)
             return None
+        except TakenBack:
+            wake_launchers(self.ctx)
+            self.ctx.commit()
+            return None  # not this worker's to run any more: it never started
         if not start_task(self.ctx, task, kept.session.pid):
             wake_launchers(self.ctx)
             self.ctx.commit()
             return None  # not this worker's to run any more; its session stays clean for the next
         return kept
+
+    def wait_for_session(self, task):
+        """While a remote session connects: act on interrupts (a cancel of this worker fails the
+        attempt), and give the attempt up (TakenBack) once the task is no longer this worker's
+        to start."""
+        try:
+            self.ctx.run("interrupts", "SELECT")
+        except self.ctx.plpy.spiexceptions.QueryCanceled as exc:
+            raise ConnectError("canceling the connection attempt due to user request", "57014") from exc
+        claimed = still_claimed(self.ctx, task)
+        self.ctx.commit()
+        if not claimed:
+            raise TakenBack
 
     def claim_next(self, task):
         """The group's next task, claimed by this worker (not yet committed), or None; and the

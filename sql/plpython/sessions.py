@@ -23,7 +23,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
-    from libpq import ConnectError, Session, conninfo_options
+    from libpq import ConnectError, Session, connect_timeout_seconds, conninfo_options
 
 # How far the standby a session is on is behind the primary, in seconds: 0 when it has replayed
 # the primary's WAL up to $1 (the primary's flush position when the task's session was asked for),
@@ -33,6 +33,9 @@ STANDBY_LAG = ("SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL"
                " WHEN pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_catalog.pg_lsn THEN 0"
                " ELSE pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()"
                " - pg_catalog.pg_last_xact_replay_timestamp()) END")
+
+# Seconds between a waiting remote connect's calls of its on_wait (open_remote).
+CONNECT_WAIT_STEP = 0.05
 
 # Where a worker keeps its TaskSessions in GD: they outlive the call that opened them.
 # (Code of 1.2 kept its sessions under other keys; dispatch's POOL_LAYOUT drops its workers.)
@@ -178,14 +181,14 @@ class TaskSessions:
         owner = self.ahead[0].owner
         return owner, self.login_fingerprint(owner)
 
-    def take(self, task, choice):
+    def take(self, task, choice, on_wait=None):
         """The task's session, as chosen, kept from now on for the tasks after it;
-        ConnectError if a new one cannot be opened."""
+        ConnectError if a new one cannot be opened.  `on_wait`: see open_remote."""
         if choice.kept is not None and choice.kept.reset_done():
             return choice.kept
         self.close_kept()
         if task["remote"] is not None:
-            session = self.open_remote(task)
+            session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
             session = self.open_standby(task["owner"]) or self.open_local(task["owner"])
         elif choice.ahead is not None and choice.ready:
@@ -340,19 +343,41 @@ class TaskSessions:
             return None
         return session
 
-    def open_remote(self, task):
+    def open_remote(self, task, on_wait=None):
         """The session on `remote`, under dblink's rule for roles that are not superusers:
         `remote` must carry a password of its own, and the server must ask for it.
 
         Otherwise a role could reach servers, this one included, through trust or
         peer authentication or the server OS user's ~/.pgpass, as someone else.
+
+        Connected asynchronously, with `on_wait` run every CONNECT_WAIT_STEP seconds
+        meanwhile (it raises to give the attempt up), and connect_timeout kept
+        by this code, as libpq keeps it only in its blocking connect: a server
+        that never answers (a dead host behind a proxy) would hold libpq's
+        blocking call, and the worker with it, deaf to cancels, for ever when
+        no connect_timeout is set.  With several hosts and a connect_timeout,
+        libpq's blocking connect still makes the attempt: it gives each host
+        connect_timeout and moves on to the next, which an asynchronous attempt
+        cannot make it do.
         """
         options = conninfo_options(task["remote"])  # a malformed one connects nowhere, not even as a dbname
         checked = not self.owner_is_superuser(task["owner"])
         if checked and not options.get("password"):
             raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                                "password= in its conninfo")
-        session = Session({"dbname": task["remote"], "fallback_application_name": self.ctx.name_of("task")})
+        keywords = {"dbname": task["remote"], "fallback_application_name": self.ctx.name_of("task")}
+        session = Session(keywords, wait=False)
+        effective = session.effective_options()  # (the environment's and a service file's too)
+        try:
+            timeout = connect_timeout_seconds(effective.get("connect_timeout"))
+        except ConnectError:
+            session.close()
+            raise
+        if timeout is not None and "," in effective.get("host", "") + effective.get("hostaddr", ""):
+            session.close()
+            session = Session(keywords)
+        else:
+            session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
         if checked and not session.used_password:
             session.close()
             raise ConnectError("password is required: the remote server did not ask for the password given")

@@ -39,6 +39,14 @@ def take_tasks(ctx, task_ids, claimer):
     return [taken[task_id] for task_id in task_ids if task_id in taken]
 
 
+def still_claimed(ctx, task):
+    """Whether the taken task is still claimed by its claimer, so its worker's to start: not
+    stopped (task_cancel), nor taken back (a launcher's recovery, its graceful stop)."""
+    rows = ctx.run("claimed", "SELECT state = 'TAKE' AND worker = $2 AS c FROM {ext}.task WHERE id = $1",
+                   ["bigint", "integer"], [task["id"], task["worker"]])
+    return bool(rows and rows[0]["c"])
+
+
 def start_task(ctx, task, session_pid):
     """TAKE -> WORK in the session whose backend is `session_pid`; False if the task is no
     longer this worker's claim (stopped, or taken over by a launcher, while its session
