@@ -425,7 +425,8 @@ $$;
 
 -- 1.1's claim_next_in_group, for a worker that
 -- runs 1.1 code while the extension is updated under it: it goes on with its
--- group until its call returns.  Drop in 1.3.
+-- group until its call returns.  Kept: an update from 1.1 straight to a later
+-- version replaces it too, under workers still running 1.1 code.
 CREATE FUNCTION pgtaskpy.claim_next_in_group(group_hash integer, claimer integer, launcher integer)
 RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
