@@ -83,6 +83,39 @@ def test_a_lone_task_of_a_role_finds_a_session_of_its_owner_started_ahead(runnin
     assert running.value("SELECT output::timestamptz < plan FROM task WHERE id = %s", [second]) is True
 
 
+@pytest.mark.parametrize("ending", ["pg_terminate_backend", "idle_session_timeout"])
+def test_a_session_ahead_that_the_server_ended_is_not_given_a_task(running, task_role, ending):
+    """A DBA's kill of idle backends, or idle_session_timeout, ends the spare's idle session: the
+    next task runs in another session, and does not fail for it."""
+    first = running.wait_done(running.insert("SELECT 1", owner=task_role, delete=False))
+    assert first["state"] == "DONE", first
+    ahead = wait_until(lambda: sessions_ahead(running, task_role), 10, 0.02, "a session of the role started ahead")
+    if ending == "pg_terminate_backend":
+        running.sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [ahead])
+    else:
+        running.sql(f"ALTER ROLE {task_role} SET idle_session_timeout = '300ms'")  # (new sessions only)
+        running.sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [ahead])
+        running.wait_done(running.insert("SELECT 1", owner=task_role, delete=False))  # its spare: 300 ms to live
+        ahead = wait_until(lambda: sessions_ahead(running, task_role), 10, 0.02, "the next session ahead")
+    wait_until(lambda: not set(ahead) & set(running.value(
+        "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity") or []), 10, 0.02, "the session ahead to end")
+    row = running.wait_done(running.insert("SELECT 'ran'", owner=task_role, delete=False))
+    assert (row["state"], row["output"]) == ("DONE", "ran"), row
+    running.sql(f"ALTER ROLE {task_role} RESET idle_session_timeout")
+
+
+def test_a_kept_session_that_the_server_ended_is_not_given_a_task(running):
+    """`count` keeps a task's session for the group's next task; if the server ends it meanwhile,
+    the next task opens a new one."""
+    first = running.wait_done(running.insert("SELECT pg_backend_pid()", count=10, group="kept", delete=False))
+    assert first["state"] == "DONE", first
+    running.sql("SELECT pg_terminate_backend(%s)", [first["pid"]])
+    wait_until(lambda: not running.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [first["pid"]]),
+               10, 0.02, "the kept session to end")
+    row = running.wait_done(running.insert("SELECT pg_backend_pid()", count=10, group="kept", delete=False))
+    assert row["state"] == "DONE" and row["output"] != str(first["pid"]), row
+
+
 def test_no_session_is_held_ahead_for_a_role_with_a_connection_limit(running, task_role):
     """A session held ahead would take a slot of the role's CONNECTION LIMIT: the spare's is the
     launcher's own role's instead, and the role can still connect while the launcher idles."""

@@ -326,6 +326,20 @@ class Session:
         """Connected (or still connecting) and not broken."""
         return bool(self.handle) and (self._polling is not None or PQstatus(self.handle) == CONNECTION_OK)
 
+    def open_while_idle(self):
+        """Whether a session that has been idle (started ahead, or kept between tasks) is still
+        open.  A server that ends a session on its own (idle_session_timeout, pg_terminate_backend,
+        a shutdown) sends its error and closes the socket, which libpq reads only at the next
+        query: the task sent there would fail without having run.  An idle session has nothing
+        to read, so anything waiting on its socket means it is, or may be, gone: it is closed
+        here, and the task takes another.  Never waits."""
+        if not self.ok or self._polling is not None:
+            return self.ok
+        readable, _, _ = select.select([PQsocket(self.handle)], [], [], 0)
+        if readable:
+            self.close()
+        return self.ok
+
     @property
     def connecting(self):
         """Still connecting: advance() takes the attempt on."""

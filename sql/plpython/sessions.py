@@ -66,14 +66,14 @@ class KeptSession:
         self.resetting = False  # a reset is sent and its answer not read yet
 
     def may_run(self, task):
-        """Whether `count`/`live` let the task run in this session."""
+        """Whether `count`/`live` let the task run in this session, and it is still open."""
         return (
             self.key == session_key(task)
             and self.target == task["target"]
-            and self.session.ok
             and (task["count"] <= 0 or self.runs < task["count"])
             and (task["live_s"] <= 0 or time.monotonic() < self.born + task["live_s"])
             and reuses_sessions(task)
+            and (self.resetting or self.session.open_while_idle())  # (a reset's answer is still to come)
         )
 
     def reset_done(self):
@@ -99,9 +99,10 @@ class AheadSession:
         self.session = session
 
     def connected(self):
-        """Whether it has connected (not failed, nor closed after a failure); never waits."""
+        """Whether it has connected and is still open (not failed, nor ended by the server while it
+        waited: closed then); never waits."""
         try:
-            return self.session.advance() and self.session.ok
+            return self.session.advance() and self.session.open_while_idle()
         except ConnectError:
             return False
 
@@ -262,7 +263,7 @@ class TaskSessions:
         Those passed over (another owner's, failed, or started with other settings) are closed."""
         while self.ahead:
             entry = self.ahead.pop(0)
-            if entry.owner == owner and entry.session.ok:
+            if entry.owner == owner and (entry.session.connecting or entry.session.open_while_idle()):
                 fingerprint = fingerprint or self.login_fingerprint(owner)
                 if entry.fingerprint == fingerprint:
                     try:
