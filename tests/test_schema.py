@@ -62,8 +62,8 @@ def test_session_setting_changes_the_next_default(db):
 
 
 def test_empty_setting_and_any_search_path_give_the_default(db):
-    """The defaults are inlined into the insert, with no search_path of their own: they must read
-    the same under an inserter's search_path that holds nothing, or a lookalike operator."""
+    """The defaults read the settings the same under an inserter's search_path that holds nothing,
+    or one where a lookalike operator comes first; an empty setting is no setting."""
     table = db.value("SELECT 'task'::regclass::oid")
     db.sql("CREATE SCHEMA lookalike")
     db.sql("CREATE FUNCTION lookalike.never(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT false'")

@@ -30,15 +30,13 @@ EXCEPTION WHEN data_exception THEN
 END
 $$;
 
--- A column's default.  An SQL function of one expression, with no SET clause
--- and every name qualified (operators too), so that the planner inlines it into
--- the INSERT: 21 columns call it for every row, and a PL/pgSQL call each made a
--- 1,000-row insert take 89 ms where it now takes 27 (bench/RESULTS.md).
 CREATE FUNCTION pgtaskpy.setting_default(name text, fallback anyelement) RETURNS anyelement
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN pg_catalog.current_setting('pg_task.' OPERATOR(pg_catalog.||) name, true)
-                     OPERATOR(pg_catalog.<>) ''
-                THEN pgtaskpy.cast_setting(name, fallback)
-                ELSE fallback END
+BEGIN
+    IF pgtaskpy.setting(name) IS NULL THEN
+        RETURN fallback;
+    END IF;
+    RETURN pgtaskpy.cast_setting(name, fallback);
+END
 $$;
