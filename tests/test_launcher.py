@@ -116,6 +116,20 @@ def test_a_kept_session_that_the_server_ended_is_not_given_a_task(running):
     assert row["state"] == "DONE" and row["output"] != str(first["pid"]), row
 
 
+def test_a_databases_timeouts_do_not_cut_the_scheduler(db):
+    """A database's statement_timeout and idle_session_timeout are for its clients: they neither
+    cancel a task that runs longer (its worker's CALL is a statement) nor close the launcher's
+    session between turns; the task's own `timeout` is its session's."""
+    db.sql(f"ALTER DATABASE {db.name} SET statement_timeout = '1s'")
+    db.sql(f"ALTER DATABASE {db.name} SET idle_session_timeout = '700ms'")
+    launcher = db.launcher()
+    row = db.wait_done(db.insert("SELECT 'slept' AS s FROM pg_sleep(2.5)", delete=False))
+    assert (row["state"], row["output"]) == ("DONE", "slept"), row
+    timed = db.wait_done(db.insert("SELECT pg_sleep(5)", timeout="0.5 s", delete=False))
+    assert timed["error"].startswith("ERROR:  canceling statement due to statement timeout"), timed
+    assert "connection lost" not in launcher.output(), launcher.output()
+
+
 def test_no_session_is_held_ahead_for_a_role_with_a_connection_limit(running, task_role):
     """A session held ahead would take a slot of the role's CONNECTION LIMIT: the spare's is the
     launcher's own role's instead, and the role can still connect while the launcher idles."""

@@ -91,6 +91,12 @@ class Scheduler:
             try:
                 with conn:
                     self._rename(f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}")
+                    # No timeout of the database's or the role's may cut a turn short, or close
+                    # the session while it waits for the next one (idle up to a second).
+                    conn.execute("SELECT set_config('statement_timeout', '0', false),"
+                                 " set_config('lock_timeout', '0', false),"
+                                 " set_config('idle_in_transaction_session_timeout', '0', false),"
+                                 " set_config('idle_session_timeout', '0', false)")
                     self._check_role(conn)
                     self._check_extension(conn)
                     if self.settings.standby is not None:

@@ -43,6 +43,11 @@ WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_wor
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
+# The timeouts a scheduler backend (a worker) turns off: the tasks' own are their sessions'.
+SCHEDULER_SESSION_OPTIONS = ("-c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0"
+                             " -c idle_session_timeout=0")
+
+
 def quote_conninfo(value):
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -61,8 +66,11 @@ def worker_conninfo(ctx):
         "user": row["usr"],
         "application_name": ctx.name_of("worker"),
         # The worker is a superuser session: it resolves nothing through a
-        # schema that others could create objects in.
-        "options": "-c search_path=pg_catalog,pg_temp",
+        # schema that others could create objects in.  And no timeout of the
+        # database's or the launcher's role may end its CALL (a task of its
+        # running longer than a database's statement_timeout was cancelled) or
+        # close it while it idles.
+        "options": "-c search_path=pg_catalog,pg_temp " + SCHEDULER_SESSION_OPTIONS,
     }
     return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
 
