@@ -116,17 +116,24 @@ def test_a_kept_session_that_the_server_ended_is_not_given_a_task(running):
     assert row["state"] == "DONE" and row["output"] != str(first["pid"]), row
 
 
-def test_a_databases_timeouts_do_not_cut_the_scheduler(db):
-    """A database's statement_timeout and idle_session_timeout are for its clients: they neither
-    cancel a task that runs longer (its worker's CALL is a statement) nor close the launcher's
-    session between turns; the task's own `timeout` is its session's."""
+def test_a_databases_timeouts_and_isolation_do_not_cut_the_scheduler(db):
+    """A database's statement_timeout, idle_session_timeout and default isolation level are for its
+    clients: they neither cancel a task that runs longer (its worker's CALL is a statement), nor
+    close the launcher's session between turns, nor fail the claims; the task's own `timeout` is
+    its session's, and so is the isolation level."""
     db.sql(f"ALTER DATABASE {db.name} SET statement_timeout = '1s'")
     db.sql(f"ALTER DATABASE {db.name} SET idle_session_timeout = '700ms'")
+    db.sql(f"ALTER DATABASE {db.name} SET default_transaction_isolation = 'serializable'")
     launcher = db.launcher()
     row = db.wait_done(db.insert("SELECT 'slept' AS s FROM pg_sleep(2.5)", delete=False))
     assert (row["state"], row["output"]) == ("DONE", "slept"), row
     timed = db.wait_done(db.insert("SELECT pg_sleep(5)", timeout="0.5 s", delete=False))
     assert timed["error"].startswith("ERROR:  canceling statement due to statement timeout"), timed
+    db.sql("INSERT INTO task (input, \"group\", delete) SELECT 'SHOW transaction_isolation', 'g' || (i % 4), false"
+           " FROM generate_series(1, 100) AS i")
+    db.wait_all_done()
+    assert db.sql("SELECT state::text, output, count(*) FROM task WHERE input LIKE 'SHOW%' GROUP BY 1, 2") == [
+        ("DONE", "serializable", 100)]
     assert "connection lost" not in launcher.output(), launcher.output()
 
 

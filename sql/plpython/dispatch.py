@@ -43,9 +43,11 @@ WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_wor
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
-# The timeouts a scheduler backend (a worker) turns off: the tasks' own are their sessions'.
+# What a scheduler backend (a worker) sets for itself, whatever the database's or role's defaults:
+# no timeouts (the tasks' own are their sessions'), and READ COMMITTED, which its row locks assume
+# (a worker that waits for the launcher's claim to commit then reads the row as claimed).
 SCHEDULER_SESSION_OPTIONS = ("-c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0"
-                             " -c idle_session_timeout=0")
+                             " -c idle_session_timeout=0 -c default_transaction_isolation=read\\ committed")
 
 
 def quote_conninfo(value):
@@ -69,7 +71,8 @@ def worker_conninfo(ctx):
         # schema that others could create objects in.  And no timeout of the
         # database's or the launcher's role may end its CALL (a task of its
         # running longer than a database's statement_timeout was cancelled) or
-        # close it while it idles.
+        # close it while it idles; nor may a default isolation level fail its
+        # claims (serializable: every few tasks).
         "options": "-c search_path=pg_catalog,pg_temp " + SCHEDULER_SESSION_OPTIONS,
     }
     return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
