@@ -110,3 +110,21 @@ def test_tasks_inserted_by_a_task_have_it_as_parent(shared):
     shared.wait_done(parent)
     child = shared.value("SELECT id FROM task WHERE parent = %s", [parent])
     assert shared.wait_done(child)["output"] == "7"
+
+
+def test_a_role_with_another_client_encoding_reads_and_writes_what_the_task_says(running):
+    """A task's session speaks UTF-8 whatever its role's client_encoding: a role of a legacy
+    application (LATIN1) had the input's UTF-8 bytes read as LATIN1, and wrote 'Ã©' for 'é'."""
+    assert running.value("SHOW server_encoding") == "UTF8"
+    running.sql("CREATE ROLE legacy_app LOGIN IN ROLE pgtaskpy_user")
+    running.sql("ALTER ROLE legacy_app SET client_encoding = 'LATIN1'")
+    running.sql("CREATE TABLE written (v text)")
+    running.sql("GRANT INSERT ON written TO legacy_app")
+    try:
+        row = run(running, "INSERT INTO written VALUES ('é€'); SELECT 'é€' AS v, length('é€') AS n", owner="legacy_app")
+        assert (row["state"], row["output"]) == ("DONE", f"INSERT 0 1\nv{TAB}n\né€{TAB}2"), row
+        assert running.value("SELECT v FROM written") == "é€"
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP TABLE written")
+        running.sql("DROP ROLE legacy_app")

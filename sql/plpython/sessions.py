@@ -34,6 +34,12 @@ STANDBY_LAG = ("SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL"
                " ELSE pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()"
                " - pg_catalog.pg_last_xact_replay_timestamp()) END")
 
+# Every task session's client_encoding, whatever its role's, database's or conninfo's: this code
+# sends the input and reads the results as UTF-8 (libpq.py), and the server converts them from
+# and to the database's encoding.  A role with client_encoding LATIN1 had the input's UTF-8 read
+# as LATIN1: a task's 'é' written as 'Ã©'.
+TASK_CLIENT_ENCODING = "UTF8"
+
 # Seconds between a waiting remote connect's calls of its on_wait (open_remote).
 CONNECT_WAIT_STEP = 0.05
 
@@ -312,6 +318,7 @@ class TaskSessions:
             "dbname": self.loopback["dbname"],
             "user": owner,
             "application_name": self.ctx.name_of("task"),
+            "client_encoding": TASK_CLIENT_ENCODING,
         }
 
     def open_standby(self, owner):
@@ -330,7 +337,7 @@ class TaskSessions:
         for secret_or_ours in ("password", "passfile", "user", "dbname"):
             keywords.pop(secret_or_ours, None)
         keywords.update(user=owner, dbname=self.loopback_keywords(owner)["dbname"],
-                        application_name=self.ctx.name_of("task"))
+                        application_name=self.ctx.name_of("task"), client_encoding=TASK_CLIENT_ENCODING)
         try:
             session = Session(keywords)
         except ConnectError:
@@ -366,7 +373,8 @@ class TaskSessions:
         if checked and not options.get("password"):
             raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                                "password= in its conninfo")
-        keywords = {"dbname": task["remote"], "fallback_application_name": self.ctx.name_of("task")}
+        keywords = {"dbname": task["remote"], "fallback_application_name": self.ctx.name_of("task"),
+                    "client_encoding": TASK_CLIENT_ENCODING}  # (after dbname: it overrides the conninfo's)
         session = Session(keywords, wait=False)
         effective = session.effective_options()  # (the environment's and a service file's too)
         try:
