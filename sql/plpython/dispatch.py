@@ -44,10 +44,12 @@ STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promot
 
 
 # What a scheduler backend (a worker) sets for itself, whatever the database's or role's defaults:
-# no timeouts (the tasks' own are their sessions'), and READ COMMITTED, which its row locks assume
-# (a worker that waits for the launcher's claim to commit then reads the row as claimed).
+# no timeouts (the tasks' own are their sessions'); READ COMMITTED, which its row locks assume
+# (a worker that waits for the launcher's claim to commit then reads the row as claimed); and no
+# JIT, whose compiling costs milliseconds a statement of queries that run in microseconds (with
+# an analytics database's jit_above_cost = 0, a lone task started 3.3 s after its plan).
 SCHEDULER_SESSION_OPTIONS = ("-c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0"
-                             " -c idle_session_timeout=0 -c default_transaction_isolation=read\\ committed")
+                             " -c idle_session_timeout=0 -c default_transaction_isolation=read\\ committed -c jit=off")
 
 
 def quote_conninfo(value):
