@@ -91,16 +91,6 @@ class Scheduler:
             try:
                 with conn:
                     self._rename(f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}")
-                    # No timeout of the database's or the role's may cut a turn short, or close
-                    # the session while it waits for the next one (idle up to a second); the
-                    # claims assume READ COMMITTED, whatever the database's default; and no turn
-                    # pays JIT's compiling (as the workers: sql/plpython/dispatch.py).
-                    conn.execute("SELECT set_config('statement_timeout', '0', false),"
-                                 " set_config('lock_timeout', '0', false),"
-                                 " set_config('idle_in_transaction_session_timeout', '0', false),"
-                                 " set_config('idle_session_timeout', '0', false),"
-                                 " set_config('default_transaction_isolation', 'read committed', false),"
-                                 " set_config('jit', 'off', false)")
                     self._check_role(conn)
                     self._check_extension(conn)
                     if self.settings.standby is not None:

@@ -43,13 +43,37 @@ WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_wor
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
-# What a scheduler backend (a worker) sets for itself, whatever the database's or role's defaults:
-# no timeouts (the tasks' own are their sessions'); READ COMMITTED, which its row locks assume
-# (a worker that waits for the launcher's claim to commit then reads the row as claimed); and no
-# JIT, whose compiling costs milliseconds a statement of queries that run in microseconds (with
-# an analytics database's jit_above_cost = 0, a lone task started 3.3 s after its plan).
-SCHEDULER_SESSION_OPTIONS = ("-c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0"
-                             " -c idle_session_timeout=0 -c default_transaction_isolation=read\\ committed -c jit=off")
+# What a scheduler backend (the launcher's session, a worker) sets for itself, whatever the
+# database's or role's defaults: no timeouts (the tasks' own are their sessions'; a worker's CALL
+# is one long statement, and the launcher idles up to a second between turns); READ COMMITTED,
+# which the row locks assume (a worker that waits for the launcher's claim to commit then reads
+# the row as claimed); and no JIT, whose compiling costs milliseconds a statement of queries that
+# run in microseconds (with an analytics database's jit_above_cost = 0, a lone task started 3.3 s
+# after its plan).
+SCHEDULER_SETTINGS = {
+    "statement_timeout": "0",
+    "lock_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+    "idle_session_timeout": "0",
+    "default_transaction_isolation": "read committed",
+    "jit": "off",
+}
+
+
+def scheduler_options():
+    """SCHEDULER_SETTINGS as a new worker's connection options (a space in a value escaped)."""
+    return " ".join(f"-c {name}={value.replace(' ', chr(92) + ' ')}" for name, value in SCHEDULER_SETTINGS.items())
+
+
+def settle_scheduler_session(ctx):
+    """SCHEDULER_SETTINGS in the launcher's own session, once: a function's set_config(..., false)
+    lasts for the session, as the launcher's application_name does (set_session_name)."""
+    if not ctx.GD.get("pgtaskpy.scheduler_settings"):
+        ctx.run("scheduler_settings",
+                "SELECT pg_catalog.set_config(s.name, s.value, false)"
+                " FROM unnest($1::text[], $2::text[]) AS s(name, value)",
+                ["text[]", "text[]"], [list(SCHEDULER_SETTINGS), list(SCHEDULER_SETTINGS.values())])
+        ctx.GD["pgtaskpy.scheduler_settings"] = True
 
 
 def quote_conninfo(value):
@@ -70,12 +94,9 @@ def worker_conninfo(ctx):
         "user": row["usr"],
         "application_name": ctx.name_of("worker"),
         # The worker is a superuser session: it resolves nothing through a
-        # schema that others could create objects in.  And no timeout of the
-        # database's or the launcher's role may end its CALL (a task of its
-        # running longer than a database's statement_timeout was cancelled) or
-        # close it while it idles; nor may a default isolation level fail its
-        # claims (serializable: every few tasks).
-        "options": "-c search_path=pg_catalog,pg_temp " + SCHEDULER_SESSION_OPTIONS,
+        # schema that others could create objects in.  And the database's and
+        # role's timeouts, isolation level and JIT are not its (SCHEDULER_SETTINGS).
+        "options": "-c search_path=pg_catalog,pg_temp " + scheduler_options(),
     }
     return " ".join(f"{key}={quote_conninfo(value)}" for key, value in parts.items())
 
@@ -499,6 +520,7 @@ def in_recovery(ctx):
 def main(plpy, GD, SD, run_limit, cancel_running):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
+    settle_scheduler_session(ctx)
     if in_recovery(ctx):
         # A standby is read-only and its rows are the primary's, whose launcher runs them:
         # claim, recover and start nothing here; look again soon for a promotion.

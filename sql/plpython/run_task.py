@@ -223,12 +223,12 @@ class WorkerCall:
     def wait_for_session(self, task):
         """While a remote session connects: act on interrupts (a cancel of this worker fails the
         attempt), and give the attempt up (TakenBack) once the task is no longer this worker's
-        to start."""
+        to start.  The look at the row is the SPI call that acts on interrupts, and the commit
+        holds no snapshot over the wait, as serve_interrupts' do."""
         try:
-            self.ctx.run("interrupts", "SELECT")
+            claimed = still_claimed(self.ctx, task)
         except self.ctx.plpy.spiexceptions.QueryCanceled as exc:
             raise ConnectError("canceling the connection attempt due to user request", "57014") from exc
-        claimed = still_claimed(self.ctx, task)
         self.ctx.commit()
         if not claimed:
             raise TakenBack
