@@ -153,6 +153,31 @@ def test_a_databases_jit_settings_do_not_slow_the_scheduler(db):
     assert statistics.median(delays) < 0.5, delays
 
 
+def test_a_databases_parallel_query_settings_do_not_reach_the_scheduler(db):
+    """A database that makes parallel plans cheap (parallel_setup_cost = 0, as some analytics
+    databases do) keeps them for its clients: the scheduler's queries take microseconds, and a
+    parallel worker's start took a lone task from 3 ms to 17 ms after its plan."""
+    for setting in ("parallel_setup_cost", "parallel_tuple_cost", "min_parallel_table_scan_size",
+                    "min_parallel_index_scan_size"):
+        db.sql(f"ALTER DATABASE {db.name} SET {setting} = 0")
+    db.launcher()
+    scheduler_parallel_workers = (
+        "SELECT count(*) FROM pg_stat_activity AS w JOIN pg_stat_activity AS l ON l.pid = w.leader_pid"
+        " WHERE w.backend_type = 'parallel worker'"
+        " AND l.application_name IN ('pg_task_py launcher', 'pg_task_py worker')")
+    seen = 0
+    for _ in range(10):
+        task_id = db.insert("SELECT 1", delete=False)
+        deadline = time.monotonic() + 20
+        while db.value("SELECT state FROM task WHERE id = %s", [task_id]) != "DONE" and time.monotonic() < deadline:
+            seen += db.value(scheduler_parallel_workers)  # (a parallel worker lives milliseconds: looked for as it runs)
+        assert db.wait_done(task_id)["state"] == "DONE"
+    assert seen == 0
+    # The tasks' own sessions keep the database's settings.
+    row = db.wait_done(db.insert("SELECT current_setting('parallel_setup_cost')", delete=False))
+    assert row["output"] == "0", row
+
+
 def test_no_session_is_held_ahead_for_a_role_with_a_connection_limit(running, task_role):
     """A session held ahead would take a slot of the role's CONNECTION LIMIT: the spare's is the
     launcher's own role's instead, and the role can still connect while the launcher idles."""
