@@ -170,7 +170,7 @@ def test_a_databases_parallel_query_settings_do_not_reach_the_scheduler(db):
         task_id = db.insert("SELECT 1", delete=False)
         deadline = time.monotonic() + 20
         while db.value("SELECT state FROM task WHERE id = %s", [task_id]) != "DONE" and time.monotonic() < deadline:
-            seen += db.value(scheduler_parallel_workers)  # (a parallel worker lives milliseconds: looked for as it runs)
+            seen += db.value(scheduler_parallel_workers)  # (one lives milliseconds: looked for as they run)
         assert db.wait_done(task_id)["state"] == "DONE"
     assert seen == 0
     # The tasks' own sessions keep the database's settings.
