@@ -63,3 +63,19 @@ def test_a_kept_session_is_offered_only_to_a_task_of_its_remote(db):
         assert db.value(offer, [group_hash, None]) == "TAKE"
     with db.conn.transaction(force_rollback=True):  # the same remote: the offer is taken
         assert db.value(offer, [group_hash, "dbname=elsewhere"]) == "WORK"
+
+
+def test_a_session_started_with_a_tasks_settings_is_offered_only_to_that_task(db):
+    """A worker starts the session of its group's next task ahead with that task's settings
+    (pg_task.id, ...); if the claim brings another task (one inserted since with a higher max,
+    the expected one stopped), that session is not made its: a RESET there would bring back
+    the settings of the task it was started for."""
+    first = db.insert("SELECT 1", group="settings", delete=False)
+    second = db.insert("SELECT 2", group="settings", delete=False)
+    group_hash = db.value("SELECT hash FROM task WHERE id = %s", [first])
+    offer = ("SELECT id, state::text FROM pgtaskpy.claim_next_task(%s, NULL, 4242, current_user, NULL, 0, '0',"
+             " session_task => %s)")
+    with db.conn.transaction(force_rollback=True):  # started for the task claimed
+        assert db.sql(offer, [group_hash, first]) == [(first, "WORK")]
+    with db.conn.transaction(force_rollback=True):  # started for another
+        assert db.sql(offer, [group_hash, second]) == [(first, "TAKE")]

@@ -1,6 +1,7 @@
 """Where users' scripts can see it, pg_task_py writes what pg_task writes: a task's `error` is
 byte for byte what the server log prints for the same input (log_error_verbosity default)."""
 
+import hashlib
 import re
 
 import pytest
@@ -86,6 +87,37 @@ def test_a_task_sees_its_group_and_its_children_join_it(shared, group):
     assert row["output"] == f"{group}\nINSERT 0 1"
     child = shared.value('SELECT id FROM task WHERE parent = %s', [parent])
     assert shared.wait_done(child)["group"] == group
+
+
+# What a task sees of itself, on one line: its id, an md5 of its group, its timeout, a setting its
+# group could reach if it were not escaped, and whether pg_task.oid is the task table.
+ITSELF = ("SELECT current_setting('pg_task.id'), md5(current_setting('pg_task.group')),"
+          " current_setting('statement_timeout'), current_setting('work_mem'),"
+          " current_setting('pg_task.oid')::oid = 'task'::regclass")
+# Groups the startup options of a task's session must escape (quotes, backslashes, spaces, "=",
+# "-c", a tab and a newline), or cannot carry (not ASCII; too long): those are sent the settings.
+GROUPS_TO_ESCAPE = ["plain", "it's \\ \"quoted\" = -c work_mem=64", "tab\tand\nnewline", "ünïcode ☃", "long " * 600]
+
+
+def test_a_task_sees_itself_however_its_session_started(running):
+    """A worker opens a session for a task it knows (a burst's, a group's next due ones) with the
+    task's settings in libpq's startup options; one it started before it knew the task (the
+    spare's) is sent them.  Both show the task the same settings, whatever its group."""
+    def check_all():
+        running.wait_all_done(60)
+        for task_id, group, output in running.sql("SELECT id, \"group\", output FROM task"):
+            line = output.splitlines()[-1].split("\t")
+            assert line == [str(task_id), hashlib.md5(group.encode()).hexdigest(), "7s", "4MB", "t"], group
+        running.sql("DELETE FROM task")
+
+    for group in GROUPS_TO_ESCAPE:  # lone tasks, one after another
+        running.wait_done(running.insert(ITSELF, group=group, timeout="7 s", delete=False))
+    check_all()
+    # A burst of each group's four tasks at once, and then each group's next ones.
+    running.sql("INSERT INTO task (\"group\", input, timeout, delete)"
+                " SELECT g, %s, '7 s', false FROM unnest(%s::text[]) AS g, generate_series(1, 4)",
+                [ITSELF, GROUPS_TO_ESCAPE])
+    check_all()
 
 
 def test_a_task_sees_the_task_table_as_in_pg_task(shared):

@@ -172,6 +172,26 @@ def _options_set(options):
         PQconninfoFree(options)
 
 
+MOST_STARTUP_OPTIONS = 2000  # characters: a startup packet holds 10,000 bytes in all
+
+
+def startup_options(settings):
+    """`settings` ({name: value}) as the `options` connection keyword, `-c name=value` each,
+    which the server sets as the session starts: no statement, and no round trip.  The server
+    splits the options at spaces and reads a backslash as "the next character as it is", so
+    every character but a letter, digit, `_` or `.` gets one.  None when they cannot go there:
+    a value that is not ASCII (the server reads these bytes in no client encoding) or options
+    too long for a startup packet."""
+    options = " ".join(f"-c {_escaped_option(name)}={_escaped_option(value)}" for name, value in settings.items())
+    if not options.isascii() or len(options) > MOST_STARTUP_OPTIONS:
+        return None
+    return options
+
+
+def _escaped_option(text):
+    return re.sub(r"([^A-Za-z0-9_.])", r"\\\1", text)
+
+
 def connect_timeout_seconds(value):
     """libpq's reading of connect_timeout (which its asynchronous connect leaves to the caller):
     None (no limit) when unset or at most 0, else at least 2 seconds; ConnectError, with libpq's

@@ -7,10 +7,11 @@ workers, up to TASKS_A_WORKER each (dispatch.py), rather than a worker each:
 N running tasks then hold N task sessions and N / TASKS_A_WORKER workers, not
 2N backends, and the burst waits for a few worker connections, not N.
 
-The worker opens every task's session at once (libpq's asynchronous connect)
-and waits on all their sockets together.  Each task goes the way a task of
-run_task goes: WORK committed with its session's pid before its input is
-sent, the input sent as one top-level query, its end committed as soon as
+The worker opens every task's session at once (libpq's asynchronous connect),
+each with its task's settings (sessions.task_settings), and waits on all their
+sockets together.  Each task goes the way a task of run_task goes: WORK
+committed with its session's pid before its input is sent, the input sent as
+one top-level query, its end committed as soon as
 its last result is read (with the other ends of that moment).  It does not go
 on with its group's next task: its end wakes the launchers, which claim it.
 """
@@ -22,29 +23,31 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
-    from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
+    from libpq import (
+        PG_DIAG_MESSAGE_PRIMARY,
+        PG_DIAG_SQLSTATE,
+        PGRES_FATAL_ERROR,
+        ConnectError,
+        Session,
+        startup_options,
+    )
     from output import OutputTooLarge, format_message
     from plans import Context, replan_after_growth
-    from run_task import (
-        INTERRUPT_EVERY,
-        LOST_RUN,
-        WorkerCall,
-        send_prepare,
-        task_table,
-    )
-    from sessions import TaskSessions
+    from run_task import INTERRUPT_EVERY, LOST_RUN, WorkerCall
+    from sessions import TaskSessions, send_prepare, task_settings
     from task_rows import start_task, take_tasks, wake_launchers
 
 
 class Running:
-    """One task of the batch and its session, on its way: connecting, then preparing (the
-    answer to send_prepare), then running its input."""
+    """One task of the batch and its session, on its way: connecting, then (unless it started
+    with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
-    __slots__ = ("task", "session", "reader", "started", "error", "sqlstate")
+    __slots__ = ("task", "session", "prepared", "reader", "started", "error", "sqlstate")
 
-    def __init__(self, task, session):
+    def __init__(self, task, session, prepared):
         self.task = task
         self.session = session
+        self.prepared = prepared  # started with its task's settings
         self.reader = None  # InputResults, once the input is sent
         self.started = None  # monotonic time of its WORK
         self.error = self.sqlstate = None  # the session's failure before the input ran
@@ -74,8 +77,9 @@ class BatchCall:
         keywords = self.call.sessions.loopback_keywords
         running = []
         for task in tasks:
+            options = startup_options(task_settings(self.ctx, task))
             try:
-                running.append(Running(task, Session(keywords(task["owner"]), wait=False)))
+                running.append(Running(task, Session(keywords(task["owner"], options), wait=False), bool(options)))
             except ConnectError as exc:
                 self.call.session_failed(task, exc)
         try:
@@ -134,18 +138,24 @@ class BatchCall:
 
     def start_connected(self, connected):
         """WORK in the sessions that have connected, committed together before their inputs go."""
+        started = []
         for entry in connected:
             if not start_task(self.ctx, entry.task, entry.session.pid):
                 entry.session.close()  # stopped meanwhile: not this worker's to run any more
                 continue
             try:
-                send_prepare(entry.session, entry.task, task_table(self.ctx))
+                if not entry.prepared:
+                    send_prepare(self.ctx, entry.session, entry.task)
             except ConnectError as exc:
                 entry.session.close()
                 self.call.session_failed(entry.task, exc)
                 continue
             entry.started = time.monotonic()
+            started.append(entry)
         self.ctx.commit()
+        for entry in started:
+            if entry.prepared:
+                self.send_input(entry)
 
     def read_prepared(self, entry):
         """The answer to send_prepare; when it is all read, the input goes."""
@@ -159,6 +169,10 @@ class BatchCall:
         if entry.error is not None:  # the session broke, or a cancel came before the input
             self.end(entry, None, format_message(entry.error, entry.task["input"]), entry.sqlstate or LOST_RUN, None)
             return
+        self.send_input(entry)
+
+    def send_input(self, entry):
+        """Send the task's input, once its WORK is committed and its session has its settings."""
         try:
             entry.reader = self.call.send_query(entry.session, entry.task)
         except ConnectError as exc:

@@ -40,10 +40,9 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
     from plans import WARM_AHEAD, Context, replan_after_growth
-    from sessions import TaskSessions, reuses_sessions
+    from sessions import TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
         claim_next_task,
-        due_in_group,
         finish_task,
         owner_to_start_ahead,
         retry_of,
@@ -52,6 +51,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         take_task,
         task_error,
         unclaim_task,
+        upcoming_in_group,
         wake_launchers,
     )
 
@@ -115,7 +115,7 @@ class WorkerCall:
             self.early = self.sessions.fingerprint_ahead()
         task = take_task(self.ctx, task_id, self.claimer)
         if task is None and task_id == WARM_UP:  # a new spare worker: have a session ready for the next task
-            self.sessions.start_ahead(owner_to_start_ahead(self.ctx, WARM_AHEAD), 1)
+            self.sessions.start_ahead(owner_to_start_ahead(self.ctx, WARM_AHEAD), [None])
             # Sent as this call ends (not committed here): the launcher collects this worker now,
             # not in the turn of the next task, which would wait for that.
             wake_launchers(self.ctx)
@@ -129,6 +129,7 @@ class WorkerCall:
             task, kept = self.run_one(task, kept, go_on=time.monotonic() < chain_ends)
             if task is not None:
                 self.report["started"].append(task["id"])
+        self.sessions.drop_prepared_ahead()
         kept = self.sessions.kept
         self.report["key"] = list(kept.key) if kept is not None else None
         self.report["ahead"] = len(self.sessions.ahead)
@@ -158,7 +159,8 @@ class WorkerCall:
             if kept is None:
                 return None, None
         try:
-            send_prepare(kept.session, task, task_table(self.ctx))
+            if kept.prepared_for != task["id"]:
+                send_prepare(self.ctx, kept.session, task)
         except ConnectError as exc:
             self.session_failed(task, exc)
             return None, None
@@ -167,8 +169,11 @@ class WorkerCall:
         if go_on and task["remote"] is None and not reuses_sessions(task):
             # The new sessions of the group's due tasks, and of those due once this one ends (a
             # chain's next steps), start while this one runs (none for tasks not due: the launcher
-            # keeps a spare worker with one ahead, warm_workers).
-            self.sessions.start_ahead(task["owner"], due_in_group(self.ctx, task, FRESH_AHEAD))
+            # keeps a spare worker with one ahead, warm_workers).  With their tasks' settings when
+            # this worker is the one to run them: in a group that runs one task at a time, the
+            # next is claimed where the one before ends.
+            upcoming = upcoming_in_group(self.ctx, task, FRESH_AHEAD)
+            self.sessions.start_ahead(task["owner"], [row if row["max"] <= 0 else None for row in upcoming])
         output, error, sqlstate, notices = self.run_input(kept.session, task)
         ended = self.end_task(task, started, output, error, sqlstate, notices)
         # The next task takes this one's slot in its group, if this one still held it.
@@ -236,9 +241,10 @@ class WorkerCall:
     def claim_next(self, task):
         """The group's next task, claimed by this worker (not yet committed), or None; and the
         session it is WORK in already, when the session a task like `task` would take is ready
-        and suits it."""
-        offer = self.sessions.choose(task)
-        next_task = claim_next_task(self.ctx, task, self.claimer, offer.session.pid if offer.ready else None)
+        and suits it (one started with a task's settings suits that task only)."""
+        offer = self.sessions.choose(task, next_of=True)
+        next_task = claim_next_task(self.ctx, task, self.claimer, offer.session.pid if offer.ready else None,
+                                    offer.prepared_for)
         if next_task is None:
             return None, None
         if next_task["state"] != "WORK":
@@ -249,7 +255,7 @@ class WorkerCall:
     def run_input(self, session, task):
         """Run the input in the task's session; return (output, error, sqlstate, notices)."""
         try:
-            session.collect()  # the answer to send_prepare
+            session.collect()  # the answer to send_prepare, if it was sent
             return self.send_input(session, task)
         except ConnectError as exc:  # the session broke, or a cancel came before the input
             return None, format_message(str(exc), task["input"]), exc.sqlstate or LOST_RUN, None
@@ -383,34 +389,6 @@ class InputResults:
         elif session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
         return self.writer.text(), self.error, self.sqlstate, "\n".join(session.notices) or None
-
-
-def task_table(ctx):
-    """The task table's schema (unquoted), name and oid, looked up once per backend."""
-    if "pgtaskpy.task_table" not in ctx.SD:
-        ctx.SD["pgtaskpy.task_table"] = ctx.run(
-            "task_table",
-            "SELECT n.nspname AS schema, c.relname AS table, c.oid::text AS oid FROM pg_catalog.pg_class AS c"
-            " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = '{ext}.task'::regclass",
-        )[0]
-    return ctx.SD["pgtaskpy.task_table"]
-
-
-def send_prepare(session, task, table):
-    """What the task sees of itself, as pg_task's sessions do: pg_task.id, pg_task.group (so that
-    tasks it inserts join its group and name it their parent), the task table (pg_task.schema,
-    pg_task.table, pg_task.oid), and its timeout as statement_timeout.
-    Only sent: the answer is read (session.collect) after the WORK commit it overlaps."""
-    session.send(
-        "SELECT pg_catalog.set_config('pg_task.id', $1, false),"
-        "       pg_catalog.set_config('pg_task.group', $2, false),"
-        "       pg_catalog.set_config('pg_task.schema', $3, false),"
-        "       pg_catalog.set_config('pg_task.table', $4, false),"
-        "       pg_catalog.set_config('pg_task.oid', $5, false),"
-        "       pg_catalog.set_config('statement_timeout', $6, false)",
-        [task["id"], task["group"], table["schema"], table["table"], table["oid"],
-         f"{int(task['timeout_s'] * 1000)}ms"],
-    )
 
 
 def connect_failure_hint(task):

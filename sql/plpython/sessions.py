@@ -16,6 +16,11 @@ owner (or to `remote`).  A worker keeps sessions for the tasks to come:
 
 TaskSessions.choose decides, once per task, which session it runs in and
 whether that one is ready now; TaskSessions.take hands it over.
+
+A task sees itself in its session as in pg_task's (task_settings): a new
+session opened for a known task starts with those settings (libpq's
+`options`: no statement, no round trip); any other is sent them
+(send_prepare) before its input.
 """
 
 import time
@@ -23,7 +28,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
-    from libpq import ConnectError, Session, connect_timeout_seconds, conninfo_options
+    from libpq import ConnectError, Session, connect_timeout_seconds, conninfo_options, startup_options
 
 # How far the standby a session is on is behind the primary, in seconds: 0 when it has replayed
 # the primary's WAL up to $1 (the primary's flush position when the task's session was asked for),
@@ -39,6 +44,13 @@ STANDBY_LAG = ("SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL"
 # and to the database's encoding.  A role with client_encoding LATIN1 had the input's UTF-8 read
 # as LATIN1: a task's 'é' written as 'Ã©'.
 TASK_CLIENT_ENCODING = "UTF8"
+
+# What a task sees of itself, as pg_task's sessions do: pg_task.id, pg_task.group (so that tasks
+# it inserts join its group and name it their parent), the task table (pg_task.schema,
+# pg_task.table, pg_task.oid), and its timeout as statement_timeout.
+TASK_SETTINGS = ("pg_task.id", "pg_task.group", "pg_task.schema", "pg_task.table", "pg_task.oid", "statement_timeout")
+PREPARE_QUERY = "SELECT " + ", ".join(
+    f"pg_catalog.set_config('{name}', ${number}, false)" for number, name in enumerate(TASK_SETTINGS, 1))
 
 # Seconds between a waiting remote connect's calls of its on_wait (open_remote).
 CONNECT_WAIT_STEP = 0.05
@@ -58,15 +70,41 @@ def reuses_sessions(task):
     return task["count"] > 0 or task["live_s"] > 0
 
 
+def task_table(ctx):
+    """The task table's schema (unquoted), name and oid, looked up once per backend."""
+    if "pgtaskpy.task_table" not in ctx.SD:
+        ctx.SD["pgtaskpy.task_table"] = ctx.run(
+            "task_table",
+            "SELECT n.nspname AS schema, c.relname AS table, c.oid::text AS oid FROM pg_catalog.pg_class AS c"
+            " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = '{ext}.task'::regclass",
+        )[0]
+    return ctx.SD["pgtaskpy.task_table"]
+
+
+def task_settings(ctx, task):
+    """TASK_SETTINGS of the task ({name: value}); `task` needs its id, group and timeout_s."""
+    table = task_table(ctx)
+    return dict(zip(TASK_SETTINGS, (str(task["id"]), task["group"], table["schema"], table["table"], table["oid"],
+                                    f"{int(task['timeout_s'] * 1000)}ms")))
+
+
+def send_prepare(ctx, session, task):
+    """Send the task's settings to a session that did not start with them (one started ahead
+    of knowing its task, or that ran another).  Only sent: the answer is read (session.collect)
+    after the WORK commit it overlaps."""
+    session.send(PREPARE_QUERY, list(task_settings(ctx, task).values()))
+
+
 class KeptSession:
     """The session a task runs or ran in, kept for the next task of its owner, remote and group."""
 
-    __slots__ = ("key", "session", "runs", "born", "resetting", "target")
+    __slots__ = ("key", "session", "runs", "born", "resetting", "target", "prepared_for")
 
-    def __init__(self, key, session, target=None):
+    def __init__(self, key, session, target=None, prepared_for=None):
         self.key = key
         self.session = session
         self.target = target  # the target of the task it was opened for
+        self.prepared_for = prepared_for  # the id of the task whose settings it started with
         self.runs = 0  # tasks run in it
         self.born = time.monotonic()
         self.resetting = False  # a reset is sent and its answer not read yet
@@ -95,14 +133,16 @@ class KeptSession:
 
 class AheadSession:
     """A new session of `owner`, started before a task needed it, with the owner's
-    login_fingerprint of that moment."""
+    login_fingerprint of that moment; `prepared_for`: the id of the task whose settings it
+    started with, when that task was known (a group's next due task), else None."""
 
-    __slots__ = ("owner", "fingerprint", "session")
+    __slots__ = ("owner", "fingerprint", "session", "prepared_for")
 
-    def __init__(self, owner, fingerprint, session):
+    def __init__(self, owner, fingerprint, session, prepared_for=None):
         self.owner = owner
         self.fingerprint = fingerprint
         self.session = session
+        self.prepared_for = prepared_for
 
     def connected(self):
         """Whether it has connected and is still open (not failed, nor ended by the server while it
@@ -128,6 +168,11 @@ class SessionChoice:
     @property
     def session(self):
         return self.kept.session if self.kept is not None else self.ahead.session
+
+    @property
+    def prepared_for(self):
+        """The id of the task whose settings the chosen session started with, if any."""
+        return self.ahead.prepared_for if self.ahead is not None else None
 
 
 class TaskSessions:
@@ -155,21 +200,24 @@ class TaskSessions:
             sessions = ctx.GD[SESSIONS_KEY] = cls(ctx)
         return sessions
 
-    def choose(self, task, early=None):
-        """Which session the task runs in, and whether it is ready now.
+    def choose(self, task, early=None, next_of=False):
+        """Which session the task runs in, and whether it is ready now; with `next_of`, which
+        one the group's next task after `task` would run in, before it is known: the one started
+        ahead with the settings of the task expected next (start_ahead), else one without.
 
         The kept session when `count`/`live` allow (ready).  Else, for a local
-        task without `count`/`live`, the first session started ahead for its
-        owner: ready when it has connected and a new session would start the
-        same.  Else a new session (not ready): take opens it, unless it finds
-        one started ahead after all.  `early`: (owner, login_fingerprint) read
-        since the task was inserted (fingerprint_ahead), used for that owner.
+        task without `count`/`live`, a session started ahead that may run it
+        (ahead_for): ready when it has connected and a new session would start
+        the same.  Else a new session (not ready): take opens it, unless it
+        finds one started ahead after all.  `early`: (owner, login_fingerprint)
+        read since the task was inserted (fingerprint_ahead), used for that
+        owner.
         """
         if self.kept is not None and self.kept.may_run(task):
             return SessionChoice(kept=self.kept, ready=True)
         if task["remote"] is not None or task["target"] is not None or reuses_sessions(task):
             return SessionChoice()
-        ahead = next((entry for entry in self.ahead if entry.owner == task["owner"]), None)
+        ahead = self.ahead_for(task["owner"], None if next_of else task["id"])
         if ahead is None or not ahead.connected():
             return SessionChoice()
         if early is not None and early[0] == task["owner"]:
@@ -177,6 +225,18 @@ class TaskSessions:
         else:
             fingerprint = self.login_fingerprint(task["owner"])
         return SessionChoice(ahead=ahead, ready=ahead.fingerprint == fingerprint, fingerprint=fingerprint)
+
+    def ahead_for(self, owner, task_id):
+        """The first session started ahead for `owner` that may run the task `task_id` (None: the
+        group's next, not known yet): one started with its settings (with any task's settings),
+        else one started with none.  One started with another task's settings runs no other: a
+        RESET in that other task would bring the first one's back (claim_next_task checks)."""
+        mine = [entry for entry in self.ahead if entry.owner == owner]
+        if task_id is None:
+            prepared = [entry for entry in mine if entry.prepared_for is not None]
+        else:
+            prepared = [entry for entry in mine if entry.prepared_for == task_id]
+        return next(iter(prepared + [entry for entry in mine if entry.prepared_for is None]), None)
 
     def fingerprint_ahead(self):
         """(owner, login_fingerprint) of the first session started ahead, or None: read by a worker
@@ -194,17 +254,29 @@ class TaskSessions:
         if choice.kept is not None and choice.kept.reset_done():
             return choice.kept
         self.close_kept()
+        prepared_for = None
         if task["remote"] is not None:
             session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
             session = self.open_standby(task["owner"]) or self.open_local(task["owner"])
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
-            session = choice.ahead.session
+            session, prepared_for = choice.ahead.session, choice.ahead.prepared_for
         else:
-            session = self.take_ahead(task["owner"], choice.fingerprint) or self.open_local(task["owner"])
-        self.kept = KeptSession(session_key(task), session, task["target"])
+            ahead = self.take_ahead(task, choice.fingerprint)
+            if ahead is not None:
+                session, prepared_for = ahead.session, ahead.prepared_for
+            else:
+                session, prepared_for = self.open_for(task)
+        self.kept = KeptSession(session_key(task), session, task["target"], prepared_for)
         return self.kept
+
+    def open_for(self, task):
+        """A new session of the local task's owner, waited for, and the id of the task whose
+        settings it started with: this one's, unless its session may run others (`count`/`live`:
+        a RESET in those would bring this task's settings back)."""
+        options = None if reuses_sessions(task) else startup_options(task_settings(self.ctx, task))
+        return self.open_local(task["owner"], options), task["id"] if options else None
 
     def release(self, task):
         """The task in the kept session has ended: keep the session for the group's next
@@ -241,20 +313,32 @@ class TaskSessions:
         for entry in ahead:
             entry.session.close()
 
-    def start_ahead(self, owner, count):
-        """Start new sessions for `owner` until `count` are starting or ready: the next
-        tasks on this worker then find a backend that has started while this one ran."""
+    def start_ahead(self, owner, upcoming):
+        """Start new sessions for `owner` until one is starting or ready for each of the
+        `upcoming` tasks (in the order they will be claimed; None: a task this worker does not
+        know it will run): the next tasks on this worker then find a backend that has started
+        while this one ran.  One for a known task starts with its settings; those started for a
+        task no longer upcoming (claimed elsewhere, stopped) are closed."""
         if any(entry.owner != owner for entry in self.ahead):
             return  # those of another owner are taken or dropped first
+        known = {task["id"] for task in upcoming if task is not None}
+        for entry in [entry for entry in self.ahead if entry.prepared_for not in known | {None}]:
+            self.ahead.remove(entry)
+            entry.session.close()
         fingerprint = None
-        while len(self.ahead) < count:
+        for task in upcoming:
+            if len(self.ahead) >= len(upcoming):
+                return
+            if task is not None and any(entry.prepared_for == task["id"] for entry in self.ahead):
+                continue
             fingerprint = fingerprint or self.login_fingerprint(owner)
+            options = startup_options(task_settings(self.ctx, task)) if task is not None else None
             try:
-                session = Session(self.loopback_keywords(owner), wait=False)
+                session = Session(self.loopback_keywords(owner, options), wait=False)
                 session.advance()  # sends the startup packet: the server starts the backend now
             except ConnectError:
                 return  # the next task opens its own, and reports what goes wrong
-            self.ahead.append(AheadSession(owner, fingerprint, session))
+            self.ahead.append(AheadSession(owner, fingerprint, session, task["id"] if options else None))
 
     def advance_ahead(self):
         """Take the sessions being started ahead a step on, without waiting."""
@@ -264,21 +348,35 @@ class TaskSessions:
             except ConnectError:
                 entry.session.close()  # not ok any more: take_ahead drops it
 
-    def take_ahead(self, owner, fingerprint=None):
-        """A session started ahead for `owner`, if a new one would start the same; else None.
-        Those passed over (another owner's, failed, or started with other settings) are closed."""
-        while self.ahead:
-            entry = self.ahead.pop(0)
-            if entry.owner == owner and (entry.session.connecting or entry.session.open_while_idle()):
-                fingerprint = fingerprint or self.login_fingerprint(owner)
+    def take_ahead(self, task, fingerprint=None):
+        """A session started ahead that may run the task (ahead_for; its AheadSession), if a new
+        one would start the same; else None.  Those passed over (another owner's, failed, or
+        started with other login settings) are closed; those started with another task's
+        settings stay for it."""
+        for entry in [entry for entry in self.ahead if entry.owner != task["owner"]]:
+            self.ahead.remove(entry)
+            entry.session.close()
+        while True:
+            entry = self.ahead_for(task["owner"], task["id"])
+            if entry is None:
+                return None
+            self.ahead.remove(entry)
+            if entry.session.connecting or entry.session.open_while_idle():
+                fingerprint = fingerprint or self.login_fingerprint(task["owner"])
                 if entry.fingerprint == fingerprint:
                     try:
                         entry.session.wait_connected()
-                        return entry.session
+                        return entry
                     except ConnectError:
                         continue  # a failed attempt ahead of need is no task's failure: open one now
             entry.session.close()
-        return None
+
+    def drop_prepared_ahead(self):
+        """Close the sessions started ahead with a task's settings: a worker going back to its
+        launcher does not know which task it is given next, and they run no other."""
+        for entry in [entry for entry in self.ahead if entry.prepared_for is not None]:
+            self.ahead.remove(entry)
+            entry.session.close()
 
     def login_fingerprint(self, owner):
         """What a new session of `owner` would start with: the role's and database's
@@ -297,22 +395,23 @@ class TaskSessions:
             [owner],
         )[0]["f"]
 
-    def open_local(self, owner):
+    def open_local(self, owner, options=None):
         """A new session of `owner` in this database, waited for.  Started asynchronously, as
         the sessions ahead are: a refusal of the server (too many clients) then carries its
         SQLSTATE, whatever the language of its message (libpq.Session)."""
-        session = Session(self.loopback_keywords(owner), wait=False)
+        session = Session(self.loopback_keywords(owner, options), wait=False)
         session.wait_connected()
         return session
 
-    def loopback_keywords(self, owner):
-        """Connection keywords of a session in this database, logged in as `owner`."""
+    def loopback_keywords(self, owner, options=None):
+        """Connection keywords of a session in this database, logged in as `owner`, with the
+        startup `options` (startup_options) if any."""
         if self.loopback is None:  # fixed for a backend's life: read once
             self.loopback = self.ctx.plpy.execute(
                 "SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS host,"
                 "       current_setting('port') AS port, current_database() AS dbname"
             )[0]
-        return {
+        keywords = {
             "host": self.loopback["host"].strip() or "localhost",
             "port": self.loopback["port"],
             "dbname": self.loopback["dbname"],
@@ -320,6 +419,9 @@ class TaskSessions:
             "application_name": self.ctx.name_of("task"),
             "client_encoding": TASK_CLIENT_ENCODING,
         }
+        if options:
+            keywords["options"] = options
+        return keywords
 
     def open_standby(self, owner):
         """A session of `owner` in this database on the launcher's standby (--standby), read-only

@@ -87,10 +87,10 @@ def task_error(ctx, task_id):
     return ctx.run("error", "SELECT error FROM {ext}.task WHERE id = $1", ["bigint"], [task_id])[0]["error"]
 
 
-def claim_next_task(ctx, task, launcher, session_pid):
+def claim_next_task(ctx, task, launcher, session_pid, session_task=None):
     """The group's next task after `task`, claimed by this worker (not yet committed), or None.
-    WORK already in the session of `session_pid` (ready for a task like `task`) when it
-    suits the claimed task, else TAKE.
+    WORK already in the session of `session_pid` (ready for a task like `task`; started with
+    the settings of `session_task`, if not None) when it suits the claimed task, else TAKE.
 
     Whether the launcher (`launcher`, its session's pid) still accepts work is looked at
     every LAUNCHER_LOOK_EVERY seconds only: that look costs more than the rest of the claim.
@@ -100,33 +100,36 @@ def claim_next_task(ctx, task, launcher, session_pid):
         ctx.GD["pgtaskpy.launcher_look_at"] = time.monotonic() + LAUNCHER_LOOK_EVERY
     rows = ctx.run(
         "next",
-        f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7) WHERE id IS NOT NULL",
-        ["integer", "integer", "integer", "name", "text", "integer", "interval"],
+        f"SELECT {TASK_COLUMNS} FROM pgtaskpy.claim_next_task($1, $2, $3, $4, $5, $6, $7, $8) WHERE id IS NOT NULL",
+        ["integer", "integer", "integer", "name", "text", "integer", "interval", "bigint"],
         # (A session of a target is offered to no other task: claim_next_task does not compare targets.)
         [task["hash"], launcher if look else None, session_pid if task["target"] is None else None, task["owner"],
-         task["remote"], task["count"], task["live"]],
+         task["remote"], task["count"], task["live"], session_task],
     )
     return rows[0] if rows else None
 
 
-def due_in_group(ctx, task, most):
-    """How many tasks of the running task's group are due now, or will be once it ends and, in a
-    chain, the steps between (each waits for the one before alone), up to `most`: the sessions
-    worth starting ahead for a worker going on with the group."""
+def upcoming_in_group(ctx, task, most):
+    """The tasks of the running task's group that are due now, in the order the group's claims
+    take them, then those due once it ends (in a chain, the steps between: each waits for the one
+    before alone), up to `most`, with what their sessions start with (id, group, timeout_s) and
+    their max: the sessions worth starting ahead for a worker going on with the group."""
     return ctx.run(
-        "due_in_group",
-        "SELECT count(*)::integer AS n FROM ("
-        " SELECT FROM {ext}.task WHERE state = 'PLAN' AND waiting_for = 0 AND hash = $1 AND plan <= now()"
+        "upcoming_in_group",
+        "(SELECT id, \"group\", extract(epoch FROM timeout)::float8 AS timeout_s, max FROM {ext}.task"
+        "  WHERE state = 'PLAN' AND waiting_for = 0 AND hash = $1 AND plan <= now()"
+        "  ORDER BY max DESC, id LIMIT $2)"
         " UNION ALL"
         " (WITH RECURSIVE later (id, steps) AS ("
         "   SELECT e.dependent, 1 FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = $3"
         "   UNION ALL"
         "   SELECT e.dependent, l.steps + 1 FROM later AS l"
         "   JOIN pgtaskpy.pending_prerequisite AS e ON e.prerequisite = l.id WHERE l.steps < $2)"
-        "  SELECT FROM later AS l JOIN {ext}.task AS t ON t.id = l.id"
-        "  WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = $1 AND t.plan <= now())"
-        " LIMIT $2) AS d",
-        ["integer", "integer", "bigint"], [task["hash"], most, task["id"]])[0]["n"]
+        "  SELECT t.id, t.\"group\", extract(epoch FROM t.timeout)::float8, t.max FROM later AS l JOIN {ext}.task AS t"
+        "  ON t.id = l.id WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = $1 AND t.plan <= now()"
+        "  ORDER BY l.steps, t.id)"
+        " LIMIT $2",
+        ["integer", "integer", "bigint"], [task["hash"], most, task["id"]])
 
 
 def unclaim_task(ctx, task_id):

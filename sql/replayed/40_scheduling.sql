@@ -303,7 +303,8 @@ $$;
 -- as pg_task's workers do.  The rules are claim_due_tasks'.  Marks the task
 -- TAKE by the calling backend, or WORK at once in the session the worker
 -- offers (session_pid) when the task is like the one that session is ready
--- for (same owner, remote, count and live), and returns the row.  Marked in the
+-- for (same owner, remote, count and live) and, for a session started with a
+-- task's settings (session_task), is that task; and returns the row.  Marked in the
 -- statement that locked it: a lock and an update in two statements of
 -- PL/Python, each its own subtransaction, would make a MultiXact of every
 -- task.  NULL when the group has nothing due or no room, or when the launcher that
@@ -317,7 +318,7 @@ $$;
 CREATE FUNCTION pgtaskpy.claim_next_task(
     group_hash integer, launcher integer,
     session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL, session_remote text DEFAULT NULL,
-    session_count integer DEFAULT NULL, session_live interval DEFAULT NULL)
+    session_count integer DEFAULT NULL, session_live interval DEFAULT NULL, session_task bigint DEFAULT NULL)
 RETURNS @extschema@.task
 -- enable_sort off: read the group's waiting tasks in priority order from their
 -- index, even when the statistics of a table just filled say "one row".
@@ -371,6 +372,7 @@ BEGIN
     IF session_pid IS NOT NULL AND claimed.owner = session_owner
        AND claimed.remote IS NOT DISTINCT FROM session_remote  -- (hash of another group and remote)
        AND claimed.count = session_count AND claimed.live = session_live
+       AND (session_task IS NULL OR claimed.id = session_task)  -- (its settings are that task's)
        AND claimed.target IS NULL THEN  -- (workers offer only sessions here: a standby task opens its own)
         claimed := pgtaskpy.start_task(claimed.id, NULL, session_pid);
     ELSE
@@ -1052,7 +1054,8 @@ REVOKE ALL ON FUNCTION pgtaskpy.owner_to_start_ahead(double precision) FROM PUBL
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval, bigint)
+    FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;

@@ -57,6 +57,9 @@ COMMENT ON COLUMN @extschema@.task.sqlstate IS 'the SQLSTATE of a FAIL''s error'
 
 -- finish_task takes the error's SQLSTATE.
 DROP FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean);
+-- claim_next_task takes the task whose settings the offered session started
+-- with (a 1.2 worker's call, without it, finds the new one by its defaults).
+DROP FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval);
 -- Workflows: columns after, after_any, waiting_for, exclusive; the claim's
 -- indexes leave out tasks waiting for prerequisites; the edges table
 -- (sql/created_once/20_table.sql, 25_prerequisites.sql).  Existing tasks wait

@@ -29,3 +29,36 @@ def test_a_conninfo_gives_its_own_options_only():
         "host": "a,b", "port": "5433", "connect_timeout": "4"}
     with pytest.raises(libpq.MalformedConninfo, match='missing "=" after "port"'):
         libpq.conninfo_options("host=x port")
+
+
+def split_as_the_server_does(options):
+    """The server's reading of a startup packet's `options` (postinit.c, pg_split_opts): split at
+    whitespace, a backslash taking the next character as it is; then each `-c name=value`."""
+    words, word, escaped, started = [], [], False, False
+    for char in options + " ":
+        if char.isspace() and not escaped:
+            if started:
+                words.append("".join(word))
+            word, started = [], False
+            continue
+        started = True
+        if not escaped and char == "\\":
+            escaped = True
+            continue
+        escaped = False
+        word.append(char)
+    assert words[0::2] == ["-c"] * (len(words) // 2)
+    return dict(setting.split("=", 1) for setting in words[1::2])
+
+
+@pytest.mark.parametrize("group", ["reports", "it's \\ \"quoted\" = -c work_mem=64", "tab\tand\nnewline", " ", ""])
+def test_a_tasks_settings_go_in_its_startup_options_as_the_server_reads_them(group):
+    settings = {"pg_task.id": "7", "pg_task.group": group, "statement_timeout": "3600000ms"}
+    assert split_as_the_server_does(libpq.startup_options(settings)) == settings
+
+
+@pytest.mark.parametrize("group", ["ünïcode", "☃", "long " * 500])
+def test_settings_that_cannot_go_in_startup_options_are_refused(group):
+    """Not ASCII (the server reads these bytes in no client encoding), or too long for a startup
+    packet: the session is sent them instead."""
+    assert libpq.startup_options({"pg_task.id": "7", "pg_task.group": group}) is None
