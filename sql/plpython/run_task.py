@@ -129,7 +129,7 @@ class WorkerCall:
             task, kept = self.run_one(task, kept, go_on=time.monotonic() < chain_ends)
             if task is not None:
                 self.report["started"].append(task["id"])
-        self.sessions.drop_prepared_ahead()
+        self.sessions.worker_returns()
         kept = self.sessions.kept
         self.report["key"] = list(kept.key) if kept is not None else None
         self.report["ahead"] = len(self.sessions.ahead)

@@ -52,6 +52,13 @@ TASK_SETTINGS = ("pg_task.id", "pg_task.group", "pg_task.schema", "pg_task.table
 PREPARE_QUERY = "SELECT " + ", ".join(
     f"pg_catalog.set_config('{name}', ${number}, false)" for number, name in enumerate(TASK_SETTINGS, 1))
 
+# Longest a worker waits for the session started ahead for its group's next task to connect,
+# before that task's claim: a session ready at the claim takes the task straight to WORK, in the
+# transaction of the end before it; one still connecting costs a TAKE, a commit and another update
+# (with 8 groups on 2 cores, 77 % of the tasks before this wait).  The end it follows is
+# committed that much later; its stop is stamped already.
+NEXT_SESSION_WAIT = 0.05
+
 # Seconds between a waiting remote connect's calls of its on_wait (open_remote).
 CONNECT_WAIT_STEP = 0.05
 
@@ -144,11 +151,15 @@ class AheadSession:
         self.session = session
         self.prepared_for = prepared_for
 
-    def connected(self):
-        """Whether it has connected and is still open (not failed, nor ended by the server while it
-        waited: closed then); never waits."""
+    def connected(self, within=0.0):
+        """Whether it has connected, waiting up to `within` seconds for that, and is still open
+        (not failed, nor ended by the server while it waited: closed then)."""
+        deadline = time.monotonic() + within
         try:
-            return self.session.advance() and self.session.open_while_idle()
+            while not self.session.advance(max(0.0, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    return False
+            return self.session.open_while_idle()
         except ConnectError:
             return False
 
@@ -183,6 +194,9 @@ class TaskSessions:
         self.kept = None  # KeptSession
         self.ahead = []  # AheadSession, all of one owner, in the order they were started
         self.loopback = None  # this server's socket directory, port and database: read once
+        # (owner, login_fingerprint) read by the latest choice, for the sessions start_ahead
+        # starts next: read before they start, it is as good as a new read (one a task, not two).
+        self.chosen_with = None
 
     @classmethod
     def of_worker(cls, ctx):
@@ -218,12 +232,13 @@ class TaskSessions:
         if task["remote"] is not None or task["target"] is not None or reuses_sessions(task):
             return SessionChoice()
         ahead = self.ahead_for(task["owner"], None if next_of else task["id"])
-        if ahead is None or not ahead.connected():
+        if ahead is None or not ahead.connected(within=NEXT_SESSION_WAIT if next_of else 0.0):
             return SessionChoice()
         if early is not None and early[0] == task["owner"]:
             fingerprint = early[1]
         else:
             fingerprint = self.login_fingerprint(task["owner"])
+        self.chosen_with = (task["owner"], fingerprint)
         return SessionChoice(ahead=ahead, ready=ahead.fingerprint == fingerprint, fingerprint=fingerprint)
 
     def ahead_for(self, owner, task_id):
@@ -325,7 +340,8 @@ class TaskSessions:
         for entry in [entry for entry in self.ahead if entry.prepared_for not in known | {None}]:
             self.ahead.remove(entry)
             entry.session.close()
-        fingerprint = None
+        chosen_with, self.chosen_with = self.chosen_with, None
+        fingerprint = chosen_with[1] if chosen_with is not None and chosen_with[0] == owner else None
         for task in upcoming:
             if len(self.ahead) >= len(upcoming):
                 return
@@ -371,9 +387,11 @@ class TaskSessions:
                         continue  # a failed attempt ahead of need is no task's failure: open one now
             entry.session.close()
 
-    def drop_prepared_ahead(self):
-        """Close the sessions started ahead with a task's settings: a worker going back to its
-        launcher does not know which task it is given next, and they run no other."""
+    def worker_returns(self):
+        """The worker goes back to its launcher: close the sessions started ahead with a task's
+        settings (it does not know which task it is given next, and they run no other), and
+        forget the latest choice's login fingerprint (the next call's sessions read their own)."""
+        self.chosen_with = None
         for entry in [entry for entry in self.ahead if entry.prepared_for is not None]:
             self.ahead.remove(entry)
             entry.session.close()
