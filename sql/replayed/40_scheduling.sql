@@ -329,9 +329,11 @@ DECLARE
     running bigint;
     cap integer;
 BEGIN
-    IF launcher IS NOT NULL AND NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
-                                            WHERE a.application_name = pgtaskpy.name_of('launcher')) THEN
-        RETURN NULL;
+    IF launcher IS NOT NULL THEN  -- (apart: a condition with a subquery is a query run on every claim)
+        IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
+                       WHERE a.application_name = pgtaskpy.name_of('launcher')) THEN
+            RETURN NULL;
+        END IF;
     END IF;
     PERFORM pgtaskpy.lock_scheduling_shared();
     IF pgtaskpy.exclusive_gate() IS NOT NULL THEN  -- (an exclusive task due or running: see claim_due_tasks)
