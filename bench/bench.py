@@ -225,11 +225,15 @@ def floor(cluster, conn, launcher) -> dict:
     how many new sessions a second the server can start (pgbench -C), with the server's CPU
     time per session (its start, SELECT 1, its end; pgbench's own CPU not counted).
 
-    `bookkept_bound_of_new_sessions`: the most of `new_sessions_per_s` that any scheduler
-    can reach that runs each task in a new session and commits the task's claim and its end
-    (as the floor does: `bookkeeping_cpu_ms`), where the cores are the bound.  A session costs
-    the server `session_cpu_ms` and its client (pgbench here, a worker for a task)
-    `session_client_cpu_ms`; the bookkeeping adds its CPU to each."""
+    `settings_session_cpu_ms`: the same of a session that starts with a task's settings
+    (pg_task.id, pg_task.group, the task table's, statement_timeout: TASK_SETTINGS), which
+    every session of a task needs to show it what pg_task's show.  `least_task_cpu_ms`: the
+    least CPU any scheduler that runs each task in such a session can spend a task: that
+    session, its client's CPU (`session_client_cpu_ms`: pgbench here, a worker for a task) and
+    the least bookkeeping, a claim and an end committed (`bookkeeping_cpu_ms`).
+    `least_cpu_bound_of_new_sessions`: the most of `new_sessions_per_s` that this machine's
+    cores allow at that cost, beside which a scenario's `cpu_bound_of_new_sessions` (the same at
+    its own CPU cost a task) shows how much the scheduler adds."""
     conn.execute("CREATE TABLE floor_task (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN')")
     conn.execute("INSERT INTO floor_task (state) SELECT 'PLAN' FROM generate_series(1, 200000)")
     conn.execute("CREATE INDEX ON floor_task (id) WHERE state = 'PLAN'")
@@ -241,19 +245,34 @@ def floor(cluster, conn, launcher) -> dict:
         conn.execute("DROP TABLE floor_task")
         # A task without count/live runs in a backend of its own, as in pg_task: the
         # rate at which this server starts backends bounds serial and parallel.
+        sessions, session_ms, client_ms = new_sessions(cluster, conn, launcher, 3)
+        _, settings_ms, _ = new_sessions(cluster, conn, launcher, 3, task_settings(conn))
+    least_ms = settings_ms + client_ms + bookkeeping_ms
+    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions, "session_cpu_ms": round(session_ms, 3),
+            "settings_session_cpu_ms": round(settings_ms, 3), "session_client_cpu_ms": round(client_ms, 3),
+            "bookkeeping_cpu_ms": round(bookkeeping_ms, 3), "least_task_cpu_ms": round(least_ms, 3),
+            "least_cpu_bound_of_new_sessions": round(os.cpu_count() * 1000 / least_ms / sessions, 3)}
+
+
+def new_sessions(cluster, conn, launcher, seconds: int, options: str | None = None) -> tuple[float, float, float]:
+    """pgbench -C with one client running SELECT 1 (with the startup `options`, if any): new
+    sessions a second, and the CPU time a session costs the server and its client (ms)."""
+    with tempfile.TemporaryDirectory() as scripts:
+        script = Path(scripts) / "session.sql"
         script.write_text("SELECT 1;\n")
         cpu = server_cpu_seconds(conn, launcher)
         client_cpu = children_cpu_seconds()
-        seconds = 3
-        sessions = pgbench(cluster, script, seconds, "-C")
+        sessions = pgbench(cluster, script, seconds, "-C", env={"PGOPTIONS": options} if options else None)
         cpu = server_cpu_seconds(conn, launcher) - cpu
         client_cpu = children_cpu_seconds() - client_cpu
-    session_ms = 1000 * cpu / (sessions * seconds)
-    client_ms = 1000 * client_cpu / (sessions * seconds)
-    return {"tasks_per_s": tasks, "new_sessions_per_s": sessions, "session_cpu_ms": round(session_ms, 3),
-            "session_client_cpu_ms": round(client_ms, 3), "bookkeeping_cpu_ms": round(bookkeeping_ms, 3),
-            "bookkept_bound_of_new_sessions": round(
-                (session_ms + client_ms) / (session_ms + client_ms + bookkeeping_ms), 3)}
+    return sessions, 1000 * cpu / (sessions * seconds), 1000 * client_cpu / (sessions * seconds)
+
+
+def task_settings(conn) -> str:
+    """A task's settings (sql/plpython/sessions.py, TASK_SETTINGS) as its session's startup options."""
+    oid = conn.execute("SELECT 'task'::regclass::oid").fetchone()[0]
+    return (f"-c pg_task.id=1 -c pg_task.group=default -c pg_task.schema=public -c pg_task.table=task"
+            f" -c pg_task.oid={oid} -c statement_timeout=0ms")
 
 
 def bookkeeping_cpu_ms(conn, count: int = 3000) -> float:
@@ -277,12 +296,13 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def pgbench(cluster, script: Path, seconds: int, *flags: str) -> float:
-    """Transactions a second of one pgbench client running `script`."""
+def pgbench(cluster, script: Path, seconds: int, *flags: str, env: dict[str, str] | None = None) -> float:
+    """Transactions a second of one pgbench client running `script` (with `env` added to its
+    environment)."""
     result = subprocess.run(
         [str(PG_BIN / "pgbench"), "-n", "-c", "1", "-T", str(seconds), *flags, "-f", str(script),
          "-h", str(cluster.socket_dir), "-p", str(cluster.port), "-U", "postgres", "bench"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
     tps = [line for line in result.stdout.splitlines() if line.startswith("tps")]
     if not tps:
         raise TimedOut(f"pgbench failed: {result.stderr.strip()[:200]}")
@@ -970,7 +990,10 @@ SCENARIOS = {
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 # The scenarios of the start path, which a durable cluster changes most (each task commits).
 DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "reuse")
-# A new session a task, as in pg_task: measured beside pgbench -C (new_sessions_per_s).
+# A new session a task, as in pg_task: measured beside pgbench -C (new_sessions_per_s), run
+# just before and just after the scenario (new_sessions_beside_per_s, their mean): this
+# machine's pace changes from minute to minute, and the floor's, a minute earlier, moved a
+# scenario's ratio between 0.49 and 0.79 from one run to the next.
 NEW_SESSION_SCENARIOS = ("serial", "parallel")
 
 
@@ -1005,16 +1028,22 @@ def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> 
         if floor_tps and "tasks_per_s" in result and result["scenario"] != "floor":
             result["of_floor"] = round(result["tasks_per_s"] / floor_tps, 3)
         if sessions and result["scenario"] in NEW_SESSION_SCENARIOS and "tasks_per_s" in result:
-            result["of_new_sessions"] = round(result["tasks_per_s"] / sessions, 3)
+            beside = result.get("new_sessions_beside_per_s") or sessions
+            result["of_new_sessions"] = round(result["tasks_per_s"] / beside, 3)
             if result.get("task_cpu_ms"):
                 # The most tasks a second this machine's cores could run at this CPU cost a task,
                 # beside new_sessions_per_s: how near to it this way of running them can come.
                 most = os.cpu_count() * 1000 / result["task_cpu_ms"]
-                result["cpu_bound_of_new_sessions"] = round(most / sessions, 3)
+                result["cpu_bound_of_new_sessions"] = round(most / beside, 3)
     return results
 
 
 def run_scenario(name: str, cluster, conn, launcher) -> dict:
+    if name in NEW_SESSION_SCENARIOS:
+        before, _, _ = new_sessions(cluster, conn, launcher, 2)
+        result = SCENARIOS[name](conn, launcher)
+        after, _, _ = new_sessions(cluster, conn, launcher, 2)
+        return {**result, "new_sessions_beside_per_s": round((before + after) / 2, 1)}
     if name == "latency":
         return latency_with_floor(cluster, conn)
     if name == "idle":
