@@ -521,8 +521,15 @@ def burst(count: int = 200, sleep: float = 3.0, max_connections: int | None = No
                 lags = [float(row[0]) for row in conn.execute(
                     "SELECT extract(epoch FROM start - plan) * 1000 FROM task WHERE state = 'DONE'")]
                 most = most_at_once(conn.execute("SELECT start, stop FROM task WHERE state = 'DONE'").fetchall())
+                # Every task of a burst ends DONE: what else happened is printed, not averaged away.
+                not_done = conn.execute(
+                    "SELECT state::text, count(*), min(id), left(min(error), 500) FROM task WHERE state <> 'DONE'"
+                    " GROUP BY state").fetchall()
         finally:
             launcher.stop()
+    if not_done:
+        print(f"burst of {count}: tasks that did not end DONE (state, how many, first id, an error): {not_done}"
+              f"\nthe launcher's log, its end:\n{launcher.output()[-4000:]}", flush=True)
     return {"tasks": count, "done": len(lags), "start_lag_median_ms": round(statistics.median(lags), 1),
             "start_lag_p95_ms": round(percentile(lags, 0.95), 1), "start_lag_last_ms": round(max(lags), 1),
             "most_at_once": most, "open_sessions_ms": round(1000 * sessions_s, 1),
