@@ -120,6 +120,23 @@ def test_a_task_sees_itself_however_its_session_started(running):
     check_all()
 
 
+def test_a_task_changed_while_its_session_waits_ahead_sees_its_new_settings(running):
+    """The session of a group's next task starts while the task before it runs, with the
+    task's settings of that moment; a timeout the task's author changes meanwhile is the one
+    the task runs with."""
+    first = running.insert("SELECT pg_sleep(2)", group="ahead", delete=False)
+    second = running.insert("SELECT current_setting('statement_timeout')", group="ahead", timeout="7 s",
+                            delete=False)
+    started = wait_until(lambda: running.value("SELECT start FROM task WHERE id = %s AND state = 'WORK'", [first]),
+                         message="the first task to run")
+    wait_until(lambda: running.value(  # the worker starts the second's session as soon as the first runs
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle'"
+        " AND application_name = 'pg_task_py task' AND backend_start > %s", [started]),
+        message="the next task's session to start ahead")
+    running.sql("UPDATE task SET timeout = '9 s' WHERE id = %s", [second])
+    assert running.wait_done(second)["output"] == "9s"
+
+
 def test_a_task_sees_the_task_table_as_in_pg_task(shared):
     row = shared.wait_done(shared.insert(
         "SELECT current_setting('pg_task.schema'), current_setting('pg_task.table'),"

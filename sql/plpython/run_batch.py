@@ -42,12 +42,13 @@ class Running:
     """One task of the batch and its session, on its way: connecting, then (unless it started
     with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
-    __slots__ = ("task", "session", "prepared", "reader", "started", "error", "sqlstate")
+    __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate")
 
-    def __init__(self, task, session, prepared):
+    def __init__(self, task, session, settings):
         self.task = task
         self.session = session
-        self.prepared = prepared  # started with its task's settings
+        self.settings = settings  # the task settings it started with, if any
+        self.preparing = False  # the answer to send_prepare is still to read
         self.reader = None  # InputResults, once the input is sent
         self.started = None  # monotonic time of its WORK
         self.error = self.sqlstate = None  # the session's failure before the input ran
@@ -77,9 +78,11 @@ class BatchCall:
         keywords = self.call.sessions.loopback_keywords
         running = []
         for task in tasks:
-            options = startup_options(task_settings(self.ctx, task))
+            settings = task_settings(self.ctx, task)
+            options = startup_options(settings)
             try:
-                running.append(Running(task, Session(keywords(task["owner"], options), wait=False), bool(options)))
+                running.append(Running(task, Session(keywords(task["owner"], options), wait=False),
+                                       settings if options else None))
             except ConnectError as exc:
                 self.call.session_failed(task, exc)
         try:
@@ -144,8 +147,7 @@ class BatchCall:
                 entry.session.close()  # stopped meanwhile: not this worker's to run any more
                 continue
             try:
-                if not entry.prepared:
-                    send_prepare(self.ctx, entry.session, entry.task)
+                entry.preparing = send_prepare(self.ctx, entry.session, entry.task, entry.settings)
             except ConnectError as exc:
                 entry.session.close()
                 self.call.session_failed(entry.task, exc)
@@ -154,7 +156,7 @@ class BatchCall:
             started.append(entry)
         self.ctx.commit()
         for entry in started:
-            if entry.prepared:
+            if not entry.preparing:
                 self.send_input(entry)
 
     def read_prepared(self, entry):

@@ -159,8 +159,7 @@ class WorkerCall:
             if kept is None:
                 return None, None
         try:
-            if kept.prepared_for != task["id"]:
-                send_prepare(self.ctx, kept.session, task)
+            send_prepare(self.ctx, kept.session, task, kept.settings)
         except ConnectError as exc:
             self.session_failed(task, exc)
             return None, None

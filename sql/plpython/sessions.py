@@ -95,23 +95,29 @@ def task_settings(ctx, task):
                                     f"{int(task['timeout_s'] * 1000)}ms")))
 
 
-def send_prepare(ctx, session, task):
-    """Send the task's settings to a session that did not start with them (one started ahead
-    of knowing its task, or that ran another).  Only sent: the answer is read (session.collect)
-    after the WORK commit it overlaps."""
-    session.send(PREPARE_QUERY, list(task_settings(ctx, task).values()))
+def send_prepare(ctx, session, task, started_with=None):
+    """Send the task's settings to a session that did not start with them: one started ahead
+    of knowing its task, one that ran another, or one started with the task's settings of
+    an earlier moment (`started_with`: its author changed the task's timeout since); whether
+    it sent them.  Only sent: the answer is read (session.collect) after the WORK commit it
+    overlaps."""
+    settings = task_settings(ctx, task)
+    if settings == started_with:
+        return False
+    session.send(PREPARE_QUERY, list(settings.values()))
+    return True
 
 
 class KeptSession:
     """The session a task runs or ran in, kept for the next task of its owner, remote and group."""
 
-    __slots__ = ("key", "session", "runs", "born", "resetting", "target", "prepared_for")
+    __slots__ = ("key", "session", "runs", "born", "resetting", "target", "settings")
 
-    def __init__(self, key, session, target=None, prepared_for=None):
+    def __init__(self, key, session, target=None, settings=None):
         self.key = key
         self.session = session
         self.target = target  # the target of the task it was opened for
-        self.prepared_for = prepared_for  # the id of the task whose settings it started with
+        self.settings = settings  # the task settings it started with (task_settings), if any
         self.runs = 0  # tasks run in it
         self.born = time.monotonic()
         self.resetting = False  # a reset is sent and its answer not read yet
@@ -140,16 +146,21 @@ class KeptSession:
 
 class AheadSession:
     """A new session of `owner`, started before a task needed it, with the owner's
-    login_fingerprint of that moment; `prepared_for`: the id of the task whose settings it
-    started with, when that task was known (a group's next due task), else None."""
+    login_fingerprint of that moment; `settings`: the task settings it started with
+    (task_settings), when its task was known (a group's next due task), else None."""
 
-    __slots__ = ("owner", "fingerprint", "session", "prepared_for")
+    __slots__ = ("owner", "fingerprint", "session", "settings")
 
-    def __init__(self, owner, fingerprint, session, prepared_for=None):
+    def __init__(self, owner, fingerprint, session, settings=None):
         self.owner = owner
         self.fingerprint = fingerprint
         self.session = session
-        self.prepared_for = prepared_for
+        self.settings = settings
+
+    @property
+    def prepared_for(self):
+        """The id of the task whose settings it started with, or None."""
+        return int(self.settings["pg_task.id"]) if self.settings is not None else None
 
     def connected(self, within=0.0):
         """Whether it has connected, waiting up to `within` seconds for that, and is still open
@@ -269,29 +280,30 @@ class TaskSessions:
         if choice.kept is not None and choice.kept.reset_done():
             return choice.kept
         self.close_kept()
-        prepared_for = None
+        settings = None
         if task["remote"] is not None:
             session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
             session = self.open_standby(task["owner"]) or self.open_local(task["owner"])
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
-            session, prepared_for = choice.ahead.session, choice.ahead.prepared_for
+            session, settings = choice.ahead.session, choice.ahead.settings
         else:
             ahead = self.take_ahead(task, choice.fingerprint)
             if ahead is not None:
-                session, prepared_for = ahead.session, ahead.prepared_for
+                session, settings = ahead.session, ahead.settings
             else:
-                session, prepared_for = self.open_for(task)
-        self.kept = KeptSession(session_key(task), session, task["target"], prepared_for)
+                session, settings = self.open_for(task)
+        self.kept = KeptSession(session_key(task), session, task["target"], settings)
         return self.kept
 
     def open_for(self, task):
-        """A new session of the local task's owner, waited for, and the id of the task whose
-        settings it started with: this one's, unless its session may run others (`count`/`live`:
-        a RESET in those would bring this task's settings back)."""
-        options = None if reuses_sessions(task) else startup_options(task_settings(self.ctx, task))
-        return self.open_local(task["owner"], options), task["id"] if options else None
+        """A new session of the local task's owner, waited for, and the task settings it started
+        with: this one's, unless its session may run others (`count`/`live`: a RESET in those
+        would bring this task's settings back)."""
+        settings = None if reuses_sessions(task) else task_settings(self.ctx, task)
+        options = startup_options(settings) if settings is not None else None
+        return self.open_local(task["owner"], options), settings if options else None
 
     def release(self, task):
         """The task in the kept session has ended: keep the session for the group's next
@@ -348,13 +360,14 @@ class TaskSessions:
             if task is not None and any(entry.prepared_for == task["id"] for entry in self.ahead):
                 continue
             fingerprint = fingerprint or self.login_fingerprint(owner)
-            options = startup_options(task_settings(self.ctx, task)) if task is not None else None
+            settings = task_settings(self.ctx, task) if task is not None else None
+            options = startup_options(settings) if settings is not None else None
             try:
                 session = Session(self.loopback_keywords(owner, options), wait=False)
                 session.advance()  # sends the startup packet: the server starts the backend now
             except ConnectError:
                 return  # the next task opens its own, and reports what goes wrong
-            self.ahead.append(AheadSession(owner, fingerprint, session, task["id"] if options else None))
+            self.ahead.append(AheadSession(owner, fingerprint, session, settings if options else None))
 
     def advance_ahead(self):
         """Take the sessions being started ahead a step on, without waiting."""
