@@ -23,18 +23,11 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
-    from libpq import (
-        PG_DIAG_MESSAGE_PRIMARY,
-        PG_DIAG_SQLSTATE,
-        PGRES_FATAL_ERROR,
-        ConnectError,
-        Session,
-        startup_options,
-    )
+    from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
     from output import OutputTooLarge, format_message
     from plans import Context, replan_after_growth
     from run_task import INTERRUPT_EVERY, LOST_RUN, WorkerCall
-    from sessions import TaskSessions, send_prepare, task_settings
+    from sessions import TaskSessions, send_prepare, settings_at_start
     from task_rows import start_task, take_tasks, wake_launchers
 
 
@@ -78,11 +71,9 @@ class BatchCall:
         keywords = self.call.sessions.loopback_keywords
         running = []
         for task in tasks:
-            settings = task_settings(self.ctx, task)
-            options = startup_options(settings)
+            settings, options = settings_at_start(self.ctx, task)
             try:
-                running.append(Running(task, Session(keywords(task["owner"], options), wait=False),
-                                       settings if options else None))
+                running.append(Running(task, Session(keywords(task["owner"], options), wait=False), settings))
             except ConnectError as exc:
                 self.call.session_failed(task, exc)
         try:

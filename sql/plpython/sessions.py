@@ -95,6 +95,14 @@ def task_settings(ctx, task):
                                     f"{int(task['timeout_s'] * 1000)}ms")))
 
 
+def settings_at_start(ctx, task):
+    """The task's settings (task_settings) and the startup options that carry them, for a new
+    session of the task; (None, None) when they cannot go there (startup_options)."""
+    settings = task_settings(ctx, task)
+    options = startup_options(settings)
+    return (settings, options) if options else (None, None)
+
+
 def send_prepare(ctx, session, task, started_with=None):
     """Send the task's settings to a session that did not start with them: one started ahead
     of knowing its task, one that ran another, or one started with the task's settings of
@@ -301,9 +309,8 @@ class TaskSessions:
         """A new session of the local task's owner, waited for, and the task settings it started
         with: this one's, unless its session may run others (`count`/`live`: a RESET in those
         would bring this task's settings back)."""
-        settings = None if reuses_sessions(task) else task_settings(self.ctx, task)
-        options = startup_options(settings) if settings is not None else None
-        return self.open_local(task["owner"], options), settings if options else None
+        settings, options = (None, None) if reuses_sessions(task) else settings_at_start(self.ctx, task)
+        return self.open_local(task["owner"], options), settings
 
     def release(self, task):
         """The task in the kept session has ended: keep the session for the group's next
@@ -360,14 +367,13 @@ class TaskSessions:
             if task is not None and any(entry.prepared_for == task["id"] for entry in self.ahead):
                 continue
             fingerprint = fingerprint or self.login_fingerprint(owner)
-            settings = task_settings(self.ctx, task) if task is not None else None
-            options = startup_options(settings) if settings is not None else None
+            settings, options = settings_at_start(self.ctx, task) if task is not None else (None, None)
             try:
                 session = Session(self.loopback_keywords(owner, options), wait=False)
                 session.advance()  # sends the startup packet: the server starts the backend now
             except ConnectError:
                 return  # the next task opens its own, and reports what goes wrong
-            self.ahead.append(AheadSession(owner, fingerprint, session, settings if options else None))
+            self.ahead.append(AheadSession(owner, fingerprint, session, settings))
 
     def advance_ahead(self):
         """Take the sessions being started ahead a step on, without waiting."""
