@@ -8,7 +8,7 @@ N running tasks then hold N task sessions and N / TASKS_A_WORKER workers, not
 2N backends, and the burst waits for a few worker connections, not N.
 
 The worker opens every task's session at once (libpq's asynchronous connect),
-each with its task's settings (sessions.task_settings), and waits on all their
+each with its task's settings (sessions.settings_at_start), and waits on all their
 sockets together.  Each task goes the way a task of run_task goes: WORK
 committed with its session's pid before its input is sent, the input sent as
 one top-level query, its end committed as soon as
