@@ -68,6 +68,9 @@ def test_empty_setting_and_any_search_path_give_the_default(db):
     db.sql("CREATE SCHEMA lookalike")
     db.sql("CREATE FUNCTION lookalike.never(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT false'")
     db.sql("CREATE OPERATOR lookalike.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = lookalike.never)")
+    db.sql("CREATE OPERATOR lookalike.= (LEFTARG = text, RIGHTARG = text, FUNCTION = lookalike.never)")
+    db.sql("CREATE FUNCTION lookalike.other(text, text) RETURNS text LANGUAGE sql AS $$SELECT 'pg_task.timeout'$$")
+    db.sql("CREATE OPERATOR lookalike.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = lookalike.other)")
     db.sql("SET pg_task.max = ''")
     db.sql("SET pg_task.timeout = '7 s'")
     for search_path in ("''", "lookalike, pg_catalog"):
