@@ -149,3 +149,30 @@ def test_tasks_due_together_hold_their_sessions_and_workers_and_no_more(running)
     assert backends <= 2 * 20 + 4, f"{backends} backends for 20 running tasks"
     running.wait_all_done(30)
     assert running.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 20
+
+
+def test_a_burst_whose_tasks_end_at_the_same_moment_ends_every_task_done():
+    """300 tasks in 300 groups that all end at the same instant, in three workers of 100: each
+    worker writes the ends it reads together, and every end locks its task's key of the
+    prerequisite locks (its dependents, sql/replayed/47_workflows.sql).  Ends written in one
+    transaction took several of those keys in no common order, two workers deadlocked, and the
+    loser's CALL failed: its tasks, which had all run, ended FAIL, `pg_task_py worker failed:
+    deadlock detected` (1,000 tasks in `make bench`: 656 of them)."""
+    with throwaway_cluster({"max_connections": "400"}) as cluster:
+        cluster.create_database("together")
+        launcher = Launcher(cluster.dsn("together")).start()
+        try:
+            launcher.wait_active()
+            with psycopg.connect(cluster.dsn("together"), autocommit=True) as conn:
+                for _ in range(2):  # each round's ends meet in other orders
+                    conn.execute("DELETE FROM task")
+                    conn.execute("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"
+                                 " format('SELECT pg_sleep_until(%L)', clock_timestamp() + interval '4 s'), false"
+                                 " FROM generate_series(1, 300) AS i")
+                    wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM task"
+                                                    " WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0],
+                               90, 0.1, "the 300 tasks ended")
+                    ended = conn.execute("SELECT state::text, count(*), min(error) FROM task GROUP BY 1").fetchall()
+                    assert ended == [("DONE", 300, None)], ended
+        finally:
+            assert launcher.stop() == 0

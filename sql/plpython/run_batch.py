@@ -12,8 +12,8 @@ each with its task's settings (sessions.settings_at_start), and waits on all the
 sockets together.  Each task goes the way a task of run_task goes: WORK
 committed with its session's pid before its input is sent, the input sent as
 one top-level query, its end committed as soon as
-its last result is read (with the other ends of that moment).  It does not go
-on with its group's next task: its end wakes the launchers, which claim it.
+its last result is read, in a transaction of its own.  It does not go on with
+its group's next task: its end wakes the launchers, which claim it.
 """
 
 import json
@@ -102,8 +102,6 @@ class BatchCall:
             if time.monotonic() >= served + INTERRUPT_EVERY:
                 self.call.serve_interrupts(*(entry.session for entry in running))
                 served = time.monotonic()
-            else:
-                self.ctx.commit()  # the ends (and their wake) of this round
 
     def ready(self, running):
         """The tasks whose session has something to read (or, connecting, to write)."""
@@ -186,9 +184,15 @@ class BatchCall:
             self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
 
     def end(self, entry, output, error, sqlstate, notices):
-        """The task's end, written (committed with the round's other ends); its session closes."""
+        """The task's end, committed on its own; its session closes.
+
+        Not with the other ends of the moment: each end locks its task's key of the prerequisite
+        locks (pgtaskpy.lock_prerequisite), and ends written together took several keys in no
+        order another worker's shared; two workers deadlocked, and the tasks of the loser's call,
+        which had run, ended FAIL (656 of 1,000 ending together; test_burst.py)."""
         entry.session.close()
         self.call.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True)
+        self.ctx.commit()
 
 
 def main(plpy, GD, SD, task_ids, claimer):
