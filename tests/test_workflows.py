@@ -396,3 +396,25 @@ def check_dependencies(conn) -> None:
     ran = conn.execute("SELECT count(*) FROM task WHERE after IS NOT NULL AND state IN ('DONE', 'FAIL')").fetchone()[0]
     assert ran > 0
     print(f"\nchaos with dependencies: {conn.execute('SELECT state::text, count(*) FROM task GROUP BY 1').fetchall()}")
+
+
+def test_a_task_whose_end_loses_a_deadlock_still_ends_done(running):
+    """A transaction that holds a task's key of the prerequisite locks (an INSERT of a task `after`
+    it takes the key shared) and then updates the task's row, while the task ends: its worker's
+    end holds the row and waits for the key, the other waits for the row.  The server breaks the
+    cycle by failing one of them; when it failed the worker's end, the worker's call failed, and
+    the task, which had run, ended FAIL (`pg_task_py worker failed: ERROR:  deadlock detected`).
+    The end is tried again instead (the deadlock rolled back what it had locked)."""
+    task = running.insert("SELECT pg_sleep(1)", group="ending", delete=False)
+    wait_until(lambda: running.task(task)["state"] == "WORK", 20, 0.02, "the task running")
+    worker = running.value("SELECT worker FROM task WHERE id = %s", [task])
+    with running.connect() as other:
+        other.execute("SET deadlock_timeout = '30s'")  # the worker, waiting first, finds the cycle
+        other.execute("BEGIN")
+        other.execute("SELECT pgtaskpy.lock_prerequisite(%s)", [task])
+        wait_until(lambda: running.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [worker])
+                   == "advisory", 20, 0.01, "the task's end to wait for its key")
+        other.execute("UPDATE task SET data = 'touched' WHERE id = %s", [task])  # waits until the worker loses
+        other.execute("COMMIT")
+    row = running.wait_done(task)
+    assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row

@@ -6,6 +6,7 @@ backend.  None commits: the worker decides when (run_task.py).
 import time
 
 LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
+DEADLOCK_ATTEMPTS = 3  # most tries of a task's end that the server fails to break a deadlock
 
 # What a worker reads of the task it runs, from the row it took or claimed.
 TASK_COLUMNS = (
@@ -60,14 +61,26 @@ def start_task(ctx, task, session_pid):
 def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None):
     """Record the task's end (its retry or next run follows in the same transaction); its end
     state (FAIL when what follows it failed), or None if it had ended already (recovered by a
-    launcher)."""
-    return ctx.run(
-        "finish",
-        "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6,"
-        " task_sqlstate => $7)::text AS s",
-        ["bigint", "text", "text", "text", "text", "boolean", "text"],
-        [task_id, state, output, error, notices, wake, sqlstate],
-    )[0]["s"]
+    launcher).
+
+    Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
+    then its key of the prerequisite locks, and a client's transaction may hold that key (an
+    INSERT of a task `after` it) and wait for the row.  The failed statement's subtransaction
+    (PL/Python's, around each statement) is rolled back with what it locked: the other goes on,
+    and the end waits for it.  Failing the worker's call instead ended FAIL every task it ran,
+    which had run."""
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            return ctx.run(
+                "finish",
+                "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6,"
+                " task_sqlstate => $7)::text AS s",
+                ["bigint", "text", "text", "text", "text", "boolean", "text"],
+                [task_id, state, output, error, notices, wake, sqlstate],
+            )[0]["s"]
+        except ctx.plpy.spiexceptions.DeadlockDetected:
+            if attempt == DEADLOCK_ATTEMPTS:
+                raise
 
 
 def retry_of(ctx, task_id):
