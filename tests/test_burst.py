@@ -3,6 +3,9 @@ to a few workers, up to 100 a worker (dispatch.py, TASKS_A_WORKER), which run th
 (pgtaskpy.run_tasks): a running task holds its session and a share of a worker, not a worker of
 its own.  Each task behaves as it does alone."""
 
+import contextlib
+from collections.abc import Iterator
+
 import psycopg
 from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
 
@@ -12,6 +15,21 @@ WORKERS = ("SELECT count(*) FROM pg_stat_activity"
 
 def working(db):
     return db.value("SELECT count(*) FROM task WHERE state = 'WORK'")
+
+
+@contextlib.contextmanager
+def launcher_on_cluster_of(settings: dict[str, str], name: str) -> Iterator[tuple[Launcher, psycopg.Connection]]:
+    """A launcher on database `name` of a throw-away cluster with `settings`, and an autocommit
+    connection to it; the launcher must stop cleanly."""
+    with throwaway_cluster(settings) as cluster:
+        cluster.create_database(name)
+        launcher = Launcher(cluster.dsn(name)).start()
+        try:
+            launcher.wait_active()
+            with psycopg.connect(cluster.dsn(name), autocommit=True) as conn:
+                yield launcher, conn
+        finally:
+            assert launcher.stop() == 0
 
 
 def test_a_burst_runs_side_by_side_in_a_few_workers(running):
@@ -113,28 +131,21 @@ def test_a_launcher_holds_no_more_workers_than_its_files_allow():
     """Tasks that each need a worker of their own (here `count`) beyond what the launcher's
     session can hold (a third of max_files_per_process, less a margin: 20 workers here) wait
     for a worker instead of failing the launcher's connections or its waits."""
-    with throwaway_cluster({"max_files_per_process": "150"}) as cluster:
-        cluster.create_database("files")
-        launcher = Launcher(cluster.dsn("files")).start()
-        try:
-            launcher.wait_active()
-            with psycopg.connect(cluster.dsn("files"), autocommit=True) as conn:
-                conn.execute("INSERT INTO task (\"group\", count, input, delete)"
-                             " SELECT 'g' || i, 2, 'SELECT pg_sleep(0.5)', false FROM generate_series(1, 40) AS i")
-                seen = []
+    with launcher_on_cluster_of({"max_files_per_process": "150"}, "files") as (launcher, conn):
+        conn.execute("INSERT INTO task (\"group\", count, input, delete)"
+                     " SELECT 'g' || i, 2, 'SELECT pg_sleep(0.5)', false FROM generate_series(1, 40) AS i")
+        seen = []
 
-                def all_ended() -> bool:
-                    seen.append(conn.execute(WORKERS).fetchone()[0])
-                    return conn.execute("SELECT count(*) = 0 FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
-                                        ).fetchone()[0]
+        def all_ended() -> bool:
+            seen.append(conn.execute(WORKERS).fetchone()[0])
+            return conn.execute("SELECT count(*) = 0 FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+                                ).fetchone()[0]
 
-                wait_until(all_ended, 60, 0.05, "the 40 tasks done")
-                assert 2 <= max(seen) <= 20, seen
-                assert conn.execute("SELECT state::text, count(*) FROM task GROUP BY 1").fetchall() == [("DONE", 40)]
-        finally:
-            assert launcher.stop() == 0
-        output = launcher.output()
-        assert "Too many open files" not in output and "too many open files" not in output, output[-3000:]
+        wait_until(all_ended, 60, 0.05, "the 40 tasks done")
+        assert 2 <= max(seen) <= 20, seen
+        assert conn.execute("SELECT state::text, count(*) FROM task GROUP BY 1").fetchall() == [("DONE", 40)]
+    output = launcher.output()
+    assert "Too many open files" not in output and "too many open files" not in output, output[-3000:]
 
 
 def test_tasks_due_together_hold_their_sessions_and_workers_and_no_more(running):
@@ -152,27 +163,20 @@ def test_tasks_due_together_hold_their_sessions_and_workers_and_no_more(running)
 
 
 def test_a_burst_whose_tasks_end_at_the_same_moment_ends_every_task_done():
-    """300 tasks in 300 groups that all end at the same instant, in three workers of 100: each
-    worker writes the ends it reads together, and every end locks its task's key of the
-    prerequisite locks (its dependents, sql/replayed/47_workflows.sql).  Ends written in one
-    transaction took several of those keys in no common order, two workers deadlocked, and the
-    loser's CALL failed: its tasks, which had all run, ended FAIL, `pg_task_py worker failed:
-    deadlock detected` (1,000 tasks in `make bench`: 656 of them)."""
-    with throwaway_cluster({"max_connections": "400"}) as cluster:
-        cluster.create_database("together")
-        launcher = Launcher(cluster.dsn("together")).start()
-        try:
-            launcher.wait_active()
-            with psycopg.connect(cluster.dsn("together"), autocommit=True) as conn:
-                for _ in range(2):  # each round's ends meet in other orders
-                    conn.execute("DELETE FROM task")
-                    conn.execute("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"
-                                 " format('SELECT pg_sleep_until(%L)', clock_timestamp() + interval '4 s'), false"
-                                 " FROM generate_series(1, 300) AS i")
-                    wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM task"
-                                                    " WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0],
-                               90, 0.1, "the 300 tasks ended")
-                    ended = conn.execute("SELECT state::text, count(*), min(error) FROM task GROUP BY 1").fetchall()
-                    assert ended == [("DONE", 300, None)], ended
-        finally:
-            assert launcher.stop() == 0
+    """300 tasks in 300 groups that all end at the same instant, in three workers of 100.  Every
+    end locks its task's key of the prerequisite locks (its dependents,
+    sql/replayed/47_workflows.sql); a worker that wrote the ends it read together, in one
+    transaction, took several of those keys in no order another worker shared, two workers
+    deadlocked, and the loser's CALL failed: its tasks, which had all run, ended FAIL,
+    `pg_task_py worker failed: deadlock detected` (1,000 tasks in `make bench`: 656 of them)."""
+    with launcher_on_cluster_of({"max_connections": "400"}, "together") as (_, conn):
+        for _ in range(2):  # each round's ends meet in other orders
+            conn.execute("DELETE FROM task")
+            conn.execute("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"
+                         " format('SELECT pg_sleep_until(%L)', clock_timestamp() + interval '4 s'), false"
+                         " FROM generate_series(1, 300) AS i")
+            wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM task"
+                                            " WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0],
+                       90, 0.1, "the 300 tasks ended")
+            ended = conn.execute("SELECT state::text, count(*), min(error) FROM task GROUP BY 1").fetchall()
+            assert ended == [("DONE", 300, None)], ended
