@@ -1,8 +1,15 @@
 -- Column defaults come from pg_task.<column> settings (SET, ALTER ROLE/DATABASE ... SET,
 -- postgresql.conf), read when a row is inserted; a bad value names the setting.
+
+-- Plain SQL without SET, every name and operator qualified (NULLIF would look `=` up on the
+-- caller's search_path), so that the planner inlines it, and setting_default with it.
 CREATE FUNCTION pgtaskpy.setting(name text) RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-AS $$ SELECT NULLIF(current_setting('pg_task.' || name, true), '') $$;
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN pg_catalog.current_setting('pg_task.' OPERATOR(pg_catalog.||) name, true) OPERATOR(pg_catalog.=) ''
+                THEN NULL
+                ELSE pg_catalog.current_setting('pg_task.' OPERATOR(pg_catalog.||) name, true) END
+$$;
 
 CREATE FUNCTION pgtaskpy.invalid_setting(name text, type text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -30,16 +37,12 @@ EXCEPTION WHEN data_exception THEN
 END
 $$;
 
--- Plain SQL without SET, every name qualified, so that the planner inlines it into the
--- table's column defaults: a row's 21 defaults cost no function call while their
--- settings are unset.  As PL/pgSQL with SET search_path, each was a call and a save and
--- restore of the setting: an insert of 20,000 rows took 0.13 ms a row, not 0.04, and a
--- lone insert 0.5 ms, not 0.35 (bench/RESULTS.md).
+-- Inlined into the table's column defaults (setting above): a row's 21 defaults cost no
+-- function call while their settings are unset.  As PL/pgSQL with SET search_path, each was
+-- a call and a save and restore of the setting: an insert of 20,000 rows took 0.13 ms a
+-- row, not 0.04, and a lone insert 0.5 ms, not 0.35 (bench/RESULTS.md).
 CREATE FUNCTION pgtaskpy.setting_default(name text, fallback anyelement) RETURNS anyelement
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE WHEN pg_catalog.current_setting('pg_task.' OPERATOR(pg_catalog.||) name, true) IS NULL
-                  OR pg_catalog.current_setting('pg_task.' OPERATOR(pg_catalog.||) name, true) OPERATOR(pg_catalog.=) ''
-                THEN fallback
-                ELSE pgtaskpy.cast_setting(name, fallback) END
+    SELECT CASE WHEN pgtaskpy.setting(name) IS NULL THEN fallback ELSE pgtaskpy.cast_setting(name, fallback) END
 $$;
