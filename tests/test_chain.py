@@ -79,3 +79,24 @@ def test_a_session_started_with_a_tasks_settings_is_offered_only_to_that_task(db
         assert db.sql(offer, [group_hash, first]) == [(first, "WORK")]
     with db.conn.transaction(force_rollback=True):  # started for another
         assert db.sql(offer, [group_hash, second]) == [(first, "TAKE")]
+
+
+def test_the_sessions_worth_starting_ahead_are_read_in_claim_order_without_reading_the_group(db):
+    """pgtaskpy.upcoming_in_group, the tasks whose sessions a worker going on with its group
+    starts ahead: the group's due tasks in the order its claims take them (higher max first),
+    none planned ahead, and read from the group's priority index, not the whole group read and
+    sorted (which statistics taken before the group filled led to: 1,000 rows read a task)."""
+    db.sql("ANALYZE task")  # (empty: the statistics of a table that has just been filled)
+    db.sql("INSERT INTO task (\"group\", input, max) SELECT 'upcoming', 'SELECT 1', 0 FROM generate_series(1, 1000)")
+    late = db.value("INSERT INTO task (\"group\", input, max) VALUES ('upcoming', 'SELECT 2', 3) RETURNING id")
+    db.sql("INSERT INTO task (\"group\", input, max, plan) VALUES ('upcoming', 'SELECT 3', 9, now() + interval '1 hour')")
+    first = db.value("SELECT min(id) FROM task WHERE \"group\" = 'upcoming'")
+    group_hash = db.value("SELECT hash FROM task WHERE id = %s", [first])
+    fetched = ("SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
+               " WHERE relid = 'task'::regclass")
+    with db.conn.transaction(force_rollback=True):
+        before = db.value(fetched)
+        upcoming = db.sql("SELECT id, \"group\", max FROM pgtaskpy.upcoming_in_group(%s, 2, 0)", [group_hash])
+        read = db.value(fetched) - before
+    assert upcoming == [(late, "upcoming", 3), (first, "upcoming", 0)]
+    assert read <= 10, f"{read} rows of the task table read for 2 upcoming tasks"

@@ -123,26 +123,11 @@ def claim_next_task(ctx, task, launcher, session_pid, session_task=None):
 
 
 def upcoming_in_group(ctx, task, most):
-    """The tasks of the running task's group that are due now, in the order the group's claims
-    take them, then those due once it ends (in a chain, the steps between: each waits for the one
-    before alone), up to `most`, with what their sessions start with (id, group, timeout_s) and
-    their max: the sessions worth starting ahead for a worker going on with the group."""
-    return ctx.run(
-        "upcoming_in_group",
-        "(SELECT id, \"group\", extract(epoch FROM timeout)::float8 AS timeout_s, max FROM {ext}.task"
-        "  WHERE state = 'PLAN' AND waiting_for = 0 AND hash = $1 AND plan <= now()"
-        "  ORDER BY max DESC, id LIMIT $2)"
-        " UNION ALL"
-        " (WITH RECURSIVE later (id, steps) AS ("
-        "   SELECT e.dependent, 1 FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = $3"
-        "   UNION ALL"
-        "   SELECT e.dependent, l.steps + 1 FROM later AS l"
-        "   JOIN pgtaskpy.pending_prerequisite AS e ON e.prerequisite = l.id WHERE l.steps < $2)"
-        "  SELECT t.id, t.\"group\", extract(epoch FROM t.timeout)::float8, t.max FROM later AS l JOIN {ext}.task AS t"
-        "  ON t.id = l.id WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = $1 AND t.plan <= now()"
-        "  ORDER BY l.steps, t.id)"
-        " LIMIT $2",
-        ["integer", "integer", "bigint"], [task["hash"], most, task["id"]])
+    """The tasks of the running task's group whose sessions are worth starting ahead for a worker
+    going on with the group, up to `most` (pgtaskpy.upcoming_in_group), with what their sessions
+    start with (id, group, timeout_s) and their max."""
+    return ctx.run("upcoming_in_group", "SELECT * FROM pgtaskpy.upcoming_in_group($1, $2, $3)",
+                   ["integer", "integer", "bigint"], [task["hash"], most, task["id"]])
 
 
 def unclaim_task(ctx, task_id):

@@ -385,6 +385,37 @@ BEGIN
 END
 $$;
 
+-- The tasks of a running task's group that are due now, in the order its
+-- group's claims take them (claim_next_task), then those due once it ends (in
+-- a chain, the steps between: each waits for the one before alone), up to
+-- `most`: those whose sessions a worker going on with the group starts ahead.
+-- enable_sort off, as claim_next_task: planned on a table just filled, the
+-- group's due tasks were read whole by plan and sorted, a read of every due
+-- task of the group for each task it ran (0.44 ms a task of 1,000 in one
+-- group), where the priority index gives the first `most` at once.
+CREATE FUNCTION pgtaskpy.upcoming_in_group(group_hash integer, most integer, running_task bigint)
+RETURNS TABLE (id bigint, "group" text, timeout_s float8, max integer)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_sort = off
+AS $$
+BEGIN
+    RETURN QUERY
+    (SELECT t.id, t."group", extract(epoch FROM t.timeout)::float8, t.max FROM @extschema@.task AS t
+     WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = group_hash AND t.plan <= now()
+     ORDER BY t.max DESC, t.id LIMIT most)
+    UNION ALL
+    (WITH RECURSIVE later (id, steps) AS (
+         SELECT e.dependent, 1 FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = running_task
+         UNION ALL
+         SELECT e.dependent, l.steps + 1 FROM later AS l
+         JOIN pgtaskpy.pending_prerequisite AS e ON e.prerequisite = l.id WHERE l.steps < most)
+     SELECT t.id, t."group", extract(epoch FROM t.timeout)::float8, t.max FROM later AS l
+     JOIN @extschema@.task AS t ON t.id = l.id
+     WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = group_hash AND t.plan <= now()
+     ORDER BY l.steps, t.id)
+    LIMIT most;
+END
+$$;
+
 -- TAKE -> PLAN: claimed tasks that were not started wait again, those of
 -- `task_ids` (NULL: any) claimed by `claimer` (NULL: anyone).  A launcher
 -- takes back a task its worker did not take, a worker one whose session
