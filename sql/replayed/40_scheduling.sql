@@ -188,6 +188,9 @@ BEGIN
                   AND EXISTS (SELECT FROM @extschema@.task AS e WHERE e.state = 'PLAN' AND e.waiting_for = 0 AND e.hash = w.hash
                               AND e.plan <= now());
             END IF;
+            -- Nothing due left (the first pass claimed it, as with tasks planned
+            -- ahead behind it): no claim to plan and run for no group.
+            EXIT WHEN coalesce(cardinality(due_groups), 0) = 0;
         END IF;
         -- Every group full, as while workers go on with a busy backlog: no lock.
         -- Taking it would stall each of those workers for this turn, and a slot
