@@ -89,7 +89,8 @@ def test_the_sessions_worth_starting_ahead_are_read_in_claim_order_without_readi
     db.sql("ANALYZE task")  # (empty: the statistics of a table that has just been filled)
     db.sql("INSERT INTO task (\"group\", input, max) SELECT 'upcoming', 'SELECT 1', 0 FROM generate_series(1, 1000)")
     late = db.value("INSERT INTO task (\"group\", input, max) VALUES ('upcoming', 'SELECT 2', 3) RETURNING id")
-    db.sql("INSERT INTO task (\"group\", input, max, plan) VALUES ('upcoming', 'SELECT 3', 9, now() + interval '1 hour')")
+    db.sql("INSERT INTO task (\"group\", input, max, plan)"
+           " VALUES ('upcoming', 'SELECT 3', 9, now() + interval '1 hour')")
     first = db.value("SELECT min(id) FROM task WHERE \"group\" = 'upcoming'")
     group_hash = db.value("SELECT hash FROM task WHERE id = %s", [first])
     fetched = ("SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"

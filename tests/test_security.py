@@ -54,9 +54,18 @@ def test_roles_see_and_change_only_their_own_tasks(running, roles):
     running.sql("REVOKE pgtaskpy_admin FROM alice")
 
 
-def test_scheduling_functions_are_not_for_users(roles):
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        roles["alice"].execute("SELECT * FROM pgtaskpy.claim_due_tasks(10, 1)")
+@pytest.mark.parametrize("call", [
+    "pgtaskpy.claim_due_tasks(10, 1)",
+    "pgtaskpy.claim_next_task(1, NULL)",
+    "pgtaskpy.upcoming_in_group(1, 2, 0)",  # (reads every owner's waiting tasks)
+    "pgtaskpy.start_task(1, 1, 1)",
+    "pgtaskpy.finish_task(1, 'DONE', NULL, NULL)",
+    "pgtaskpy.unclaim_tasks(NULL, 1)",
+])
+def test_scheduling_functions_are_not_for_users(roles, call):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for function"), \
+            roles["alice"].transaction():
+        roles["alice"].execute(f"SELECT * FROM {call}")
 
 
 

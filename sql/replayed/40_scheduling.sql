@@ -1093,6 +1093,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval, bigint)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.upcoming_in_group(integer, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text)
