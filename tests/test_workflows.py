@@ -418,3 +418,27 @@ def test_a_task_whose_end_loses_a_deadlock_still_ends_done(running):
         other.execute("COMMIT")
     row = running.wait_done(task)
     assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
+
+
+def test_a_series_run_whose_next_run_loses_a_deadlock_still_ends_done_and_goes_on(running):
+    """The end of a run of a named series plans its next run under the series' lock.  A
+    transaction that holds that lock (as task_schedule takes it) and then updates the run's row,
+    while the run ends, deadlocks with the end: the end holds the row and waits for the lock.
+    When the server failed the end's next run, the run, which had run, ended FAIL with "what
+    follows the task failed: deadlock detected", and the series stopped.  The end is written
+    again instead, with its next run."""
+    task = running.insert("SELECT pg_sleep(1)", group="series_ending", key="deadlocked", repeat="1 hour",
+                          delete=False)
+    wait_until(lambda: running.task(task)["state"] == "WORK", 20, 0.02, "the run running")
+    worker = running.value("SELECT worker FROM task WHERE id = %s", [task])
+    with running.connect() as other:
+        other.execute("SET deadlock_timeout = '30s'")  # the worker, waiting first, finds the cycle
+        other.execute("BEGIN")
+        other.execute("SELECT pgtaskpy.lock_series(current_user, 'deadlocked')")
+        wait_until(lambda: running.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [worker])
+                   == "advisory", 20, 0.01, "the run's end to wait for the series' lock")
+        other.execute("UPDATE task SET data = 'touched' WHERE id = %s", [task])  # waits until the worker loses
+        other.execute("COMMIT")
+    row = running.wait_done(task)
+    assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", [task]) == 1

@@ -624,7 +624,13 @@ BEGIN
     IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
         BEGIN
             retry_id := pgtaskpy.follow_task(t, quiet => NOT wake);
-        EXCEPTION WHEN OTHERS THEN
+        EXCEPTION WHEN deadlock_detected THEN
+            -- Not a failure of what follows: the server broke a cycle of locks (a
+            -- client holding the series' lock, then wanting this row).  The whole
+            -- end fails and is written again (the worker's finish_task in
+            -- task_rows.py; a launcher's end_task_safely, next turn).
+            RAISE;
+        WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, failure_sqlstate = RETURNED_SQLSTATE;
             t.error := concat_ws(E'\n', t.error, 'ERROR:  what follows the task failed: ' || failure);
             t.state := 'FAIL';
