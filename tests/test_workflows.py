@@ -406,18 +406,25 @@ def test_a_task_whose_end_loses_a_deadlock_still_ends_done(running):
     the task, which had run, ended FAIL (`pg_task_py worker failed: ERROR:  deadlock detected`).
     The end is tried again instead (the deadlock rolled back what it had locked)."""
     task = running.insert("SELECT pg_sleep(1)", group="ending", delete=False)
+    row = end_in_a_deadlock(running, task, "SELECT pgtaskpy.lock_prerequisite(%s)", [task])
+    assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
+
+
+def end_in_a_deadlock(running, task, lock, args):
+    """While the task runs, another session takes a lock (`lock`, `args`) that the task's end
+    will want, waits until the end holds the task's row and waits for that lock, then updates
+    the row: a cycle, which the worker (waiting first) finds.  The task's row once it ended."""
     wait_until(lambda: running.task(task)["state"] == "WORK", 20, 0.02, "the task running")
     worker = running.value("SELECT worker FROM task WHERE id = %s", [task])
     with running.connect() as other:
         other.execute("SET deadlock_timeout = '30s'")  # the worker, waiting first, finds the cycle
         other.execute("BEGIN")
-        other.execute("SELECT pgtaskpy.lock_prerequisite(%s)", [task])
+        other.execute(lock, args)
         wait_until(lambda: running.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [worker])
-                   == "advisory", 20, 0.01, "the task's end to wait for its key")
+                   == "advisory", 20, 0.01, "the task's end to wait for the lock")
         other.execute("UPDATE task SET data = 'touched' WHERE id = %s", [task])  # waits until the worker loses
         other.execute("COMMIT")
-    row = running.wait_done(task)
-    assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
+    return running.wait_done(task)
 
 
 def test_a_series_run_whose_next_run_loses_a_deadlock_still_ends_done_and_goes_on(running):
@@ -429,16 +436,6 @@ def test_a_series_run_whose_next_run_loses_a_deadlock_still_ends_done_and_goes_o
     again instead, with its next run."""
     task = running.insert("SELECT pg_sleep(1)", group="series_ending", key="deadlocked", repeat="1 hour",
                           delete=False)
-    wait_until(lambda: running.task(task)["state"] == "WORK", 20, 0.02, "the run running")
-    worker = running.value("SELECT worker FROM task WHERE id = %s", [task])
-    with running.connect() as other:
-        other.execute("SET deadlock_timeout = '30s'")  # the worker, waiting first, finds the cycle
-        other.execute("BEGIN")
-        other.execute("SELECT pgtaskpy.lock_series(current_user, 'deadlocked')")
-        wait_until(lambda: running.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [worker])
-                   == "advisory", 20, 0.01, "the run's end to wait for the series' lock")
-        other.execute("UPDATE task SET data = 'touched' WHERE id = %s", [task])  # waits until the worker loses
-        other.execute("COMMIT")
-    row = running.wait_done(task)
+    row = end_in_a_deadlock(running, task, "SELECT pgtaskpy.lock_series(current_user, %s)", ["deadlocked"])
     assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
     assert running.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", [task]) == 1
