@@ -64,8 +64,9 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     launcher).
 
     Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
-    then its key of the prerequisite locks, and a client's transaction may hold that key (an
-    INSERT of a task `after` it) and wait for the row.  The failed statement's subtransaction
+    then its key of the prerequisite locks (and, for a named series, the series' lock), and a
+    client's transaction may hold that key (an INSERT of a task `after` it) or that lock (as
+    task_schedule takes it) and wait for the row.  The failed statement's subtransaction
     (PL/Python's, around each statement) is rolled back with what it locked: the other goes on,
     and the end waits for it.  Failing the worker's call instead ended FAIL every task it ran,
     which had run."""
