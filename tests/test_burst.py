@@ -4,6 +4,7 @@ to a few workers, up to 100 a worker (dispatch.py, TASKS_A_WORKER), which run th
 its own.  Each task behaves as it does alone."""
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -180,3 +181,28 @@ def test_a_burst_whose_tasks_end_at_the_same_moment_ends_every_task_done():
                        90, 0.1, "the 300 tasks ended")
             ended = conn.execute("SELECT state::text, count(*), min(error) FROM task GROUP BY 1").fetchall()
             assert ended == [("DONE", 300, None)], ended
+
+
+def test_a_client_locking_a_bursts_tasks_newest_first_fails_none_of_them():
+    """300 tasks in 300 groups start in three workers of 100 while a client locks the tasks that
+    are starting or running, newest first (SELECT ... ORDER BY id DESC FOR UPDATE), again and
+    again.  A worker marked the tasks whose sessions had connected WORK in one transaction, oldest
+    first: holding one, it waited for a newer one the client held while the client waited for
+    the one it held.  The server broke the deadlock by failing the worker's CALL, and the tasks
+    it had started, which were running, ended FAIL, `pg_task_py worker failed: deadlock
+    detected` (2 to 96 of the 300 in four runs of six).  The client's deadlocks (it is the other
+    side) are its own, and it goes on.  (deadlock_timeout 20 ms: a cycle is broken at once.)"""
+    with launcher_on_cluster_of({"max_connections": "400", "deadlock_timeout": "20ms"}, "newest") as (_, conn):
+        conn.execute("INSERT INTO task (\"group\", input, delete)"
+                     " SELECT 'g' || i, 'SELECT pg_sleep(1)', false FROM generate_series(1, 300) AS i")
+        unfinished = "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')"
+        deadline = time.monotonic() + 90
+        while conn.execute(unfinished).fetchone()[0] > 0 and time.monotonic() < deadline:
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT id FROM task WHERE state IN ('TAKE', 'WORK') ORDER BY id DESC FOR UPDATE")
+            except psycopg.errors.DeadlockDetected:
+                pass
+        wait_until(lambda: conn.execute(unfinished).fetchone()[0] == 0, 60, 0.1, "the 300 tasks ended")
+        ended = conn.execute("SELECT state::text, count(*), min(error) FROM task GROUP BY 1").fetchall()
+        assert ended == [("DONE", 300, None)], ended

@@ -129,8 +129,13 @@ class BatchCall:
         return False
 
     def start_connected(self, connected):
-        """WORK in the sessions that have connected, committed together before their inputs go."""
-        started = []
+        """WORK in the sessions that have connected, each committed before its input goes.
+
+        One commit a task, not one for all: the worker then holds no task's row while it waits
+        for another's.  Marked together, oldest first, they waited for a newer task's row that a
+        client held (SELECT ... ORDER BY id DESC FOR UPDATE) while the client waited for an
+        older one the worker held; the server failed the worker's CALL, and the tasks it had
+        started ended FAIL though they ran (test_burst.py)."""
         for entry in connected:
             if not start_task(self.ctx, entry.task, entry.session.pid):
                 entry.session.close()  # stopped meanwhile: not this worker's to run any more
@@ -141,10 +146,8 @@ class BatchCall:
                 entry.session.close()
                 self.call.session_failed(entry.task, exc)
                 continue
+            self.ctx.commit()
             entry.started = time.monotonic()
-            started.append(entry)
-        self.ctx.commit()
-        for entry in started:
             if not entry.preparing:
                 self.send_input(entry)
 
