@@ -223,3 +223,21 @@ def test_a_cancel_the_moment_a_task_starts_is_not_lost(running):
         assert running.value("SELECT task_cancel(%s)", [task_id]) is True
         row = running.wait_done(task_id, 10)
         assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row["error"]
+
+
+def test_tasks_that_an_open_transaction_references_by_a_foreign_key_start_all_the_same(running):
+    """An application's table that references tasks by a foreign key locks each referenced task's
+    row FOR KEY SHARE until the inserting transaction ends.  That lock holds back no claim or
+    start (which change no key).  A worker's take of its task locked the row FOR UPDATE and waited
+    for the application's commit, the task held in TAKE all that time; and a worker going on with
+    its group skipped a referenced task (FOR UPDATE SKIP LOCKED), running the next one first."""
+    running.sql("CREATE TABLE job (task_id bigint REFERENCES task (id))")
+    running.sql("INSERT INTO task (\"group\", plan, input, delete)"
+                " SELECT CASE WHEN i <= 6 THEN 'one at a time' ELSE 'g' || i END, now() + interval '2 s', 'SELECT 1',"
+                " false FROM generate_series(1, 46) AS i")
+    with running.connect() as application, application.transaction(force_rollback=True):
+        application.execute("INSERT INTO job SELECT id FROM task WHERE id % 2 = 0")  # (open while the tasks run)
+        running.wait_all_done(30)
+        assert running.sql("SELECT state::text, count(*) FROM task GROUP BY 1") == [("DONE", 46)]
+    in_group = running.sql("SELECT id FROM task WHERE \"group\" = 'one at a time' ORDER BY start")
+    assert [row[0] for row in in_group] == sorted(row[0] for row in in_group)

@@ -21,9 +21,11 @@ def take_task(ctx, task_id, claimer):
     """The task's row, locked, if it is still claimed by `claimer` (the launcher's session).
 
     Locked by id alone: the launcher's claim may not have committed yet, and a
-    row lock waits for it, where a snapshot would show the row still in PLAN.
+    row lock waits for it, where a snapshot would show the row still in PLAN.  FOR NO KEY
+    UPDATE, as the claims lock (sql/replayed/40_scheduling.sql): not held back by an
+    application's open insert that references the task by a foreign key.
     """
-    rows = ctx.run("take", f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = $1 FOR UPDATE", ["bigint"],
+    rows = ctx.run("take", f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = $1 FOR NO KEY UPDATE", ["bigint"],
                    [task_id])
     if not rows or rows[0]["state"] != "TAKE" or rows[0]["worker"] != claimer:
         return None
@@ -34,7 +36,8 @@ def take_tasks(ctx, task_ids, claimer):
     """take_task for a burst's tasks, in one statement (one a task cost a burst's worker 5 ms
     before its first session's connect): those still claimed by `claimer`, locked in id order
     (as any other locker of several tasks would), returned in the order of `task_ids`."""
-    rows = ctx.run("take_all", f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+    rows = ctx.run("take_all",
+                   f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
                    ["bigint[]"], [task_ids])
     taken = {row["id"]: row for row in rows if row["state"] == "TAKE" and row["worker"] == claimer}
     return [taken[task_id] for task_id in task_ids if task_id in taken]

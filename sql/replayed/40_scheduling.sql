@@ -1,6 +1,12 @@
 -- The scheduling rules, written once: which tasks may start now, how a task
 -- ends (and what follows it), and what happens to tasks whose backend died.
 -- The launcher only calls these through pgtaskpy.dispatch().
+--
+-- Task rows are locked FOR NO KEY UPDATE before they are updated (the lock an
+-- UPDATE takes itself), FOR UPDATE only before they are deleted: an
+-- application's table that references tasks by a foreign key locks each one
+-- FOR KEY SHARE while its insert is open, which holds back no claim, start or
+-- end (test_scheduling.py), and only a DELETE must wait for.
 
 -- The names other processes see: the NOTIFY channel launchers LISTEN on, and
 -- the application_name of each kind of backend (how recovery and workers tell
@@ -352,7 +358,7 @@ BEGIN
                WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
     ORDER BY t.max DESC, t.id
     LIMIT 1
-    FOR UPDATE SKIP LOCKED;
+    FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -756,7 +762,7 @@ BEGIN
                 plan = CASE WHEN w.cron IS NOT NULL AND w.plan < clock_timestamp()
                             THEN pgtaskpy.cron_next(w.cron, w.tz, clock_timestamp()) ELSE w.plan END
             WHERE w.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = waiting AND l.state = 'PLAN'
-                          FOR UPDATE SKIP LOCKED);
+                          FOR NO KEY UPDATE SKIP LOCKED);
         END IF;
     END IF;
 
@@ -815,7 +821,7 @@ BEGIN
     FOR waiting IN
         SELECT t.id, t.input FROM @extschema@.task AS t
         WHERE t.id = ANY (ids) AND t.state = 'PLAN'
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF pgtaskpy.end_task_safely(waiting.id, 'FAIL', error || E'\nSTATEMENT:  ' || replace(waiting.input, E'\n', E'\n\t'),
                                     '{PLAN}', error_sqlstate) THEN
@@ -877,7 +883,7 @@ BEGIN
     FOR orphan IN
         SELECT t.id, t.input FROM @extschema@.task AS t
         WHERE t.state = 'WORK' AND NOT pgtaskpy.scheduler_backend_alive(t.worker, t.start)
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF pgtaskpy.end_task_safely(orphan.id, 'FAIL',
             E'ERROR:  task worker ended before the task finished\n'
@@ -1005,7 +1011,7 @@ BEGIN
         WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now() AND t.plan + t.active <= now()
           AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (a paused group's tasks wait: 70_operating.sql)
         ORDER BY t.plan LIMIT 1000
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF pgtaskpy.end_task_safely(late, 'GONE', 'ERROR:  task not active', '{PLAN}') THEN
             expired := expired + 1;

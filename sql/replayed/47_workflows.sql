@@ -167,7 +167,7 @@ BEGIN
                 PERFORM FROM @extschema@.task AS w
                 WHERE w.id = ANY (dependents) AND w.state = 'PLAN' AND w.waiting_for > 0
                   AND (ended_as[i] = 'ended DONE' OR w.after_any)
-                ORDER BY w.id FOR UPDATE;
+                ORDER BY w.id FOR NO KEY UPDATE;
             END IF;
             -- (the scheduler's own plan: the row checks are skipped, as for a next run)
             PERFORM set_config('pgtaskpy.next_run', 'on', true);
@@ -192,7 +192,7 @@ BEGIN
                         error = format('ERROR:  prerequisite task %s %s', ended[i], ended_as[i])
                     WHERE d.id IN (SELECT w.id FROM @extschema@.task AS w
                                    WHERE w.id = ANY (dependents) AND w.state = 'PLAN' AND NOT w.after_any
-                                   ORDER BY w.id FOR UPDATE)
+                                   ORDER BY w.id FOR NO KEY UPDATE)
                     RETURNING d.id)
                 SELECT array_agg(ended_now.id ORDER BY ended_now.id) INTO stopped FROM ended_now;
                 PERFORM set_config('pgtaskpy.resolving', '', true);

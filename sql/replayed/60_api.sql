@@ -166,7 +166,7 @@ AS $$
 DECLARE
     t @extschema@.task;
 BEGIN
-    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR UPDATE;
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -309,7 +309,7 @@ BEGIN
         WHERE t.id IN (SELECT r.id FROM @extschema@.task AS r
                        WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
                          AND (r.cron IS NOT NULL OR r.repeat > interval '0')
-                       FOR UPDATE SKIP LOCKED)
+                       FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING 1)
     SELECT count(*) INTO ended FROM marked;
     busy := (SELECT count(*) FROM @extschema@.task AS r
