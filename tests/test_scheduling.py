@@ -199,6 +199,27 @@ def test_retention_deletes_old_finished_tasks(running):
         running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
 
 
+def test_a_finished_task_that_retention_cannot_delete_stops_no_other_task(running):
+    """A finished task that another table references by a foreign key without ON DELETE
+    cannot be deleted: the server failed retention's whole deletion, and with it the launcher's
+    turn, every turn, and no task of the database started any more.  The launcher now says why
+    retention deletes nothing, and goes on."""
+    running.sql("CREATE TABLE job (task_id bigint REFERENCES task (id))")
+    old = running.wait_done(running.insert("SELECT 1", delete=False))["id"]
+    running.sql("INSERT INTO job VALUES (%s)", [old])
+    running.sql("UPDATE task SET stop = now() - interval '2 days' WHERE id = %s", [old])
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention = '1 day'")
+    try:
+        launcher = running.launchers[0]
+        wait_until(lambda: "are kept: update or delete on table" in launcher.output(), 10,
+                   message="the launcher's word on retention")
+        assert running.wait_done(running.insert("SELECT 2", delete=False), 10)["state"] == "DONE"
+        assert running.task(old) is not None
+        assert "scheduler error" not in launcher.output(), launcher.output()
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
+
+
 def test_several_launchers_share_the_work_and_run_each_task_once(db):
     db.sql("CREATE TABLE audit (task_id bigint PRIMARY KEY)")
     # 5 groups of max 2 have 15 slots; no launcher may fill more than 5, so all

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
     from plans import WARM_AHEAD, Context, replan_after_growth
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
+RETENTION_WARN_EVERY = 60.0  # seconds between warnings that retention cannot delete (delete_finished_tasks)
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
@@ -281,7 +282,7 @@ def housekeeping(ctx, pool, events, run_limit):
     recovered += unclaim_strays(ctx, pool)
     expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
-    deleted = ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    deleted = delete_finished_tasks(ctx, pool, events)
     ctx.run("counts", "SELECT pgtaskpy.fold_group_counts()")  # task_stats' counters (70_operating.sql)
     if misconfigured:
         events.append({"event": "misconfigured", "count": misconfigured})
@@ -291,6 +292,22 @@ def housekeeping(ctx, pool, events, run_limit):
         events.append({"event": "recovered", "count": recovered})
     if expired:
         events.append({"event": "expired", "count": expired})
+
+
+def delete_finished_tasks(ctx, pool, events):
+    """Retention and keep_runs (pgtaskpy.delete_old_tasks): how many finished tasks it deleted.
+
+    A finished task that another table references by a foreign key without ON DELETE CASCADE
+    or SET NULL cannot be deleted, and the server fails the whole deletion.  That failed the
+    launcher's turn, every turn: no task of the database started any more.  The launcher now
+    says so, once a minute, and goes on (the failed statement alone is rolled back)."""
+    try:
+        return ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+    except ctx.plpy.spiexceptions.ForeignKeyViolation as exc:
+        if time.monotonic() >= pool.get("retention_warned_at", 0.0):
+            pool["retention_warned_at"] = time.monotonic() + RETENTION_WARN_EVERY
+            events.append({"event": "retention_blocked", "message": str(exc)})
+        return 0
 
 
 def unclaim_strays(ctx, pool):
