@@ -68,5 +68,7 @@ bench-pq: setup
 	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-psycopg >/dev/null; }
 	$(VENV)/bin/python bench/pq_binding.py $(BENCH_ARGS)
 
-lint: setup
+# (the virtual environment only: setup's `make install` would swap the extension under a test run)
+lint:
+	bash scripts/setup.sh venv
 	$(VENV)/bin/ruff check python sql/plpython sql/build.py tests testkit bench scripts
