@@ -32,6 +32,9 @@ sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 
 VENV ?= .venv
 PYTEST = $(VENV)/bin/python -m pytest
+# Test processes side by side against real servers (pytest-xdist: a session cluster each); 0 runs
+# them in this process, as `-s` needs to show a test's output as it comes.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo demo-ha test unit bench bench-peers bench-pq lint
 setup:
@@ -46,7 +49,7 @@ demo-ha: setup
 # Two runs of pytest, two summaries: the unit tier (seconds) stops a broken build early.
 test: setup
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
-	$(PYTEST) tests --ignore=tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests --ignore=tests/unit -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 unit:
 	bash scripts/setup.sh venv

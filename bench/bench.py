@@ -182,11 +182,12 @@ def latency_with_floor(cluster, conn, samples: int = 40) -> dict:
 def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None) -> dict:
     """Tasks per second from the first start to the last stop (fresh: emptying the table first);
     with `launcher`, also the CPU time a task costs the server and the launcher (task_cpu_ms; not
-    the bench's insert, nor its polls for the ends) and how many of this machine's cores they
-    kept busy."""
+    the bench's insert, nor its polls for the ends), in two parts (server_cpu_parts: the ended
+    backends and the postmaster, sessions_cpu_ms; the rest, scheduler_cpu_ms), and how many of
+    this machine's cores they kept busy."""
     if fresh:
         empty_task_table(conn)
-    cpu = server_cpu_seconds(conn, launcher, scheduler_only=True) if launcher else None
+    cpu = server_cpu_parts(conn, launcher, scheduler_only=True) if launcher else None
     conn.execute(insert, [count])
     # Polled every 0.1 s, not 0.02: the times come from the rows, and each poll reads the whole
     # table (0.24 ms of CPU a task at 0.02 s in `parallel`, CPU the scheduler then did not have).
@@ -196,8 +197,10 @@ def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None)
     seconds = (last - first).total_seconds()
     result = {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
     if cpu is not None:
-        cpu = server_cpu_seconds(conn, launcher, scheduler_only=True) - cpu
-        result.update(task_cpu_ms=round(1000 * cpu / count, 3), cores_busy=round(cpu / seconds, 2))
+        sessions, rest = (after - before for after, before in zip(server_cpu_parts(conn, launcher, True), cpu))
+        result.update(task_cpu_ms=round(1000 * (sessions + rest) / count, 3),
+                      cores_busy=round((sessions + rest) / seconds, 2),
+                      sessions_cpu_ms=round(1000 * sessions / count, 3), scheduler_cpu_ms=round(1000 * rest / count, 3))
     return result
 
 
@@ -626,19 +629,29 @@ def server_cpu_seconds(conn, launcher, scheduler_only: bool = False) -> float:
     """CPU seconds the cluster (the postmaster, its live children, and the children it has reaped,
     such as tasks' ended sessions) and the launcher have used so far; `scheduler_only`: not
     counting the backend of `conn`, the bench's own (its insert and its polls for the ends)."""
+    return sum(server_cpu_parts(conn, launcher, scheduler_only))
+
+
+def server_cpu_parts(conn, launcher, scheduler_only: bool = False) -> tuple[float, float]:
+    """server_cpu_seconds in two parts: the backends that have ended and the postmaster that
+    started them (in `serial` and `parallel`, the tasks' sessions: their fork, start, input and
+    end), and the rest (the live backends, which are the workers, the launcher's session and the
+    server's background processes, and the launcher)."""
     def stat(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     bench_backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     postmaster = int(stat(bench_backend)[1])
     fields = stat(postmaster)
-    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+    ended = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+    live = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and not (scheduler_only and int(entry.name) == bench_backend):
             with contextlib.suppress(OSError):
                 child = stat(int(entry.name))
                 if int(child[1]) == postmaster:
-                    ticks += int(child[11]) + int(child[12])
-    return ticks / os.sysconf("SC_CLK_TCK") + cpu_seconds(launcher.process.pid)
+                    live += int(child[11]) + int(child[12])
+    ticks = os.sysconf("SC_CLK_TCK")
+    return ended / ticks, live / ticks + cpu_seconds(launcher.process.pid)
 
 
 def runs_cost(conn, launcher, insert: str, count: int, runs: int | None = None,
@@ -1002,6 +1015,7 @@ DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "reuse")
 # machine's pace changes from minute to minute, and the floor's, a minute earlier, moved a
 # scenario's ratio between 0.49 and 0.79 from one run to the next.
 NEW_SESSION_SCENARIOS = ("serial", "parallel")
+NEW_SESSIONS_TARGET = 0.9  # of new_sessions_per_s (issue 20)
 
 
 def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> list[dict]:
@@ -1042,6 +1056,10 @@ def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> 
                 # beside new_sessions_per_s: how near to it this way of running them can come.
                 most = os.cpu_count() * 1000 / result["task_cpu_ms"]
                 result["cpu_bound_of_new_sessions"] = round(most / beside, 3)
+                # The scheduler's CPU a task at which the cores would run NEW_SESSIONS_TARGET of
+                # new_sessions_per_s, the tasks' sessions costing what they cost in this run.
+                budget = os.cpu_count() * 1000 / (NEW_SESSIONS_TARGET * beside) - result["sessions_cpu_ms"]
+                result["scheduler_budget_ms"] = round(budget, 3)
     return results
 
 

@@ -6,7 +6,10 @@ backend.  None commits: the worker decides when (run_task.py).
 import time
 
 LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
-DEADLOCK_ATTEMPTS = 3  # most tries of a task's end that the server fails to break a deadlock
+DEADLOCK_ATTEMPTS = 5  # most tries of a task's end that the server fails to break a deadlock
+# Seconds a worker waits before trying a task's end again, times the attempt: time for the other
+# transaction's backend to take what the failed end let go of (see finish_task).
+DEADLOCK_BACKOFF = 0.02
 
 # What a worker reads of the task it runs, from the row it took or claimed.
 TASK_COLUMNS = (
@@ -72,7 +75,9 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     task_schedule takes it) and wait for the row.  The failed statement's subtransaction
     (PL/Python's, around each statement) is rolled back with what it locked: the other goes on,
     and the end waits for it.  Failing the worker's call instead ended FAIL every task it ran,
-    which had run."""
+    which had run.  Not at once: the other backend, woken when the row was let go, must run to
+    take it, and on busy cores an end tried again at once took the row back first, and lost the
+    same deadlock three times in a row (three runs in six under a CPU load)."""
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
             return ctx.run(
@@ -85,6 +90,7 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
         except ctx.plpy.spiexceptions.DeadlockDetected:
             if attempt == DEADLOCK_ATTEMPTS:
                 raise
+            time.sleep(DEADLOCK_BACKOFF * attempt)
 
 
 def retry_of(ctx, task_id):
