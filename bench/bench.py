@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import least_worker
 import psycopg
 from pg_task_py_testing import PG_BIN, Launcher, most_at_once, throwaway_cluster
 
@@ -202,6 +203,49 @@ def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None)
                       cores_busy=round((sessions + rest) / seconds, 2),
                       sessions_cpu_ms=round(1000 * sessions / count, 3), scheduler_cpu_ms=round(1000 * rest / count, 3))
     return result
+
+
+def least_worker_throughput(conn, launcher, groups: int, count: int = 500) -> dict:
+    """`count` one-off tasks in `groups` groups run by the least a PL/Python worker can do
+    (least_worker.py), a worker a group at once, as `serial` and `parallel` run theirs: tasks/s
+    from the first start to the last stop, the CPU a task in the same two parts as throughput()'s,
+    and the workers' own (`worker_cpu_ms`)."""
+    conn.execute(least_worker.TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+    conn.execute(least_worker.procedure_sql())
+    conn.execute(f"TRUNCATE {least_worker.TABLE}")
+    ids = [row[0] for row in conn.execute(
+        f"INSERT INTO {least_worker.TABLE} (state) SELECT 'PLAN' FROM generate_series(1, %s) RETURNING id", [count])]
+    table_oid = conn.execute(f"SELECT '{least_worker.TABLE}'::regclass::oid").fetchone()[0]
+    workers = [psycopg.connect(conn.info.dsn, autocommit=True) for _ in range(groups)]
+    worker_cpu = [0.0] * groups
+    try:
+        for worker in workers:  # PL/Python loaded before the clock starts, as in a warm worker
+            worker.execute("DO LANGUAGE plpython3u 'pass'")
+
+        def run(index: int) -> None:
+            worker_cpu[index] = workers[index].execute(
+                "CALL least_worker(%s, %s, NULL)", [ids[index::groups], table_oid]).fetchone()[0]
+
+        cpu = server_cpu_parts(conn, launcher, scheduler_only=True)
+        threads = [threading.Thread(target=run, args=(index,)) for index in range(groups)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(DEADLINE)
+        sessions, rest = (after - before for after, before in zip(server_cpu_parts(conn, launcher, True), cpu))
+    finally:
+        for worker in workers:
+            worker.close()
+    first, last, done = conn.execute(f"SELECT min(start), max(stop), count(*) FILTER (WHERE state = 'DONE')"
+                                     f" FROM {least_worker.TABLE}").fetchone()
+    if done != count:
+        raise TimedOut(f"the least worker ran {done} of {count} tasks")
+    seconds = (last - first).total_seconds()
+    return {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1),
+            "task_cpu_ms": round(1000 * (sessions + rest) / count, 3),
+            "cores_busy": round((sessions + rest) / seconds, 2),
+            "sessions_cpu_ms": round(1000 * sessions / count, 3), "scheduler_cpu_ms": round(1000 * rest / count, 3),
+            "worker_cpu_ms": round(1000 * sum(worker_cpu) / count, 3)}
 
 
 def empty_task_table(conn) -> None:
@@ -989,6 +1033,9 @@ SCENARIOS = {
     "parallel": lambda conn, launcher: throughput(
         conn, "INSERT INTO task (\"group\", input, delete)"
         " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i", 500, launcher=launcher),
+    # The least a PL/Python worker can do, one-off tasks as serial's and parallel's: their bound.
+    "least_serial": lambda conn, launcher: least_worker_throughput(conn, launcher, 1),
+    "least_parallel": lambda conn, launcher: least_worker_throughput(conn, launcher, 8),
     "reuse": lambda conn, launcher: throughput(
         conn, "INSERT INTO task (max, count, input, delete)"
         " SELECT 3, 100, 'SELECT 1', false FROM generate_series(1, %s)", 500),
@@ -1014,7 +1061,7 @@ DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "reuse")
 # just before and just after the scenario (new_sessions_beside_per_s, their mean): this
 # machine's pace changes from minute to minute, and the floor's, a minute earlier, moved a
 # scenario's ratio between 0.49 and 0.79 from one run to the next.
-NEW_SESSION_SCENARIOS = ("serial", "parallel")
+NEW_SESSION_SCENARIOS = ("serial", "parallel", "least_serial", "least_parallel")
 NEW_SESSIONS_TARGET = 0.9  # of new_sessions_per_s (issue 20)
 
 
@@ -1060,6 +1107,12 @@ def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> 
                 # new_sessions_per_s, the tasks' sessions costing what they cost in this run.
                 budget = os.cpu_count() * 1000 / (NEW_SESSIONS_TARGET * beside) - result["sessions_cpu_ms"]
                 result["scheduler_budget_ms"] = round(budget, 3)
+    by_name = {result["scenario"]: result for result in results}
+    for name in ("serial", "parallel"):
+        ours, least = by_name.get(name, {}), by_name.get(f"least_{name}", {})
+        if ours.get("of_new_sessions") and least.get("of_new_sessions"):
+            # What pg_task_py's rules and the worker's code around them leave of the least worker's pace.
+            ours["of_least_worker"] = round(ours["of_new_sessions"] / least["of_new_sessions"], 3)
     return results
 
 
