@@ -210,7 +210,7 @@ def least_worker_throughput(conn, launcher, groups: int, count: int = 500) -> di
     (least_worker.py), a worker a group at once, as `serial` and `parallel` run theirs: tasks/s
     from the first start to the last stop, the CPU a task in the same two parts as throughput()'s,
     and the workers' own (`worker_cpu_ms`)."""
-    conn.execute(least_worker.TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+    conn.execute(least_worker.TABLE_SQL)
     conn.execute(least_worker.procedure_sql())
     conn.execute(f"TRUNCATE {least_worker.TABLE}")
     ids = [row[0] for row in conn.execute(
@@ -1056,7 +1056,7 @@ SCENARIOS = {
 # A production server's settings: every commit waits for its WAL to reach the disk.
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 # The scenarios of the start path, which a durable cluster changes most (each task commits).
-DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "reuse")
+DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "least_serial", "least_parallel", "reuse")
 # A new session a task, as in pg_task: measured beside pgbench -C (new_sessions_per_s), run
 # just before and just after the scenario (new_sessions_beside_per_s, their mean): this
 # machine's pace changes from minute to minute, and the floor's, a minute earlier, moved a

@@ -26,8 +26,8 @@ if TYPE_CHECKING:  # defined by sql/plpython/libpq.py, which precedes this file 
     from libpq import PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK, Session, startup_options
 
 TABLE = "least_task"
-TABLE_SQL = (f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN', output text,"
-             " pid integer, start timestamptz, stop timestamptz)")
+TABLE_SQL = (f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'PLAN',"
+             " output text, pid integer, start timestamptz, stop timestamptz)")
 # One statement a task: the task before ends, this one starts (either may be NULL).
 STEP_SQL = (f"WITH ended AS (UPDATE {TABLE} SET state = 'DONE', output = $2, stop = clock_timestamp() WHERE id = $1)"
             f" UPDATE {TABLE} SET state = 'WORK', pid = $4, start = clock_timestamp() WHERE id = $3")
