@@ -193,12 +193,24 @@ def throughput(conn, insert: str, count: int, fresh: bool = True, launcher=None)
     # Polled every 0.1 s, not 0.02: the times come from the rows, and each poll reads the whole
     # table (0.24 ms of CPU a task at 0.02 s in `parallel`, CPU the scheduler then did not have).
     wait_all_ended(conn, poll=0.1)
+    cpu = cpu_parts_since(conn, launcher, cpu) if cpu is not None else None
     first, last, done = conn.execute(
         "SELECT min(start), max(stop), count(*) FILTER (WHERE state = 'DONE') FROM task").fetchone()
-    seconds = (last - first).total_seconds()
+    return pace(count, done, (last - first).total_seconds(), cpu)
+
+
+def cpu_parts_since(conn, launcher, before: tuple[float, float]) -> tuple[float, float]:
+    """server_cpu_parts (not counting the bench's backend) used since `before`, its earlier reading."""
+    return tuple(after - earlier for after, earlier in zip(server_cpu_parts(conn, launcher, True), before))
+
+
+def pace(count: int, done: int, seconds: float, cpu: tuple[float, float] | None = None) -> dict:
+    """A throughput scenario's figures: tasks/s over `seconds`, and with `cpu` (the sessions' and
+    the rest's CPU seconds, cpu_parts_since) the CPU a task, in all and by part, and the cores
+    kept busy."""
     result = {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1)}
     if cpu is not None:
-        sessions, rest = (after - before for after, before in zip(server_cpu_parts(conn, launcher, True), cpu))
+        sessions, rest = cpu
         result.update(task_cpu_ms=round(1000 * (sessions + rest) / count, 3),
                       cores_busy=round((sessions + rest) / seconds, 2),
                       sessions_cpu_ms=round(1000 * sessions / count, 3), scheduler_cpu_ms=round(1000 * rest / count, 3))
@@ -232,7 +244,7 @@ def least_worker_throughput(conn, launcher, groups: int, count: int = 500) -> di
             thread.start()
         for thread in threads:
             thread.join(DEADLINE)
-        sessions, rest = (after - before for after, before in zip(server_cpu_parts(conn, launcher, True), cpu))
+        cpu = cpu_parts_since(conn, launcher, cpu)
     finally:
         for worker in workers:
             worker.close()
@@ -240,11 +252,7 @@ def least_worker_throughput(conn, launcher, groups: int, count: int = 500) -> di
                                      f" FROM {least_worker.TABLE}").fetchone()
     if done != count:
         raise TimedOut(f"the least worker ran {done} of {count} tasks")
-    seconds = (last - first).total_seconds()
-    return {"tasks": count, "done": done, "seconds": round(seconds, 3), "tasks_per_s": round(count / seconds, 1),
-            "task_cpu_ms": round(1000 * (sessions + rest) / count, 3),
-            "cores_busy": round((sessions + rest) / seconds, 2),
-            "sessions_cpu_ms": round(1000 * sessions / count, 3), "scheduler_cpu_ms": round(1000 * rest / count, 3),
+    return {**pace(count, done, (last - first).total_seconds(), cpu),
             "worker_cpu_ms": round(1000 * sum(worker_cpu) / count, 3)}
 
 
