@@ -545,6 +545,28 @@ def waiting(cluster) -> dict:
             "waiting_tasks": counted}
 
 
+def worker_start(cluster, backends: int = 10) -> dict:
+    """The CPU a new worker backend spends before its first task (median of `backends` new ones,
+    in ms, by the kernel's clock of each backend, /proc/PID/schedstat): loading PL/Python, then
+    the first call of run_task (the launcher's warm-up of a spare: compiling and defining the
+    worker's code, its first plans).  A burst in groups that no warm worker serves pays it once a
+    worker: what `parallel` pays that `parallel_warm` does not."""
+    def cpu_ms(pid: int) -> float:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e6
+    loads, first_calls = [], []
+    for _ in range(backends):
+        with cluster.connect("bench") as conn:
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            started = cpu_ms(pid)
+            conn.execute("DO LANGUAGE plpython3u 'pass'")
+            loaded = cpu_ms(pid)
+            conn.execute("CALL pgtaskpy.run_task(0, 0, NULL)")
+            loads.append(loaded - started)
+            first_calls.append(cpu_ms(pid) - loaded)
+    return {"plpython_load_ms": round(statistics.median(loads), 1),
+            "first_call_ms": round(statistics.median(first_calls), 1), "backends": backends}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -1032,15 +1054,21 @@ def hook_cost_us(conn, listener, variant: str, count: int = 500) -> float:
         conn.execute("SELECT pg_reload_conf()")
 
 
+# One-off tasks in eight groups, as many as the parameter says.
+PARALLEL_INSERT = ("INSERT INTO task (\"group\", input, delete)"
+                   " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i")
+
 SCENARIOS = {
     "latency": None,  # needs the cluster: see latency_with_floor()
     "timed": lambda conn, launcher: latency(conn, 0.3, 20),
     "serial": lambda conn, launcher: throughput(
         conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, %s)", 500,
         launcher=launcher),
-    "parallel": lambda conn, launcher: throughput(
-        conn, "INSERT INTO task (\"group\", input, delete)"
-        " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i", 500, launcher=launcher),
+    "parallel": lambda conn, launcher: throughput(conn, PARALLEL_INSERT, 500, launcher=launcher),
+    # parallel's tasks on the eight workers of a round of 80 run just before (not counted), as a
+    # steady load of eight groups finds them: the least worker's backends are connected too.
+    "parallel_warm": lambda conn, launcher: (throughput(conn, PARALLEL_INSERT, 80),
+                                             throughput(conn, PARALLEL_INSERT, 500, launcher=launcher))[1],
     # The least a PL/Python worker can do, one-off tasks as serial's and parallel's: their bound.
     "least_serial": lambda conn, launcher: least_worker_throughput(conn, launcher, 1),
     "least_parallel": lambda conn, launcher: least_worker_throughput(conn, launcher, 8),
@@ -1058,18 +1086,20 @@ SCENARIOS = {
     "thousand": None,  # a cluster of its own: see burst()
     "stats": None,  # needs the cluster: see stats_view()
     "events": None,  # needs the launcher: see events()
+    "worker_start": None,  # needs the cluster: see worker_start()
 }
 
 
 # A production server's settings: every commit waits for its WAL to reach the disk.
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 # The scenarios of the start path, which a durable cluster changes most (each task commits).
-DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "least_serial", "least_parallel", "reuse")
+DURABLE_SCENARIOS = ("latency", "timed", "serial", "parallel", "parallel_warm", "least_serial", "least_parallel",
+                     "reuse")
 # A new session a task, as in pg_task: measured beside pgbench -C (new_sessions_per_s), run
 # just before and just after the scenario (new_sessions_beside_per_s, their mean): this
 # machine's pace changes from minute to minute, and the floor's, a minute earlier, moved a
 # scenario's ratio between 0.49 and 0.79 from one run to the next.
-NEW_SESSION_SCENARIOS = ("serial", "parallel", "least_serial", "least_parallel")
+NEW_SESSION_SCENARIOS = ("serial", "parallel", "parallel_warm", "least_serial", "least_parallel")
 NEW_SESSIONS_TARGET = 0.9  # of new_sessions_per_s (issue 20)
 
 
@@ -1116,8 +1146,9 @@ def run_scenarios(chosen: list[str], settings: dict[str, str] | None = None) -> 
                 budget = os.cpu_count() * 1000 / (NEW_SESSIONS_TARGET * beside) - result["sessions_cpu_ms"]
                 result["scheduler_budget_ms"] = round(budget, 3)
     by_name = {result["scenario"]: result for result in results}
-    for name in ("serial", "parallel"):
-        ours, least = by_name.get(name, {}), by_name.get(f"least_{name}", {})
+    for name, least_name in (("serial", "least_serial"), ("parallel", "least_parallel"),
+                             ("parallel_warm", "least_parallel")):
+        ours, least = by_name.get(name, {}), by_name.get(least_name, {})
         if ours.get("of_new_sessions") and least.get("of_new_sessions"):
             # What pg_task_py's rules and the worker's code around them leave of the least worker's pace.
             ours["of_least_worker"] = round(ours["of_new_sessions"] / least["of_new_sessions"], 3)
@@ -1154,6 +1185,8 @@ def run_scenario(name: str, cluster, conn, launcher) -> dict:
         return cron(conn, launcher)
     if name == "retry":
         return retry(conn, launcher)
+    if name == "worker_start":
+        return worker_start(cluster)
     return SCENARIOS[name](conn, launcher)
 
 

@@ -9,7 +9,6 @@ libpq is on every PostgreSQL server (dblink links it), so no package is needed.
 """
 
 import ctypes
-import re
 import select
 import time
 
@@ -99,8 +98,8 @@ PQERRORS_DEFAULT, PQERRORS_VERBOSE = 1, 2
 
 # What PQERRORS_VERBOSE adds to a server's error: its SQLSTATE after the severity, and a last
 # line with the function, file and line that raised it (both labels in the server's language).
-_VERBOSE_SQLSTATE = re.compile(r"(\S:  )([0-9A-Z]{5}): ")
-_VERBOSE_LOCATION = re.compile(r"\n[^\n]*:  [^\n]*, [^\n]*\.c:[0-9]+$")
+_VERBOSE_SQLSTATE = r"(\S:  )([0-9A-Z]{5}): "
+_VERBOSE_LOCATION = r"\n[^\n]*:  [^\n]*, [^\n]*\.c:[0-9]+$"
 
 # Error fields, from postgres_ext.h.
 PG_DIAG_SEVERITY = ord("S")
@@ -135,11 +134,13 @@ class ConnectError(Exception):
 def _without_sqlstate(message):
     """(the message as libpq's default verbosity writes it, the SQLSTATE) of a verbose one; a
     message that carries none comes back as it is, with None."""
-    found = _VERBOSE_SQLSTATE.search(message)
+    import re  # noqa: PLC0415 (here, on a failed connect only: importing re costs a new worker 10 ms)
+
+    found = re.search(_VERBOSE_SQLSTATE, message)
     if found is None:
         return message, None
     message = message[:found.end(1)] + message[found.end():]
-    return _VERBOSE_LOCATION.sub("", message), found.group(2)
+    return re.sub(_VERBOSE_LOCATION, "", message), found.group(2)
 
 
 class MalformedConninfo(ConnectError):
@@ -188,13 +189,14 @@ def startup_options(settings):
     return options
 
 
-_NEEDS_BACKSLASH = re.compile(r"[^A-Za-z0-9_.]")
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.")
 
 
 def _escaped_option(text):
-    # (most names and values need none: the search alone costs a sixth of the substitution,
-    # and a session is started for every one-off task)
-    return _NEEDS_BACKSLASH.sub(r"\\\g<0>", text) if _NEEDS_BACKSLASH.search(text) else text
+    # (most names and values need none, and a session is started for every one-off task)
+    if _PLAIN.issuperset(text):
+        return text
+    return "".join(char if char in _PLAIN else "\\" + char for char in text)
 
 
 def connect_timeout_seconds(value):

@@ -1,4 +1,5 @@
-"""What a PL/Python entry point passes to the code it calls (pasted first into each body).
+"""What a PL/Python entry point passes to the code it calls, and the JSON a worker returns (pasted
+first into each body).
 
 PL/Python gives a routine's body `plpy`, `GD` and `SD` and the routine's
 arguments as globals; sql/build.py passes them to the entry point, `main`,
@@ -17,6 +18,9 @@ REPLAN_LEAST_BYTES = 256 * 1024
 # (a cron minute's burst starts in workers that are ready, not after a connection each), and a
 # warm worker's session ahead is of the owner of the first of them (run_task.py).
 WARM_AHEAD = 3.0
+
+# JSON's escapes of the characters a string may not hold as they are.
+_JSON_ESCAPES = {**{code: f"\\u{code:04x}" for code in range(0x20)}, ord('"'): '\\"', ord("\\"): "\\\\"}
 
 
 class Context:
@@ -85,3 +89,29 @@ def replan_after_growth(ctx):
     if size > max(2 * planned_at, REPLAN_LEAST_BYTES):
         ctx.plpy.execute("DISCARD PLANS")  # every plan of this backend, PL/Python's and PL/pgSQL's
         ctx.GD["pgtaskpy.plans_made_at_size"] = size
+
+
+def to_json(value):
+    """JSON text of a worker's report (None, booleans, numbers, strings, and lists, tuples and
+    dicts of them), which the procedure returns as its jsonb.  Written here rather than by the json
+    module: importing json, and the re module it imports, cost a new worker backend about 12 ms
+    of its first call (bench/RESULTS.md), where the report is a few ids and states."""
+    kind = type(value)
+    if kind is str:
+        if '"' not in value and "\\" not in value and value.isprintable():  # (most: ids' states, first lines)
+            return '"' + value + '"'
+        return '"' + value.translate(_JSON_ESCAPES) + '"'
+    if kind is int or kind is float:
+        return repr(value)  # (a report's floats are durations: never inf or nan)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is dict:
+        return "{" + ", ".join([to_json(str(key)) + ": " + to_json(item) for key, item in value.items()]) + "}"
+    if kind is list or kind is tuple:
+        return "[" + ", ".join([to_json(item) for item in value]) + "]"
+    for base in (str, int, float, dict, list):  # a subclass of one (the exact types are above)
+        if isinstance(value, base):
+            return to_json(base(value))
+    raise TypeError(f"no JSON for a {kind.__name__}")

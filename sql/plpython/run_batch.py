@@ -16,7 +16,6 @@ its last result is read, in a transaction of its own.  It does not go on with
 its group's next task: its end wakes the launchers, which claim it.
 """
 
-import json
 import select
 import time
 
@@ -25,7 +24,7 @@ TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call
 if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
     from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
     from output import OutputTooLarge, format_message
-    from plans import Context, replan_after_growth
+    from plans import Context, replan_after_growth, to_json
     from run_task import INTERRUPT_EVERY, LOST_RUN, WorkerCall
     from sessions import TaskSessions, send_prepare, settings_at_start
     from task_rows import start_task, take_tasks, wake_launchers
@@ -203,4 +202,4 @@ def main(plpy, GD, SD, task_ids, claimer):
     ctx = Context(plpy, GD, SD)
     replan_after_growth(ctx)
     report = BatchCall(ctx, claimer).run(task_ids)
-    return (json.dumps(report),)
+    return (to_json(report),)

@@ -18,7 +18,6 @@ one started ahead of need, or a new one) is sessions.py's to decide; the
 changes of task rows are task_rows.py's.
 """
 
-import json
 import time
 
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
@@ -39,7 +38,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         MalformedConninfo,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
-    from plans import WARM_AHEAD, Context, replan_after_growth
+    from plans import WARM_AHEAD, Context, replan_after_growth, to_json
     from sessions import TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
         claim_next_task,
@@ -81,7 +80,7 @@ def main(plpy, GD, SD, task_id, claimer):
     ctx = Context(plpy, GD, SD)
     replan_after_growth(ctx)
     report = WorkerCall(ctx, claimer).run(task_id)
-    return (json.dumps(report),)
+    return (to_json(report),)
 
 
 class TakenBack(Exception):
