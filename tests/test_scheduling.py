@@ -199,25 +199,42 @@ def test_retention_deletes_old_finished_tasks(running):
         running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
 
 
-def test_a_finished_task_that_retention_cannot_delete_stops_no_other_task(running):
+def test_retention_keeps_the_tasks_other_tables_reference_and_deletes_the_rest(running):
     """A finished task that another table references by a foreign key without ON DELETE
-    cannot be deleted: the server failed retention's whole deletion, and with it the launcher's
-    turn, every turn, and no task of the database started any more.  The launcher now says why
-    retention deletes nothing, and goes on."""
+    CASCADE or SET NULL cannot be deleted, and the server fails any deletion it is part of:
+    that failed the launcher's turn, every turn (no task of the database started any more),
+    then kept every row retention or keep_runs would delete.  Now such a task is kept, the others
+    go, the launcher says how many it kept, and a task whose reference is gone goes in the next
+    pass.  A deferred key is checked at the deletion, not at the launcher's commit."""
     running.sql("CREATE TABLE job (task_id bigint REFERENCES task (id))")
-    old = running.wait_done(running.insert("SELECT 1", delete=False))["id"]
-    running.sql("INSERT INTO job VALUES (%s)", [old])
-    running.sql("UPDATE task SET stop = now() - interval '2 days' WHERE id = %s", [old])
+    running.sql("CREATE TABLE audit (task_id bigint REFERENCES task (id) DEFERRABLE INITIALLY DEFERRED)")
+    old = [running.wait_done(running.insert(f"SELECT {i}", delete=False))["id"] for i in range(6)]
+    runs = [running.value("INSERT INTO task (input, state, stop, key, delete) VALUES"
+                          " ('SELECT 1', 'DONE', now() - %s * interval '1 minute', 'nightly', false) RETURNING id",
+                          [i]) for i in range(4)]  # newest first
+    running.sql("INSERT INTO job VALUES (%s), (%s)", [old[0], runs[2]])
+    running.sql("INSERT INTO audit VALUES (%s)", [old[3]])
+    running.sql("UPDATE task SET stop = now() - interval '2 days' + id * interval '1 ms' WHERE id = ANY (%s)", [old])
     running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention = '1 day'")
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.keep_runs = 1")
+    present = "SELECT array_agg(id ORDER BY id) FROM task WHERE id = ANY (%s)"
     try:
         launcher = running.launchers[0]
-        wait_until(lambda: "are kept: update or delete on table" in launcher.output(), 10,
-                   message="the launcher's word on retention")
+        wait_until(lambda: running.value(present, [old]) == [old[0], old[3]], 15,
+                   message="the unreferenced old tasks to be deleted")
+        wait_until(lambda: running.value(present, [runs]) == sorted([runs[0], runs[2]]), 15,
+                   message="the series cut to its newest run and the referenced one")
+        wait_until(lambda: "kept " in launcher.output(), 10, message="the launcher's word on the kept tasks")
+        assert "other tables reference them by a foreign key" in launcher.output()
         assert running.wait_done(running.insert("SELECT 2", delete=False), 10)["state"] == "DONE"
-        assert running.task(old) is not None
+        running.sql("DELETE FROM job")
+        wait_until(lambda: running.value(present, [old]) == [old[3]], 30,
+                   message="the task no longer referenced to be deleted in the next pass")
+        assert running.value(present, [runs]) == [runs[0]]
         assert "scheduler error" not in launcher.output(), launcher.output()
     finally:
         running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.keep_runs")
 
 
 def test_several_launchers_share_the_work_and_run_each_task_once(db):

@@ -318,6 +318,9 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"recovered {event['count']} task(s) of dead backends"
     if kind == "deleted_old":
         return logging.INFO, f"deleted {event['count']} finished task(s) past pg_task_py.retention"
+    if kind == "retention_kept":
+        return logging.WARNING, (f"kept {event['count']} finished task(s) past pg_task_py.retention or keep_runs: other"
+                                 " tables reference them by a foreign key without ON DELETE CASCADE or SET NULL")
     if kind == "retention_blocked":
         return logging.WARNING, (f"finished tasks past pg_task_py.retention or keep_runs are kept: {event['message']}"
                                  " (a table references them by a foreign key without ON DELETE CASCADE or SET NULL)")

@@ -298,16 +298,26 @@ def delete_finished_tasks(ctx, pool, events):
     """Retention and keep_runs (pgtaskpy.delete_old_tasks): how many finished tasks it deleted.
 
     A finished task that another table references by a foreign key without ON DELETE CASCADE
-    or SET NULL cannot be deleted, and the server fails the whole deletion.  That failed the
-    launcher's turn, every turn: no task of the database started any more.  The launcher now
-    says so, once a minute, and goes on (the failed statement alone is rolled back)."""
+    or SET NULL cannot be deleted: delete_old_tasks keeps it and deletes the others, and the
+    launcher says how many it kept, once a minute.  Should the deletion fail all the same (the
+    failed statement alone is rolled back), the launcher says so and goes on: such a failure
+    used to fail its turn, every turn, and no task of the database started any more."""
     try:
-        return ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]["n"]
+        row = ctx.run("retention", "SELECT pgtaskpy.delete_old_tasks() AS n")[0]
+        kept = ctx.run("retention_kept", "SELECT current_setting('pgtaskpy.retention_kept', true) AS k")[0]["k"]
     except ctx.plpy.spiexceptions.ForeignKeyViolation as exc:
-        if time.monotonic() >= pool.get("retention_warned_at", 0.0):
-            pool["retention_warned_at"] = time.monotonic() + RETENTION_WARN_EVERY
-            events.append({"event": "retention_blocked", "message": str(exc)})
+        warn_retention(pool, events, {"event": "retention_blocked", "message": str(exc)})
         return 0
+    if kept and int(kept) > 0:
+        warn_retention(pool, events, {"event": "retention_kept", "count": int(kept)})
+    return row["n"]
+
+
+def warn_retention(pool, events, event):
+    """Say why finished tasks past retention are kept, once in RETENTION_WARN_EVERY seconds."""
+    if time.monotonic() >= pool.get("retention_warned_at", 0.0):
+        pool["retention_warned_at"] = time.monotonic() + RETENTION_WARN_EVERY
+        events.append(event)
 
 
 def unclaim_strays(ctx, pool):

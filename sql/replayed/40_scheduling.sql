@@ -931,42 +931,120 @@ AS $$
     THEN format('database %I', current_database()) ELSE 'the server configuration' END
 $$;
 
+-- Delete the finished tasks `ids` (locked by the caller) for retention or
+-- keep_runs, all in one statement.  A row that another table still references
+-- by a foreign key without ON DELETE CASCADE or SET NULL fails that statement,
+-- and the whole batch with it: then they are deleted one at a time, each in a
+-- subtransaction of its own, those referenced kept, for the first of them only
+-- (at most 100 such deletes a call of delete_old_tasks, in all: the session's
+-- pgtaskpy.one_by_one_left).  `looked`: how many of the first ids were
+-- dealt with (all, unless the batch failed); `one_by_one`: the batch failed.
+-- The kept ones are counted in pgtaskpy.retention_kept, which the launcher
+-- reports.
+CREATE FUNCTION pgtaskpy.delete_finished(ids bigint[], OUT deleted integer, OUT looked integer,
+                                        OUT one_by_one boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    budget integer := COALESCE(NULLIF(current_setting('pgtaskpy.one_by_one_left', true), ''), '0')::integer;
+    task_id bigint;
+    n integer;
+    kept integer := 0;
+BEGIN
+    BEGIN
+        DELETE FROM @extschema@.task AS t WHERE t.id = ANY (ids);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        looked := cardinality(ids);
+        one_by_one := false;
+        RETURN;
+    EXCEPTION WHEN foreign_key_violation THEN
+        deleted := 0;
+        one_by_one := true;
+    END;
+    looked := least(cardinality(ids), budget);
+    FOREACH task_id IN ARRAY ids[1:looked] LOOP
+        BEGIN
+            DELETE FROM @extschema@.task AS t WHERE t.id = task_id;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            deleted := deleted + n;
+        EXCEPTION WHEN foreign_key_violation THEN
+            kept := kept + 1;
+        END;
+    END LOOP;
+    PERFORM set_config('pgtaskpy.one_by_one_left', (budget - looked)::text, false),
+            set_config('pgtaskpy.retention_kept',
+                       (COALESCE(NULLIF(current_setting('pgtaskpy.retention_kept', true), ''), '0')::integer
+                        + kept)::text, false);
+END
+$$;
+
 -- pg_task_py.retention: finished tasks (DONE, FAIL, GONE, STOP) whose stop is
 -- older than this are deleted, a batch at a time, so the table stays small.
 -- DONE and FAIL rows keep their own time when pg_task_py.retention_done or
 -- pg_task_py.retention_fail is set; then pg_task_py.keep_runs trims long
 -- series (70_operating.sql).  One batch a call, in all: housekeeping holds
 -- the scheduling lock meanwhile.
+--
+-- Rows that other tables still reference are kept (delete_finished), and the
+-- rows after them are deleted all the same: each state's rows are read on
+-- after the last one looked at one by one (pgtaskpy.retention_after, in this
+-- session), and from the oldest again 10 s after such a pass began, once
+-- none is left past it, for the rows whose references are gone by then.
 CREATE FUNCTION pgtaskpy.delete_old_tasks(batch integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     retention interval := pgtaskpy.retention_setting('pg_task_py.retention', NULL);
-    kept record;
+    policy record;  -- a state and how long its rows are kept
+    -- {state: [stop, id, epoch when the pass began]} of the last row kept a state
+    after jsonb := COALESCE(NULLIF(current_setting('pgtaskpy.retention_after', true), ''), '{}')::jsonb;
+    resume jsonb;
+    ids bigint[];
+    stops timestamptz[];
+    result record;
     deleted integer := 0;
-    n integer;
 BEGIN
-    FOR kept IN
+    -- (a deferred foreign key would fail the launcher's commit, not the deletion)
+    SET CONSTRAINTS ALL IMMEDIATE;
+    PERFORM set_config('pgtaskpy.one_by_one_left', '100', false),  -- (see delete_finished)
+            set_config('pgtaskpy.retention_kept', '0', false);
+    FOR policy IN
         SELECT s.state, s.retention
         FROM (VALUES ('DONE'::@extschema@.state, pgtaskpy.retention_setting('pg_task_py.retention_done', retention)),
                      ('FAIL', pgtaskpy.retention_setting('pg_task_py.retention_fail', retention)),
                      ('GONE', retention), ('STOP', retention)) AS s(state, retention)
         WHERE s.retention IS NOT NULL
     LOOP
+        resume := after -> policy.state::text;
         -- (state, stop): the index of finished rows by state, so that rows one
         -- state keeps longer are never read for another's
-        DELETE FROM @extschema@.task AS t
-        WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
-                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = kept.state
-                         AND f.stop < now() - kept.retention
-                       ORDER BY f.state, f.stop LIMIT batch - deleted
-                       FOR UPDATE SKIP LOCKED);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        deleted := deleted + n;
-        IF deleted >= batch THEN
-            RETURN deleted;
+        SELECT array_agg(f.id ORDER BY f.stop, f.id), array_agg(f.stop ORDER BY f.stop, f.id) INTO ids, stops
+        FROM (SELECT f.id, f.stop FROM @extschema@.task AS f
+              WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = policy.state
+                AND f.stop < now() - policy.retention
+                AND (resume IS NULL OR f.stop >= (resume ->> 0)::timestamptz
+                                       AND (f.stop, f.id) > ((resume ->> 0)::timestamptz, (resume ->> 1)::bigint))
+              ORDER BY f.state, f.stop, f.id LIMIT batch - deleted
+              FOR UPDATE SKIP LOCKED) AS f;
+        IF ids IS NULL THEN
+            IF resume IS NOT NULL AND extract(epoch FROM now()) - (resume ->> 2)::float8 >= 10 THEN
+                after := after - policy.state::text;  -- a new pass, from the oldest
+            END IF;
+            CONTINUE;
         END IF;
+        result := pgtaskpy.delete_finished(ids);
+        deleted := deleted + result.deleted;
+        IF result.one_by_one AND result.looked > 0 THEN  -- some may be kept: on after the last looked at
+            after := jsonb_set(after, ARRAY[policy.state::text],
+                               jsonb_build_array(stops[result.looked], ids[result.looked],
+                                                 COALESCE((resume ->> 2)::float8, extract(epoch FROM now()))));
+        END IF;
+        EXIT WHEN deleted >= batch;
     END LOOP;
+    PERFORM set_config('pgtaskpy.retention_after', after::text, false);
+    IF deleted >= batch THEN
+        RETURN deleted;
+    END IF;
     RETURN deleted + pgtaskpy.delete_surplus_runs(batch - deleted);
 END
 $$;
@@ -1118,4 +1196,5 @@ REVOKE ALL ON FUNCTION pgtaskpy.fail_misconfigured_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.delete_finished(bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retention_setting(text, interval) FROM PUBLIC;

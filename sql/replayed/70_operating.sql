@@ -355,7 +355,8 @@ COMMENT ON FUNCTION @extschema@.task_limit IS 'at most starts starts of the grou
 -- in housekeeping: it looks at up to 100 series a call, going on after the
 -- last one it looked at (kept in this session), and deletes at most `batch`
 -- rows, so that its share of the scheduling lock stays small however many
--- series there are.
+-- series there are.  Runs that other tables reference are kept, and tried
+-- again each time their series comes (delete_finished).
 CREATE FUNCTION pgtaskpy.delete_surplus_runs(batch integer) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -365,8 +366,8 @@ DECLARE
     series record;
     last_series text := '';
     looked integer := 0;
+    ids bigint[];
     deleted integer := 0;
-    n integer;
 BEGIN
     IF setting IS NULL OR batch <= 0 THEN
         RETURN 0;
@@ -398,16 +399,16 @@ BEGIN
     LOOP
         looked := looked + 1;
         last_series := json_build_array(series.owner, series.id)::text;
-        DELETE FROM @extschema@.task AS t
-        WHERE t.id IN (SELECT f.id FROM @extschema@.task AS f
-                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
-                         AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
-                         AND f.owner = series.owner
-                         AND COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) = series.id
-                       ORDER BY f.stop DESC OFFSET setting::integer LIMIT batch - deleted
-                       FOR UPDATE SKIP LOCKED);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        deleted := deleted + n;
+        ids := ARRAY(SELECT f.id FROM @extschema@.task AS f
+                     WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                       AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
+                       AND f.owner = series.owner
+                       AND COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) = series.id
+                     ORDER BY f.stop DESC OFFSET setting::integer LIMIT batch - deleted
+                     FOR UPDATE SKIP LOCKED);
+        IF cardinality(ids) > 0 THEN  -- (runs that other tables reference are kept: delete_finished)
+            deleted := deleted + (pgtaskpy.delete_finished(ids)).deleted;
+        END IF;
         EXIT WHEN deleted >= batch;
     END LOOP;
     -- Next time: on after this one, or from the start when the last series was reached.

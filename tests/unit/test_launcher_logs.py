@@ -59,6 +59,9 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
     ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
     ({"event": "deleted_old", "count": 5}, logging.INFO, "deleted 5 finished task(s) past pg_task_py.retention"),
     ({"event": "expired", "count": 1}, logging.INFO, "1 task(s) not started within active: GONE"),
+    ({"event": "retention_kept", "count": 3}, logging.WARNING,
+     "kept 3 finished task(s) past pg_task_py.retention or keep_runs: other tables reference them by a"
+     " foreign key without ON DELETE CASCADE or SET NULL"),
     ({"event": "retention_blocked", "message": "violates foreign key constraint"}, logging.WARNING,
      "finished tasks past pg_task_py.retention or keep_runs are kept: violates foreign key constraint"
      " (a table references them by a foreign key without ON DELETE CASCADE or SET NULL)"),
