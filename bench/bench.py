@@ -1058,6 +1058,15 @@ def hook_cost_us(conn, listener, variant: str, count: int = 500) -> float:
 PARALLEL_INSERT = ("INSERT INTO task (\"group\", input, delete)"
                    " SELECT 'g' || (i %% 8), 'SELECT 1', false FROM generate_series(1, %s) AS i")
 
+
+def parallel_on_warm_workers(conn, launcher) -> dict:
+    """`parallel`'s 500 tasks on the eight workers of a round of 80 run just before (not counted),
+    as a steady load of eight groups finds them; the least worker's backends are connected and
+    have PL/Python loaded before its clock starts too."""
+    throughput(conn, PARALLEL_INSERT, 80)
+    return throughput(conn, PARALLEL_INSERT, 500, launcher=launcher)
+
+
 SCENARIOS = {
     "latency": None,  # needs the cluster: see latency_with_floor()
     "timed": lambda conn, launcher: latency(conn, 0.3, 20),
@@ -1065,10 +1074,7 @@ SCENARIOS = {
         conn, "INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, %s)", 500,
         launcher=launcher),
     "parallel": lambda conn, launcher: throughput(conn, PARALLEL_INSERT, 500, launcher=launcher),
-    # parallel's tasks on the eight workers of a round of 80 run just before (not counted), as a
-    # steady load of eight groups finds them: the least worker's backends are connected too.
-    "parallel_warm": lambda conn, launcher: (throughput(conn, PARALLEL_INSERT, 80),
-                                             throughput(conn, PARALLEL_INSERT, 500, launcher=launcher))[1],
+    "parallel_warm": lambda conn, launcher: parallel_on_warm_workers(conn, launcher),
     # The least a PL/Python worker can do, one-off tasks as serial's and parallel's: their bound.
     "least_serial": lambda conn, launcher: least_worker_throughput(conn, launcher, 1),
     "least_parallel": lambda conn, launcher: least_worker_throughput(conn, launcher, 8),
