@@ -94,7 +94,7 @@ def replan_after_growth(ctx):
 def to_json(value):
     """JSON text of a worker's report (None, booleans, numbers, strings, and lists, tuples and
     dicts of them), which the procedure returns as its jsonb.  Written here rather than by the json
-    module: importing json, and the re module it imports, cost a new worker backend about 12 ms
+    module: importing json, and the re module it imports, cost a new worker backend about 10 ms
     of its first call (bench/RESULTS.md), where the report is a few ids and states."""
     kind = type(value)
     if kind is str:
