@@ -105,6 +105,41 @@ def test_a_session_ahead_that_the_server_ended_is_not_given_a_task(running, task
     running.sql(f"ALTER ROLE {task_role} RESET idle_session_timeout")
 
 
+@pytest.mark.parametrize("sessions_ending", ["the first", "every"])
+def test_a_session_that_idle_session_timeout_ends_before_the_input_moves_the_task(running, task_role,
+                                                                                  sessions_ending):
+    """A session ended for idleness after the worker's look at it but before it read the input
+    (held open here: a trigger sleeps past the role's idle_session_timeout in the worker's WORK
+    update, while the session waits) has not run the task: the task runs in a new session, whose
+    pid the row gives.  A server that ends every session so (a timeout shorter than a session's
+    start) fails the task with its error after three sessions, rather than loop."""
+    every = sessions_ending == "every"
+    running.sql("CREATE TABLE slow_sessions (pid int)")
+    running.sql("CREATE FUNCTION slow_start() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN INSERT INTO public.slow_sessions VALUES (NEW.pid); PERFORM pg_sleep(0.6); RETURN NULL; END$$")
+    running.sql("CREATE TRIGGER slow_start AFTER UPDATE ON task FOR EACH ROW"
+                " WHEN (NEW.input LIKE '%slow start%' AND NEW.state = 'WORK' AND NEW.pid IS DISTINCT FROM OLD.pid"
+                f" AND (OLD.state <> 'WORK' OR {every})) EXECUTE FUNCTION slow_start()")
+    running.sql(f"ALTER ROLE {task_role} SET idle_session_timeout = '200ms'")
+    try:
+        row = running.wait_done(running.insert("SELECT pg_backend_pid() /* slow start */", owner=task_role,
+                                               delete=False), 30)
+    finally:
+        running.sql("DROP TRIGGER slow_start ON task")
+        running.sql("DROP FUNCTION slow_start()")
+        slow = [pid for (pid,) in running.sql("SELECT pid FROM slow_sessions")]
+        running.sql("DROP TABLE slow_sessions")
+        running.sql(f"ALTER ROLE {task_role} RESET idle_session_timeout")
+    if every:
+        assert row["state"] == "FAIL", row
+        assert "terminating connection due to idle-session timeout" in row["error"], row
+        assert running.value("SELECT sqlstate FROM task WHERE id = %s", [row["id"]]) == "57P05"
+        assert len(set(slow)) == 3 and row["pid"] == slow[-1], (slow, row)
+    else:
+        assert (row["state"], row["output"]) == ("DONE", str(row["pid"])), row
+        assert len(slow) == 1 and slow[0] != row["pid"], (slow, row)
+
+
 def test_a_kept_session_that_the_server_ended_is_not_given_a_task(running):
     """`count` keeps a task's session for the group's next task; if the server ends it meanwhile,
     the next task opens a new one."""

@@ -39,10 +39,11 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
-    from sessions import TaskSessions, reuses_sessions, send_prepare
+    from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
         claim_next_task,
         finish_task,
+        move_task_to_session,
         owner_to_start_ahead,
         retry_of,
         start_task,
@@ -66,6 +67,10 @@ NO_SESSION = "08001"  # the task's session could not be opened
 BAD_SETTING = "22023"  # a setting, or a remote conninfo, that cannot be used
 OUTPUT_TOO_LARGE = "54000"
 NOT_SUPPORTED = "0A000"  # COPY FROM STDIN / TO STDOUT
+# The server ended the session for being idle (idle_session_timeout) before it read the input:
+# the task has not run there, and moves to a new session, up to SESSIONS_A_TASK in all.
+IDLE_ENDED = "57P05"
+SESSIONS_A_TASK = 3
 # A server that cannot take the task's session now, but will: the task waits.  Its SQLSTATE
 # (too_many_connections, cannot_connect_now) for a session of this server, whatever the language
 # of its messages; the English messages for a remote one (connected by libpq's blocking call,
@@ -172,7 +177,7 @@ class WorkerCall:
             # next is claimed where the one before ends.
             upcoming = upcoming_in_group(self.ctx, task, FRESH_AHEAD)
             self.sessions.start_ahead(task["owner"], [row if row["max"] <= 0 else None for row in upcoming])
-        output, error, sqlstate, notices = self.run_input(kept.session, task)
+        output, error, sqlstate, notices = self.run_input(kept, task)
         ended = self.end_task(task, started, output, error, sqlstate, notices)
         # The next task takes this one's slot in its group, if this one still held it.
         next_task, next_kept = self.claim_next(task) if go_on and ended is not None else (None, None)
@@ -257,8 +262,44 @@ class WorkerCall:
         # WORK in the offered session already: one commit for this task's end and the next's start.
         return next_task, self.sessions.take(next_task, offer)
 
-    def run_input(self, session, task):
-        """Run the input in the task's session; return (output, error, sqlstate, notices)."""
+    def run_input(self, kept, task):
+        """Run the input in the task's session (`kept`); return (output, error, sqlstate, notices).
+
+        A session the server ended for being idle before it read the input (its FATAL
+        idle_session_timeout, 57P05: a task's own RAISE is an ERROR, and leaves the session
+        open) has not run the task, whatever the instant it ended in: the look for its end
+        before it is given a task (open_while_idle) cannot see one that comes after.  The
+        task moves to a new session, up to SESSIONS_A_TASK in all: a role's timeout shorter
+        than a session's start then fails it with the server's error rather than loop.
+        """
+        for _ in range(SESSIONS_A_TASK - 1):
+            ended = self.run_input_in(kept.session, task)
+            if ended[2] != IDLE_ENDED or kept.session.ok:
+                return ended
+            kept = self.move_to_new_session(task)
+            if kept is None:
+                return ended
+        return self.run_input_in(kept.session, task)
+
+    def move_to_new_session(self, task):
+        """A new session for the WORK task whose session ended before it read the input, the
+        task's settings sent and the move committed; None when none can be opened (the task
+        then ends with the first session's error), or the task is no longer this worker's to
+        run (task_cancel ended it meanwhile)."""
+        self.sessions.close_kept()
+        try:
+            kept = self.sessions.take(task, SessionChoice())
+            if not move_task_to_session(self.ctx, task, kept.session.pid):
+                return None
+            send_prepare(self.ctx, kept.session, task, kept.settings)
+        except ConnectError:
+            self.sessions.close_kept()
+            return None
+        self.ctx.commit()
+        return kept
+
+    def run_input_in(self, session, task):
+        """Run the input in `session`: run_input's one attempt."""
         try:
             session.collect()  # the answer to send_prepare, if it was sent
             return self.send_input(session, task)

@@ -316,6 +316,8 @@ class TaskSessions:
         """The task in the kept session has ended: keep the session for the group's next
         task, or close it.  The reset is only sent: it runs while the worker writes the end."""
         kept = self.kept
+        if kept is None:  # its session broke, and no other could be opened (run_task's run_input)
+            return
         kept.runs += 1
         if not reuses_sessions(task) or not kept.session.ok:
             self.close_kept()

@@ -64,6 +64,13 @@ def start_task(ctx, task, session_pid):
     )[0]["id"] is not None
 
 
+def move_task_to_session(ctx, task, session_pid):
+    """The WORK task runs in the session of `session_pid` instead (pgtaskpy.move_task_to_session);
+    False if it is not this worker's running task any more."""
+    return ctx.run("move", "SELECT pgtaskpy.move_task_to_session($1, $2) AS m", ["bigint", "integer"],
+                   [task["id"], session_pid])[0]["m"]
+
+
 def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None):
     """Record the task's end (its retry or next run follows in the same transaction); its end
     state (FAIL when what follows it failed), or None if it had ended already (recovered by a

@@ -467,6 +467,22 @@ BEGIN
 END
 $$;
 
+-- A WORK task whose session the server ended for being idle (idle_session_timeout) before it
+-- read the input moves to a new session (run_task.py): its pid is that session's, so that
+-- task_cancel reaches the query, and its start is when the input goes.  False when the task is
+-- not this worker's running task any more (task_cancel ended it meanwhile).
+CREATE FUNCTION pgtaskpy.move_task_to_session(task_id bigint, session_pid integer)
+RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH moved AS (
+        UPDATE @extschema@.task AS t SET pid = session_pid, start = clock_timestamp()
+        WHERE t.id = task_id AND t.state = 'WORK' AND t.worker = pg_backend_pid()
+        RETURNING t.id
+    )
+    SELECT EXISTS (SELECT FROM moved)
+$$;
+
 -- 1.1's claim_next_in_group, for a worker that
 -- runs 1.1 code while the extension is updated under it: it goes on with its
 -- group until its call returns.  Kept: an update from 1.1 straight to a later
@@ -1186,6 +1202,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) F
 REVOKE ALL ON FUNCTION pgtaskpy.upcoming_in_group(integer, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.move_task_to_session(bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
