@@ -32,10 +32,10 @@ sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 
 VENV ?= .venv
 PYTEST = $(VENV)/bin/python -m pytest
-# Test processes side by side against real servers (pytest-xdist: a session cluster each). 0, the
-# default, runs them in this process: on 2 cores two processes take 7 min instead of 11, but the
-# tests bound in time (failover within 2 s, ...) then fail now and then; `-s` also needs 0.
-PYTEST_WORKERS ?= 0
+# Test processes side by side against real servers (pytest-xdist: a session cluster each): two on
+# a machine of two cores or more (7 min instead of 12 on 2 cores), else 0, the tests in this
+# process; `-s` needs 0.
+PYTEST_WORKERS ?= $(if $(filter 0 1,$(shell nproc)),0,2)
 
 .PHONY: setup demo demo-ha test unit bench bench-peers bench-pq lint
 setup:
