@@ -74,6 +74,35 @@ def test_each_task_of_a_burst_behaves_as_it_does_alone(running):
     assert running.value("SELECT count(DISTINCT worker) FROM task") <= 3  # side by side, not a worker each
 
 
+def test_burst_tasks_whose_sessions_idle_session_timeout_ends_before_their_input_move_to_new_ones(running):
+    """As a lone task's (test_launcher.py): a burst's worker marks its connected tasks WORK one
+    after another, and here each WORK update sleeps past the role's idle_session_timeout (a
+    trigger of the test, as a client's lock on a task's row would hold it), so the sessions that
+    wait behind it end idle before their input.  Each such task runs in a new session, whose pid
+    its row gives; none fails."""
+    running.sql("CREATE ROLE burst_role LOGIN IN ROLE pgtaskpy_user")
+    running.sql("CREATE TABLE started_in (id bigint, pid int)")
+    running.sql("CREATE FUNCTION slow_start() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN INSERT INTO public.started_in VALUES (NEW.id, NEW.pid); PERFORM pg_sleep(0.3);"
+                " RETURN NULL; END$$")
+    running.sql("CREATE TRIGGER slow_start AFTER UPDATE ON task FOR EACH ROW"
+                " WHEN (OLD.state <> 'WORK' AND NEW.state = 'WORK') EXECUTE FUNCTION slow_start()")
+    try:
+        running.sql("ALTER ROLE burst_role SET idle_session_timeout = '200ms'")
+        running.sql("INSERT INTO task (\"group\", owner, input, delete) SELECT 'g' || i, 'burst_role',"
+                    " 'SELECT pg_backend_pid()', false FROM generate_series(1, 20) AS i")
+        wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity"
+                                         " WHERE query LIKE 'CALL pgtaskpy.run_tasks(%'"), 20, 0.02, "a burst's worker")
+        running.wait_all_done(60)
+    finally:
+        running.sql("DROP TRIGGER slow_start ON task")
+        running.sql("DROP ROLE burst_role")
+    rows = running.sql("SELECT t.state::text, t.output, t.pid, s.pid, t.error"
+                       " FROM task AS t JOIN started_in AS s USING (id)")
+    assert len(rows) == 20 and all(state == "DONE" and output == str(pid) for state, output, pid, _, _ in rows), rows
+    assert any(pid != first for _, _, pid, first, _ in rows), rows  # (moved: the test held sessions idle)
+
+
 def test_the_ended_tasks_of_a_burst_make_room_under_run_while_one_runs_on(db):
     # --run counts the tasks running: a burst's worker returns only with its last task, but those
     # that have ended count no more.  20 tasks in 20 groups, one of them long, go to one worker.

@@ -270,8 +270,13 @@ class Session:
             raise ConnectError("out of memory")
         self.notices = []
         self.answered = True  # no query sent, or every result of the last one read
-        # Kept on self: ctypes must not collect the callback while libpq holds it.
+        self.ended = None  # (message, SQLSTATE) of the server's FATAL that came while the session was idle
+        # Kept on self: ctypes must not collect the callback while libpq holds it.  Set before
+        # the attempt is taken on: the server's end of a session that waited connected before
+        # this code read its last step (a burst's worker busy elsewhere) is read with that step,
+        # and would go to libpq's default, stderr, not to `ended`.
         self._receiver = NoticeReceiver(self._on_notice)
+        PQsetNoticeReceiver(self.handle, self._receiver, None)
         self._polling = None if wait else PGRES_POLLING_WRITING
         if not wait:
             # A server's error before the session is open (too many clients, starting up) comes
@@ -289,7 +294,6 @@ class Session:
             self.close()
             raise ConnectError(message, sqlstate)
         PQsetErrorVerbosity(self.handle, PQERRORS_DEFAULT)  # the task's own errors read as usual
-        PQsetNoticeReceiver(self.handle, self._receiver, None)
 
     def advance(self, timeout=0.0):
         """Take the connection attempt a step on if its socket is ready; True once it is done."""
@@ -335,6 +339,11 @@ class Session:
     def _on_notice(self, _arg, handle):
         # libpq frees the notice's PGresult when this returns: copy the text now.
         notice = Result(handle)
+        if notice.field(PG_DIAG_SEVERITY_NONLOCALIZED) in ("FATAL", "PANIC"):
+            # The server's end of the session, come while no query ran: libpq passes an error
+            # there to the notice receiver.  Raised by the next send, not a notice of a task.
+            self.ended = (notice.field(PG_DIAG_MESSAGE_PRIMARY), notice.field(PG_DIAG_SQLSTATE))
+            return
         lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}"]
         for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
             value = notice.field(code)
@@ -401,6 +410,7 @@ class Session:
             PQfreeCancel(cancel)
 
     def send(self, query, params=None):
+        self._raise_if_ended()
         if params is None:
             sent = PQsendQuery(self.handle, query.encode())
         else:
@@ -414,6 +424,20 @@ class Session:
         self.answered = False
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
+
+    def _raise_if_ended(self):
+        """ConnectError with the server's own error and SQLSTATE when the server has ended this
+        session while it was idle, rather than write to its closed socket: libpq, writing there,
+        can lose what the server said first, and reports "server closed the connection
+        unexpectedly", which cannot tell idle_session_timeout (57P05: the query never ran) from
+        a session that broke while a task ran.  Never waits."""
+        if self.ended is None and self.answered and self.handle and self._polling is None:
+            if select.select([PQsocket(self.handle)], [], [], 0)[0]:
+                PQconsumeInput(self.handle)
+                PQisBusy(self.handle)  # parses what came: the server's FATAL goes to _on_notice
+        if self.ended is not None:
+            self.close()
+            raise ConnectError(*self.ended)
 
     def results(self, on_wait=None, wait_step=1.0):
         """Yield each PGresult of the query sent last, until libpq has none left.

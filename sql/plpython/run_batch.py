@@ -25,16 +25,24 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
     from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
     from output import OutputTooLarge, format_message
     from plans import Context, replan_after_growth, to_json
-    from run_task import INTERRUPT_EVERY, LOST_RUN, WorkerCall
+    from run_task import (
+        IDLE_ENDED,
+        INTERRUPT_EVERY,
+        LOST_RUN,
+        NO_SESSION,
+        SESSIONS_A_TASK,
+        WorkerCall,
+        moved_session_failed,
+    )
     from sessions import TaskSessions, send_prepare, settings_at_start
-    from task_rows import start_task, take_tasks, wake_launchers
+    from task_rows import move_task_to_session, start_task, take_tasks, wake_launchers
 
 
 class Running:
     """One task of the batch and its session, on its way: connecting, then (unless it started
     with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
-    __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate")
+    __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate", "sessions")
 
     def __init__(self, task, session, settings):
         self.task = task
@@ -44,6 +52,7 @@ class Running:
         self.reader = None  # InputResults, once the input is sent
         self.started = None  # monotonic time of its WORK
         self.error = self.sqlstate = None  # the session's failure before the input ran
+        self.sessions = 1  # sessions it was given: see BatchCall.moved_on
 
 
 class BatchCall:
@@ -67,12 +76,10 @@ class BatchCall:
         if not self.call.read_output_limit(tasks):
             return self.call.report
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
-        keywords = self.call.sessions.loopback_keywords
         running = []
         for task in tasks:
-            settings, options = settings_at_start(self.ctx, task)
             try:
-                running.append(Running(task, Session(keywords(task["owner"], options), wait=False), settings))
+                running.append(Running(task, *self.new_session(task)))
             except ConnectError as exc:
                 self.call.session_failed(task, exc)
         try:
@@ -88,6 +95,29 @@ class BatchCall:
         wake_launchers(self.ctx)  # this worker is free
         self.ctx.commit()
         return self.call.report
+
+    def new_session(self, task):
+        """A new session of the task's owner, started (not waited for) with the task's settings;
+        and those settings."""
+        settings, options = settings_at_start(self.ctx, task)
+        return Session(self.call.sessions.loopback_keywords(task["owner"], options), wait=False), settings
+
+    def moved_on(self, entry, sqlstate):
+        """Whether the task, WORK in a session the server ended for being idle before it read the
+        input, goes on in a new session, as run_task's run_input does: its connect has started,
+        and start_connected moves the task to it.  False after SESSIONS_A_TASK sessions, or when
+        a new one cannot be started: the task then ends with the server's error (if its connect
+        fails, with that failure: step)."""
+        if sqlstate != IDLE_ENDED or entry.session.ok or entry.sessions >= SESSIONS_A_TASK:
+            return False
+        entry.session.close()
+        try:
+            entry.session, entry.settings = self.new_session(entry.task)
+        except ConnectError:
+            return False
+        entry.sessions += 1
+        entry.preparing, entry.reader, entry.error, entry.sqlstate = False, None, None, None
+        return True
 
     def run_side_by_side(self, running):
         """Take every task on as its session allows, until all have ended."""
@@ -119,7 +149,10 @@ class BatchCall:
             try:
                 return session.advance() and session.ok
             except ConnectError as exc:
-                self.call.session_failed(entry.task, exc)
+                if entry.sessions > 1:  # WORK already, moved_on
+                    self.end(entry, None, moved_session_failed(entry.task, exc), exc.sqlstate or NO_SESSION, None)
+                else:
+                    self.call.session_failed(entry.task, exc)
                 return False
         if entry.reader is None:
             self.read_prepared(entry)
@@ -136,12 +169,19 @@ class BatchCall:
         older one the worker held; the server failed the worker's CALL, and the tasks it had
         started ended FAIL though they ran (test_burst.py)."""
         for entry in connected:
-            if not start_task(self.ctx, entry.task, entry.session.pid):
+            if entry.sessions == 1:
+                started = start_task(self.ctx, entry.task, entry.session.pid)
+            else:
+                started = move_task_to_session(self.ctx, entry.task, entry.session.pid)
+            if not started:
                 entry.session.close()  # stopped meanwhile: not this worker's to run any more
                 continue
             try:
                 entry.preparing = send_prepare(self.ctx, entry.session, entry.task, entry.settings)
             except ConnectError as exc:
+                if self.moved_on(entry, exc.sqlstate):
+                    self.ctx.commit()  # WORK, in the session that connects now
+                    continue
                 entry.session.close()
                 self.call.session_failed(entry.task, exc)
                 continue
@@ -160,7 +200,9 @@ class BatchCall:
         if not entry.session.answered:
             return
         if entry.error is not None:  # the session broke, or a cancel came before the input
-            self.end(entry, None, format_message(entry.error, entry.task["input"]), entry.sqlstate or LOST_RUN, None)
+            if not self.moved_on(entry, entry.sqlstate):
+                self.end(entry, None, format_message(entry.error, entry.task["input"]),
+                         entry.sqlstate or LOST_RUN, None)
             return
         self.send_input(entry)
 
@@ -169,7 +211,8 @@ class BatchCall:
         try:
             entry.reader = self.call.send_query(entry.session, entry.task)
         except ConnectError as exc:
-            self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
+            if not self.moved_on(entry, exc.sqlstate):
+                self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
 
     def read_input(self, entry):
         """What the input has returned so far; its end once it has returned everything."""
@@ -178,7 +221,7 @@ class BatchCall:
                 entry.reader.take(entry.session, result)
         except OutputTooLarge as exc:
             entry.reader.too_large(entry.session, exc)
-        if not entry.session.answered:
+        if not entry.session.answered or self.moved_on(entry, entry.reader.sqlstate):
             return
         try:
             self.end(entry, *entry.reader.end(entry.session))

@@ -165,8 +165,10 @@ class WorkerCall:
         try:
             send_prepare(self.ctx, kept.session, task, kept.settings)
         except ConnectError as exc:
-            self.session_failed(task, exc)
-            return None, None
+            if exc.sqlstate != IDLE_ENDED:
+                self.session_failed(task, exc)
+                return None, None
+            # (ended idle before the task's first statement: run_input moves the task to a new session)
         self.ctx.commit()  # WORK, start and pid are visible while the input runs
         started = time.monotonic()
         if go_on and task["remote"] is None and not reuses_sessions(task):
@@ -276,16 +278,18 @@ class WorkerCall:
             ended = self.run_input_in(kept.session, task)
             if ended[2] != IDLE_ENDED or kept.session.ok:
                 return ended
-            kept = self.move_to_new_session(task)
+            try:
+                kept = self.move_to_new_session(task)
+            except ConnectError as exc:
+                return None, moved_session_failed(task, exc), exc.sqlstate or NO_SESSION, None
             if kept is None:
                 return ended
         return self.run_input_in(kept.session, task)
 
     def move_to_new_session(self, task):
         """A new session for the WORK task whose session ended before it read the input, the
-        task's settings sent and the move committed; None when none can be opened (the task
-        then ends with the first session's error), or the task is no longer this worker's to
-        run (task_cancel ended it meanwhile)."""
+        task's settings sent and the move committed; None when the task is no longer this worker's
+        to run (task_cancel ended it meanwhile); ConnectError when none can be opened."""
         self.sessions.close_kept()
         try:
             kept = self.sessions.take(task, SessionChoice())
@@ -294,7 +298,7 @@ class WorkerCall:
             send_prepare(self.ctx, kept.session, task, kept.settings)
         except ConnectError:
             self.sessions.close_kept()
-            return None
+            raise
         self.ctx.commit()
         return kept
 
@@ -444,6 +448,14 @@ def connect_failure_hint(task):
         f'The task runs in a session logged in as its owner "{task["owner"]}" over the local socket: '
         "allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN."
     )
+
+
+def moved_session_failed(task, exc):
+    """The error of a task whose session ended idle before its input, and no new one opened: it
+    ends FAIL (it is WORK: not a wait for a connection slot, as before a start)."""
+    return format_message(f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task),
+                          detail="The session it was given had ended for being idle (idle_session_timeout)"
+                                 " before it read the input.")
 
 
 def is_string_type(ctx, oid):
