@@ -50,6 +50,21 @@ def test_next_matches_agree_with_croniter(db):
             assert next_runs(db, cron, "UTC", 25, after) == expected, (cron, after)
 
 
+def test_a_default_repeat_leaves_cron_tasks_alone(db):
+    """pg_task.repeat is the default of `repeat`: a cron task, which may not repeat as well,
+    takes none from it (ALTER ROLE ... SET pg_task.repeat failed every cron insert of the role);
+    a repeat written beside a cron is still refused."""
+    db.sql("SET pg_task.repeat = '5 min'")
+    task_id = db.insert("SELECT 1", cron="0 3 * * *", delete=False)
+    scheduled = db.value("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1')")
+    assert db.sql("SELECT repeat FROM task WHERE id = ANY(%s)", [[task_id, scheduled]]) == [(timedelta(0),)] * 2
+    assert db.value("SELECT repeat FROM task WHERE id = %s", [db.insert("SELECT 1", delete=False)]) == timedelta(
+        minutes=5)
+    with pytest.raises(psycopg.errors.CheckViolation, match="cron and task.repeat"):
+        db.insert("SELECT 1", cron="0 3 * * *", repeat="1 min")
+    db.sql("RESET pg_task.repeat")
+
+
 def test_day_fields_follow_vixie_cron(db):
     """A day matches both day fields when either starts with "*" (so "*/2" restricts with AND, as in
     pg_cron; croniter differs here), and either field when both are restricted."""

@@ -260,8 +260,10 @@ def test_a_rate_limit_spreads_starts_over_time(running, authors):
 
 def test_a_rate_limit_is_set_changed_and_removed(running, authors):
     alice = authors["alice"]
-    for starts, per, error in ((-1, "1 s", "starts must be 1 or more"), (1, "0 s", "per must be an interval"),
-                               (1, "-1 s", "per must be an interval"), (1, "2000 years", "per must be an interval")):
+    for starts, per, error in ((-1, "1 s", "starts must be from 1 to 100000"),
+                               (100001, "1 s", "starts must be from 1 to 100000"),
+                               (1, "0 s", "per must be an interval"), (1, "-1 s", "per must be an interval"),
+                               (1, "2000 years", "per must be an interval")):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=error):
             alice.execute("SELECT task_limit('g', %s, %s)", [starts, per])
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to task_limit"):
@@ -276,6 +278,76 @@ def test_a_rate_limit_is_set_changed_and_removed(running, authors):
     alice.execute("SELECT task_limit('slow', 0)")  # 0 (or NULL) removes the limit
     assert running.wait_done(second)["state"] == "DONE"
     assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 0
+
+
+def test_a_groups_rows_written_by_hand_hold_nothing_the_claims_cannot_use(running, authors):
+    """An author may write the rows of its groups' pauses and limits directly (row-level
+    security): their checks refuse what task_pause and task_limit refuse.  A `per` of a hundred
+    million years written so failed every claim of every role ("timestamp out of range"), and
+    another role's tasks waited until the author removed it."""
+    alice, bob = authors["alice"], authors["bob"]
+    alice.execute("SELECT task_limit('lim', 1, '1 s')")
+    for change in ("per = '100000000 years'", "per = '-1 s'", "starts = 0", "starts = 1000000",
+                   "recent = array_fill(now(), ARRAY[2])"):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            alice.execute(f"UPDATE pgtaskpy.group_limit SET {change} WHERE \"group\" = 'lim'")
+    alice.execute("SELECT task_pause('held')")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        alice.execute("UPDATE pgtaskpy.group_pause SET since = 'infinity' WHERE \"group\" = 'held'")
+    held = insert_as(alice, "SELECT 1", group="held", delete=False)
+    # A pause dated ahead by hand: the resume gives the waiting tasks no less time (it failed them:
+    # "task.active must be a positive interval").
+    alice.execute("UPDATE pgtaskpy.group_pause SET since = '9999-01-01' WHERE \"group\" = 'held'")
+    assert alice.execute("SELECT task_resume('held')").fetchone() == (True,)
+    assert running.wait_done(held)["state"] == "DONE"
+    assert running.wait_done(insert_as(bob, "SELECT 'bob'", delete=False))["state"] == "DONE"
+    # A limit lowered keeps the newest claims of its window, as many as it now allows.
+    alice.execute("SELECT task_limit('trim', 3, '1 hour')")
+    ran = [insert_as(alice, "SELECT 1", group="trim", delete=False) for _ in range(3)]
+    assert [running.wait_done(task_id)["state"] for task_id in ran] == ["DONE"] * 3
+    alice.execute("SELECT task_limit('trim', 1, '1 hour')")
+    assert running.value("SELECT cardinality(recent) FROM pgtaskpy.group_limit WHERE \"group\" = 'trim'") == 1
+
+
+def test_an_exclusive_task_of_a_paused_or_limited_group_waits_and_holds_no_other_back(running, authors):
+    """task_pause and task_limit hold a group's exclusive tasks as they hold its others; one so
+    held is not due, so it does not hold the other groups' tasks back either (an exclusive task
+    due waits for the running ones to end, and runs alone)."""
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('maintenance')")
+    paused = insert_as(alice, "SELECT 'exclusive'", group="maintenance", exclusive=True, delete=False)
+    other = insert_as(alice, "SELECT 'other'", group="app", delete=False)
+    assert running.wait_done(other)["state"] == "DONE"
+    assert states(running, [paused]) == ["PLAN"]
+    alice.execute("SELECT task_resume('maintenance')")
+    assert running.wait_done(paused)["state"] == "DONE"
+    alice.execute("SELECT task_limit('limited', 1, '1 hour')")
+    limited = [insert_as(alice, "SELECT 1", group="limited", exclusive=True, delete=False) for _ in range(3)]
+    assert running.wait_done(limited[0])["state"] == "DONE"
+    later = insert_as(alice, "SELECT 'later'", group="app", delete=False)
+    assert running.wait_done(later)["state"] == "DONE"
+    assert states(running, limited[1:]) == ["PLAN", "PLAN"]
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    ("SELECT task_pause('g', 'no_such_role')", psycopg.errors.UndefinedObject),
+    ("SELECT task_pause('g', '')", psycopg.errors.UndefinedObject),
+    ("SELECT task_resume('g', 'no_such_role')", psycopg.errors.UndefinedObject),
+    ("SELECT task_limit('g', 1, '1 s', 'no_such_role')", psycopg.errors.UndefinedObject),
+    ("SELECT * FROM task_next_runs('0 0 * * *', NULL, NULL)", psycopg.errors.InvalidParameterValue),
+    ("SELECT * FROM task_next_runs('0 0 * * *', NULL, 2, 'infinity')", psycopg.errors.InvalidParameterValue),
+    ("SELECT task_chain(NULL)", psycopg.errors.InvalidParameterValue),
+    ("INSERT INTO task (input, retry_on) VALUES ('SELECT 1', '{{40001},{40P01}}')", psycopg.errors.CheckViolation),
+    ("INSERT INTO task (input, after) VALUES ('SELECT 1', '{{1},{2}}')", psycopg.errors.InvalidParameterValue),
+])
+def test_bad_arguments_of_the_operating_functions_get_a_clear_error(running, authors, call, error):
+    """A role that does not exist, a NULL or infinite argument, an array of two dimensions: an
+    error that says so, not PL/pgSQL's own (a pause of a mistyped role said it had paused)."""
+    with pytest.raises(error) as raised:
+        authors["alice"].execute(call)
+    assert "FOR loop" not in str(raised.value) and "multidimensional" not in str(raised.value), raised.value
+    assert "FOREACH" not in str(raised.value) and "convert infinity" not in str(raised.value), raised.value
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_pause") == 0
 
 
 # --- Bounded history ----------------------------------------------------------------------------

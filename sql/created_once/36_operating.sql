@@ -35,10 +35,14 @@ CREATE TABLE pgtaskpy.group_count_changes (
 );
 
 -- Groups that start nothing until task_resume.
+-- Their owners may write them directly (row-level security), so their checks
+-- keep every value the scheduler computes with: a `per` of a hundred million
+-- years, written by hand, failed every claim of every role with "timestamp out
+-- of range", and a window of millions of entries would slow them all.
 CREATE TABLE pgtaskpy.group_pause (
     owner           name NOT NULL,
     "group"         text NOT NULL,
-    since           timestamptz NOT NULL DEFAULT now(),
+    since           timestamptz NOT NULL DEFAULT now() CHECK (isfinite(since)),
     PRIMARY KEY (owner, "group")
 );
 
@@ -47,10 +51,11 @@ CREATE TABLE pgtaskpy.group_pause (
 CREATE TABLE pgtaskpy.group_limit (
     owner           name NOT NULL,
     "group"         text NOT NULL,
-    starts          integer NOT NULL CHECK (starts > 0),
-    per             interval NOT NULL CHECK (per > interval '0'),
+    starts          integer NOT NULL CHECK (starts BETWEEN 1 AND 100000),
+    per             interval NOT NULL CHECK (per > interval '0' AND per <= interval '1000 years'),
     recent          timestamptz[] NOT NULL DEFAULT '{}',
-    PRIMARY KEY (owner, "group")
+    PRIMARY KEY (owner, "group"),
+    CHECK (cardinality(recent) <= starts)
 );
 
 GRANT SELECT ON pgtaskpy.group_counts, pgtaskpy.group_count_changes TO pgtaskpy_user;

@@ -30,8 +30,10 @@ $$;
 CREATE FUNCTION pgtaskpy.retry_on_is_valid(codes text[]) RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-    SELECT pg_catalog.array_position(codes, NULL) IS NULL
-       AND pg_catalog.array_to_string(codes, ',') OPERATOR(pg_catalog.~) '^(([0-9A-Z]{2}|[0-9A-Z]{5}|\*)(,|$))*$'
+    SELECT CASE WHEN pg_catalog.array_ndims(codes) > 1 THEN false  -- (array_position refuses those)
+                ELSE pg_catalog.array_position(codes, NULL) IS NULL
+                     AND pg_catalog.array_to_string(codes, ',') OPERATOR(pg_catalog.~) '^(([0-9A-Z]{2}|[0-9A-Z]{5}|\*)(,|$))*$'
+           END
 $$;
 
 CREATE FUNCTION pgtaskpy.check_task() RETURNS trigger
@@ -41,6 +43,12 @@ DECLARE
     violated text;
     problem text;
 BEGIN
+    -- A cron task takes no repeat from pg_task.repeat: the column's default, not its author,
+    -- set both (ALTER ROLE ... SET pg_task.repeat failed every cron insert of the role).
+    IF TG_OP = 'INSERT' AND NEW.cron IS NOT NULL AND NEW.repeat > interval '0'
+       AND NEW.repeat = pgtaskpy.setting_default('repeat', interval '0 sec') THEN
+        NEW.repeat := interval '0';
+    END IF;
     -- cron and tz: the error names the field and the token that cannot be
     -- read.  A cron task whose plan is left at its default (now()) waits for
     -- the first match; so does a waiting one whose cron or tz changes while

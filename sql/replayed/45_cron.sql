@@ -391,8 +391,11 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     ELSIF problem IS NOT NULL THEN
         RAISE EXCEPTION 'tz "%": %', zone, problem USING ERRCODE = 'invalid_parameter_value';
-    ELSIF n NOT BETWEEN 0 AND 100000 THEN
-        RAISE EXCEPTION 'task_next_runs: n must be from 0 to 100000, not %', n
+    ELSIF NOT isfinite(after) THEN
+        RAISE EXCEPTION 'task_next_runs: after must be a finite time, not %', after
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF n IS NULL OR n NOT BETWEEN 0 AND 100000 THEN
+        RAISE EXCEPTION 'task_next_runs: n must be from 0 to 100000, not %', COALESCE(n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR i IN 1..n LOOP

@@ -68,6 +68,8 @@ BEGIN
     NEW.waiting_for := 0;
     IF NEW.after IS NULL THEN
         RETURN NEW;
+    ELSIF array_ndims(NEW.after) > 1 THEN
+        RAISE EXCEPTION 'task.after must be a one-dimensional array of task ids' USING ERRCODE = 'invalid_parameter_value';
     ELSIF array_position(NEW.after, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'task.after must not contain NULL' USING ERRCODE = 'not_null_violation';
     END IF;
@@ -292,8 +294,11 @@ CREATE FUNCTION pgtaskpy.exclusive_gate() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
+    -- (One of a paused or rate-limited group is not due: it would hold every other task back.)
     RETURN (SELECT CASE WHEN bool_or(t.state <> 'PLAN') THEN 'running'
-                        WHEN bool_or(t.waiting_for = 0 AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE)
+                        WHEN bool_or(t.waiting_for = 0 AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+                                     AND NOT pgtaskpy.group_paused(t.owner, t."group")
+                                     AND pgtaskpy.rate_has_room(t.owner, t."group", 1))
                             THEN 'due' END
             FROM @extschema@.task AS t WHERE t.exclusive AND t.state IN ('PLAN', 'TAKE', 'WORK'));
 END
@@ -311,15 +316,22 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    UPDATE @extschema@.task AS t
-    SET state = 'TAKE', worker = claimer
-    WHERE t.id = (SELECT e.id FROM @extschema@.task AS e
-                  WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0
-                    AND (e.plan <= now() AND e.plan + e.active > now()) IS TRUE
-                    AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
-                  ORDER BY e.max DESC, e.id LIMIT 1)
-      AND t.state = 'PLAN'
-    RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0');
+    WITH claimed AS (
+        UPDATE @extschema@.task AS t
+        SET state = 'TAKE', worker = claimer
+        WHERE t.id = (SELECT e.id FROM @extschema@.task AS e
+                      WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0
+                        AND (e.plan <= now() AND e.plan + e.active > now()) IS TRUE
+                        AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
+                        AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
+                        AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
+                      ORDER BY e.max DESC, e.id LIMIT 1)
+          AND t.state = 'PLAN'
+        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
+    ), noted AS (  -- the claim counts in its group's rate limit, as claim_due_tasks' do
+        SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
+    )
+    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
 END
 $$;
 

@@ -85,7 +85,7 @@ DECLARE
     step text;
     ids bigint[] := '{}';
 BEGIN
-    IF cardinality(inputs) IS DISTINCT FROM array_length(inputs, 1) OR cardinality(inputs) = 0 THEN
+    IF inputs IS NULL OR cardinality(inputs) IS DISTINCT FROM array_length(inputs, 1) OR cardinality(inputs) = 0 THEN
         RAISE EXCEPTION 'task_chain needs a one-dimensional array of inputs, at least one'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

@@ -193,6 +193,9 @@ BEGIN
     IF task_group IS NULL THEN
         RAISE EXCEPTION '%: the group must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF task_owner IS NOT NULL AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = task_owner) THEN
+        RAISE EXCEPTION '%: role "%" does not exist', what, task_owner USING ERRCODE = 'undefined_object';
+    END IF;
     IF COALESCE(task_owner, current_user) <> current_user AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
         RAISE EXCEPTION 'permission denied to %(%) of role "%"', what, quote_literal(task_group), task_owner
             USING ERRCODE = 'insufficient_privilege',
@@ -234,7 +237,7 @@ BEGIN
     END IF;
     -- (Read from the indexes of waiting tasks, ready and blocked: not a scan of the finished rows.)
     UPDATE @extschema@.task AS t
-    SET active = t.active + (now() - greatest(t.plan, paused_since))
+    SET active = t.active + greatest(now() - greatest(t.plan, paused_since), interval '0')
     WHERE t.id IN (SELECT w.id FROM @extschema@.task AS w
                    WHERE w.state = 'PLAN' AND w.waiting_for = 0 AND w.plan < now()
                      AND w.owner = whose AND w."group" = task_resume."group"
@@ -331,8 +334,8 @@ BEGIN
         PERFORM pgtaskpy.wake_launchers();
         RETURN;
     END IF;
-    IF task_limit.starts < 0 THEN
-        RAISE EXCEPTION 'task_limit: starts must be 1 or more (0 or NULL removes the limit), not %', task_limit.starts
+    IF task_limit.starts NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'task_limit: starts must be from 1 to 100000 (0 or NULL removes the limit), not %', task_limit.starts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF task_limit.per IS NULL OR task_limit.per <= interval '0' OR NOT pgtaskpy.interval_is_sane(task_limit.per) THEN
@@ -341,7 +344,9 @@ BEGIN
     END IF;
     INSERT INTO pgtaskpy.group_limit AS l (owner, "group", starts, per)
     VALUES (whose, task_limit."group", task_limit.starts, task_limit.per)
-    ON CONFLICT ON CONSTRAINT group_limit_pkey DO UPDATE SET starts = excluded.starts, per = excluded.per;
+    ON CONFLICT ON CONSTRAINT group_limit_pkey DO UPDATE
+    SET starts = excluded.starts, per = excluded.per,
+        recent = l.recent[greatest(1, cardinality(l.recent) - excluded.starts + 1):];  -- (the newest, as rate_window keeps)
     PERFORM pgtaskpy.wake_launchers();
 END
 $$;
