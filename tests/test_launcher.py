@@ -140,6 +140,23 @@ def test_a_session_that_idle_session_timeout_ends_before_the_input_moves_the_tas
         assert len(slow) == 1 and slow[0] != row["pid"], (slow, row)
 
 
+def test_a_failed_claim_of_the_groups_next_task_leaves_the_task_before_it_as_it_ended(running):
+    """A worker ending a task claims its group's next one in the same transaction.  A claim that
+    fails (here a trigger of the table's that raises in a worker's claim) is given up alone: the
+    task that ran ends DONE, the launcher logs why, and claims the next task itself."""
+    running.sql("CREATE FUNCTION refuse_worker_claims() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN"
+                " IF current_setting('application_name') = pgtaskpy.name_of('worker') THEN"
+                " RAISE EXCEPTION 'no claims by workers'; END IF; RETURN NULL; END$$")
+    running.sql("CREATE TRIGGER refuse_worker_claims AFTER UPDATE ON task FOR EACH ROW"
+                " WHEN (OLD.state = 'PLAN' AND NEW.state IN ('TAKE', 'WORK')) EXECUTE FUNCTION refuse_worker_claims()")
+    running.sql("INSERT INTO task (input, \"group\", delete) SELECT 'SELECT ' || i, 'one at a time', false"
+                " FROM generate_series(1, 2) AS i")
+    running.wait_all_done()
+    assert running.sql("SELECT state::text, output FROM task ORDER BY id") == [("DONE", "1"), ("DONE", "2")]
+    wait_until(lambda: "could not claim its group's next task: no claims by workers"
+               in running.launchers[-1].output(), 10, 0.05, "the launcher's line")
+
+
 def test_a_kept_session_that_the_server_ended_is_not_given_a_task(running):
     """`count` keeps a task's session for the group's next task; if the server ends it meanwhile,
     the next task opens a new one."""

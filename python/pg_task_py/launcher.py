@@ -308,6 +308,8 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"task {event['id']} waits: no worker backend ({event['message']})"
     if kind == "worker_error":
         return logging.ERROR, f"task {event['id']}: {event['message']}"
+    if kind == "claim_error":
+        return logging.ERROR, f"a worker could not claim its group's next task: {event['message']}"
     if kind == "postponed":
         return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
     if kind == "spare_failed":

@@ -167,6 +167,8 @@ def collect(ctx, pool, name, worker, events):
             events.append({"event": "start", "id": task_id, "worker": name})
         for ended in report["ended"]:
             events.append({"event": "end", **ended})
+        if report.get("claim_error"):  # (the task before it ended as it ended; a launcher claims the next)
+            events.append({"event": "claim_error", "message": report["claim_error"], "worker": name})
         for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
             limit_concurrency(ctx, pool)
             events.append({"event": "postponed", "id": task_id})

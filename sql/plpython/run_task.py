@@ -108,7 +108,7 @@ class WorkerCall:
         self.claimer = claimer  # the launcher's session, which claimed the first task
         self.sessions = sessions or TaskSessions.of_worker(ctx)
         self.limit = None  # pg_task_py.output_limit
-        self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0}
+        self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0, "claim_error": None}
         self.early = None  # the sessions ahead's login fingerprint, for the first task's choice only
 
     def run(self, task_id):
@@ -256,6 +256,12 @@ class WorkerCall:
             # that another worker's end waits for (behind a launcher's turn), lost the cycle: its
             # statement alone is rolled back.  The end commits without it; a launcher claims the
             # next task.  Failing the call ended FAIL the task that had just run (test_chaos.py).
+            return None, None
+        except self.ctx.plpy.SPIError as exc:
+            # Any other failure of the claim (a value it cannot compute with, a trigger of the
+            # table's that raises): the same, and the launcher logs it.  It failed the call,
+            # which ended the task that had just run FAIL as a lost run, with a traceback.
+            self.report["claim_error"] = str(exc).split("\n", 1)[0]
             return None, None
         if next_task is None:
             return None, None

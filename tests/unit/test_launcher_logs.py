@@ -55,6 +55,8 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
     ({"event": "worker_error", "id": 3, "message": "server closed the connection"}, logging.ERROR,
      "task 3: server closed the connection"),
     ({"event": "postponed", "id": 4}, logging.WARNING, "task 4 waits: no free connection for its session"),
+    ({"event": "claim_error", "message": "boom", "worker": "w1"}, logging.ERROR,
+     "a worker could not claim its group's next task: boom"),
     ({"event": "spare_failed", "message": "no"}, logging.ERROR, "cannot open a worker backend: no"),
     ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
     ({"event": "deleted_old", "count": 5}, logging.INFO, "deleted 5 finished task(s) past pg_task_py.retention"),
