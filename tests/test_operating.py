@@ -329,6 +329,31 @@ def test_an_exclusive_task_of_a_paused_or_limited_group_waits_and_holds_no_other
     assert states(running, limited[1:]) == ["PLAN", "PLAN"]
 
 
+def test_task_cancel_of_a_waiting_run_skips_it_and_its_series_goes_on(running, authors):
+    """A waiting run of a series that task_cancel stops is skipped: the series goes on with the run
+    after it, as after any run's end (it ended with the stopped run); stop_series ends it."""
+    alice, bob = authors["alice"], authors["bob"]
+    hourly = alice.execute("INSERT INTO task (input, repeat, plan, delete) VALUES"
+                           " ('SELECT 1', '1 hour', now() + interval '1 hour', false) RETURNING id").fetchone()[0]
+    nightly = alice.execute("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1')").fetchone()[0]
+    for skipped, step in ((hourly, timedelta(hours=1)), (nightly, timedelta(days=1))):
+        assert bob.execute("SELECT task_cancel(%s)", [skipped]).fetchone() == (False,)  # not bob's
+        assert alice.execute("SELECT task_cancel(%s)", [skipped]).fetchone() == (True,)
+        following = running.sql("SELECT n.id, n.state::text, n.plan - s.plan FROM task AS n"
+                                " JOIN task AS s ON s.id = n.parent WHERE s.id = %s", [skipped])
+        assert [(state, gap) for _, state, gap in following] == [("PLAN", step)], following
+        assert states(running, [skipped]) == ["STOP"]
+        # Called again, the scheduler's half inserts no second run.
+        assert alice.execute("SELECT pgtaskpy.follow_skipped_run(%s)", [skipped]).fetchone() == (None,)
+        ended = following[0][0]
+        assert alice.execute("SELECT task_cancel(%s, true)", [ended]).fetchone() == (True,)
+        assert running.value("SELECT count(*) FROM task WHERE parent = %s", [ended]) == 0
+        # Another role cannot go on with alice's series by calling that half itself.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to go on"):
+            bob.execute("SELECT pgtaskpy.follow_skipped_run(%s)", [ended])
+    assert running.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 0
+
+
 @pytest.mark.parametrize(("call", "error"), [
     ("SELECT task_pause('g', 'no_such_role')", psycopg.errors.UndefinedObject),
     ("SELECT task_pause('g', '')", psycopg.errors.UndefinedObject),

@@ -128,3 +128,36 @@ def test_a_role_with_another_client_encoding_reads_and_writes_what_the_task_says
         running.sql("DELETE FROM task")
         running.sql("DROP TABLE written")
         running.sql("DROP ROLE legacy_app")
+
+
+def test_a_task_that_sets_its_own_client_encoding_reads_and_writes_what_it_says(shared):
+    """A task may SET client_encoding in its session: the server then sends that encoding, and
+    the worker reads it so (it stored 'caf\ufffd', DONE, for 'café').  A session kept with `save`
+    keeps the setting for the group's next task, whose input goes in that encoding; one with a
+    character the encoding lacks fails clearly, not as mojibake."""
+    row = run(shared, "SET client_encoding = 'LATIN1'; DO $$BEGIN RAISE NOTICE 'é'; END$$; SELECT 'café'")
+    assert (row["state"], row["output"], row["notice"]) == ("DONE", "SET\nDO\ncafé", "NOTICE:  é"), row
+    row = run(shared, "SET client_encoding = 'SJIS'; SELECT 'ア' AS katakana, 1/0")
+    assert row["state"] == "FAIL" and row["output"] == "SET" and "division by zero" in row["error"], row
+    assert run(shared, "SET client_encoding = 'SJIS'; SELECT 'ア'")["output"] == "SET\nア"
+    kept = {"group": "latin1", "count": 3, "save": True}
+    first = shared.insert("SET client_encoding = 'LATIN1'", delete=False, **kept)
+    second = shared.insert("SELECT 'é'", delete=False, **kept)
+    third = shared.insert("SELECT '→'", delete=False, **kept)
+    assert shared.wait_done(first)["state"] == "DONE"
+    assert shared.wait_done(second)["output"] == "é"
+    row = shared.wait_done(third)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "22P05"), row
+    assert "has no equivalent in the session's client_encoding" in row["error"], row
+
+
+def test_notices_are_bounded_by_the_output_limit(running):
+    """A task's notices count against pg_task_py.output_limit too: past it they are dropped, and
+    the column says so, so that RAISE NOTICE in a loop fills neither the worker nor the row."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 1000")
+    row = run(running, "DO $$BEGIN FOR i IN 1..50 LOOP RAISE NOTICE '%', repeat('n', 100); END LOOP; END$$")
+    assert row["state"] == "DONE", row
+    assert len(row["notice"]) <= 1000 + 100, len(row["notice"])
+    assert row["notice"].endswith("(notices past 1000 characters dropped: pg_task_py.output_limit)"), row["notice"]
+    exact = run(running, "SELECT repeat('x', 1000)")
+    assert (exact["state"], len(exact["output"])) == ("DONE", 1000), exact

@@ -104,9 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def positive_seconds(text: object) -> float:
     """status --watch: a refresh period."""
-    value = non_negative_seconds(text)
-    if value < 0.1:
-        raise argparse.ArgumentTypeError("must be at least 0.1 seconds")
+    value = number(text, float, "must be a number of seconds, at least 0.1")
+    if not (value >= 0.1 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("must be a number of seconds, at least 0.1")
     return value
 
 
@@ -173,8 +173,11 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
             entries = json.loads(args.config.read_text())
         except (OSError, ValueError) as exc:
             raise SetupError(f"cannot read config file {args.config}: {exc}") from None
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "dsn" in e for e in entries):
-            raise SetupError(f"config file {args.config}: expected a JSON list of objects with a \"dsn\"")
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) and "dsn" in e
+                                                                  for e in entries):
+            # (An empty list ran the libpq environment's database, as if there were no file.)
+            raise SetupError(f"config file {args.config}: expected a JSON list of objects with a \"dsn\","
+                             " one at least")
         settings += [config_entry(args.config, position, entry, args)
                      for position, entry in enumerate(entries, 1)]
     return settings or [Settings(dsn="", run=args.run, grace=args.grace, standby=args.standby)]

@@ -28,12 +28,14 @@ SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (wi
 # libpq's words when target_session_attrs refuses a standby (read-write; primary).
 STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode")
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
-# Connection errors that retrying cannot fix: wrong password, role or database.
+# Connection errors that retrying cannot fix: wrong password, role or database, a conninfo
+# that cannot be read (a bad option value: "connect_timeout=abc", "postgresql://%zz").
 # libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
 FATAL_SQLSTATES = {"28000", "28P01", "3D000"}
 FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplied",
                  "no pg_hba.conf entry", "invalid connection option", "invalid dsn",
-                 "missing \"=\"", "invalid URI")
+                 "missing \"=\"", "invalid URI", "bad value for", "invalid percent-encoded token",
+                 "invalid integer value", "invalid port number")
 
 
 def is_fatal(exc: psycopg.Error) -> bool:

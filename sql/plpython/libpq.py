@@ -73,6 +73,7 @@ PQconnectionUsedPassword = _fn("PQconnectionUsedPassword", _I, _P)
 PQgetCancel = _fn("PQgetCancel", _P, _P)
 PQcancel = _fn("PQcancel", _I, _P, _S, _I)
 PQfreeCancel = _fn("PQfreeCancel", None, _P)
+PQparameterStatus = _fn("PQparameterStatus", _P, _P, _S)
 NoticeReceiver = ctypes.CFUNCTYPE(None, _P, _P)
 
 
@@ -114,12 +115,28 @@ PG_DIAG_INTERNAL_QUERY = ord("q")
 PG_DIAG_SQLSTATE = ord("C")
 
 
-def _text(pointer, length=None):
-    """Decode a C string from libpq; invalid UTF-8 is kept visible, never fatal."""
+def _text(pointer, length=None, codec="utf-8", errors="replace"):
+    """Decode a C string from libpq; invalid text is kept visible, never fatal."""
     if not pointer:
         return None
     raw = ctypes.string_at(pointer, length) if length is not None else ctypes.string_at(pointer)
-    return raw.decode("utf-8", "replace")
+    return raw.decode(codec, errors)
+
+
+# Python's codec of each encoding a task may switch its session to (SET client_encoding): the
+# server then sends that encoding, and reads what it is sent as that encoding.  A session starts
+# in UTF-8 (sessions.py); one not listed here (MULE_INTERNAL, EUC_TW) is read as UTF-8.
+_CODECS = {
+    "UTF8": "utf-8", "SQL_ASCII": "utf-8", "LATIN1": "latin-1", "LATIN2": "iso8859-2", "LATIN3": "iso8859-3",
+    "LATIN4": "iso8859-4", "LATIN5": "iso8859-9", "LATIN6": "iso8859-10", "LATIN7": "iso8859-13",
+    "LATIN8": "iso8859-14", "LATIN9": "iso8859-15", "LATIN10": "iso8859-16", "ISO_8859_5": "iso8859-5",
+    "ISO_8859_6": "iso8859-6", "ISO_8859_7": "iso8859-7", "ISO_8859_8": "iso8859-8", "WIN866": "cp866",
+    "WIN874": "cp874", "WIN1250": "cp1250", "WIN1251": "cp1251", "WIN1252": "cp1252", "WIN1253": "cp1253",
+    "WIN1254": "cp1254", "WIN1255": "cp1255", "WIN1256": "cp1256", "WIN1257": "cp1257", "WIN1258": "cp1258",
+    "KOI8R": "koi8-r", "KOI8U": "koi8-u", "SJIS": "cp932", "SHIFT_JIS_2004": "shift_jis_2004",
+    "EUC_JP": "euc_jp", "EUC_JIS_2004": "euc_jis_2004", "EUC_KR": "euc_kr", "EUC_CN": "gb2312", "GBK": "gbk",
+    "GB18030": "gb18030", "BIG5": "big5", "UHC": "cp949", "JOHAB": "johab",
+}
 
 
 class ConnectError(Exception):
@@ -215,8 +232,9 @@ def connect_timeout_seconds(value):
 class Result:
     """One PGresult, freed when the with-block ends."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, codec="utf-8"):
         self.handle = handle
+        self.codec = codec  # of the session's client_encoding when the result came
 
     def __enter__(self):
         return self
@@ -228,29 +246,34 @@ class Result:
     def status(self):
         return PQresultStatus(self.handle)
 
-    def field(self, code):
-        return _text(PQresultErrorField(self.handle, code))
+    # `escaped`: the bytes that are not text in the codec are kept as lone surrogates
+    # (surrogateescape), for output.settled to read again once the session's encoding is known.
 
-    def columns(self):
+    def field(self, code, escaped=False):
+        return _text(PQresultErrorField(self.handle, code), None, self.codec,
+                     "surrogateescape" if escaped else "replace")
+
+    def columns(self, escaped=False):
+        errors = "surrogateescape" if escaped else "replace"
         return [
-            (_text(PQfname(self.handle, c)), PQftype(self.handle, c))
+            (_text(PQfname(self.handle, c), None, self.codec, errors), PQftype(self.handle, c))
             for c in range(PQnfields(self.handle))
         ]
 
-    def rows(self):
+    def rows(self, escaped=False):
         """Each row as a list of str, None for NULL."""
-        handle = self.handle
+        handle, codec, errors = self.handle, self.codec, "surrogateescape" if escaped else "replace"
         ncolumns = PQnfields(handle)
         for r in range(PQntuples(handle)):
             yield [
                 None
                 if PQgetisnull(handle, r, c)
-                else _text(PQgetvalue(handle, r, c), PQgetlength(handle, r, c))
+                else _text(PQgetvalue(handle, r, c), PQgetlength(handle, r, c), codec, errors)
                 for c in range(ncolumns)
             ]
 
     def command_tag(self):
-        return _text(PQcmdStatus(self.handle)) or ""
+        return _text(PQcmdStatus(self.handle), codec=self.codec) or ""
 
 
 class Session:
@@ -269,6 +292,8 @@ class Session:
         if not self.handle:
             raise ConnectError("out of memory")
         self.notices = []
+        self.notice_room = None  # characters the notices may still take (limit_notices); None: no limit
+        self.notice_limit = 0
         self.answered = True  # no query sent, or every result of the last one read
         self.ended = None  # (message, SQLSTATE) of the server's FATAL that came while the session was idle
         # Kept on self: ctypes must not collect the callback while libpq holds it.  Set before
@@ -338,18 +363,33 @@ class Session:
 
     def _on_notice(self, _arg, handle):
         # libpq frees the notice's PGresult when this returns: copy the text now.
-        notice = Result(handle)
+        notice = Result(handle, self.codec)
         if notice.field(PG_DIAG_SEVERITY_NONLOCALIZED) in ("FATAL", "PANIC"):
             # The server's end of the session, come while no query ran: libpq passes an error
             # there to the notice receiver.  Raised by the next send, not a notice of a task.
             self.ended = (notice.field(PG_DIAG_MESSAGE_PRIMARY), notice.field(PG_DIAG_SQLSTATE))
             return
-        lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY)}"]
+        if self.notice_room is not None and self.notice_room <= 0:
+            return  # (past the limit: dropped, and said so once)
+        # (escaped: read again once the query has ended, as its output is: output.settled)
+        lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY, True)}"]
         for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
-            value = notice.field(code)
+            value = notice.field(code, True)
             if value:
                 lines.append(f"{label}:  {value}")
-        self.notices.append("\n".join(lines))
+        text = "\n".join(lines)
+        if self.notice_room is not None:
+            self.notice_room -= len(text) + 1
+            if self.notice_room < 0:
+                text = f"(notices past {self.notice_limit} characters dropped: pg_task_py.output_limit)"
+        self.notices.append(text)
+
+    def limit_notices(self, limit):
+        """Collect the notices of the next query anew, at most `limit` characters of them (0: no
+        limit): a task's RAISE NOTICE in a loop must not fill the worker's memory and its row."""
+        self.notices.clear()
+        self.notice_limit = limit
+        self.notice_room = limit or None
 
     def close(self):
         self._polling = None  # a closed attempt is over: advance() must not poll a freed handle
@@ -409,14 +449,27 @@ class Session:
             PQcancel(cancel, buffer, 256)
             PQfreeCancel(cancel)
 
+    @property
+    def codec(self):
+        """Python's codec of the session's client_encoding now: a task may SET it, and the server
+        then writes and reads that encoding (libpq follows it, the server reports each change)."""
+        name = PQparameterStatus(self.handle, b"client_encoding") if self.handle else None
+        return _CODECS.get(ctypes.string_at(name).decode("ascii", "replace"), "utf-8") if name else "utf-8"
+
     def send(self, query, params=None):
         self._raise_if_ended()
+        codec = self.codec
+        try:
+            encoded = query.encode(codec)
+            values = None if params is None else [None if p is None else str(p).encode(codec) for p in params]
+        except UnicodeEncodeError as exc:  # (PostgreSQL's untranslatable_character)
+            raise ConnectError(f"character {exc.object[exc.start:exc.end]!r} has no equivalent in the session's"
+                               f" client_encoding ({codec}), which a task before this one set", "22P05") from None
         if params is None:
-            sent = PQsendQuery(self.handle, query.encode())
+            sent = PQsendQuery(self.handle, encoded)
         else:
-            values = [None if p is None else str(p).encode() for p in params]
             sent = PQsendQueryParams(
-                self.handle, query.encode(), len(values), None,
+                self.handle, encoded, len(values), None,
                 (_S * len(values))(*values), None, None, 0,
             )
         if not sent:
@@ -458,7 +511,7 @@ class Session:
             if not handle:
                 self.answered = True
                 return
-            yield Result(handle)
+            yield Result(handle, self.codec)
 
     def arrived_results(self):
         """Yield each result of the query sent last that has arrived, without waiting for more
@@ -470,7 +523,7 @@ class Session:
             if not handle:
                 self.answered = True
                 return
-            yield Result(handle)
+            yield Result(handle, self.codec)
 
     def finish_copy(self, status):
         """End a COPY the task started: refuse COPY FROM STDIN, drain COPY TO STDOUT."""

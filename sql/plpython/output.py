@@ -50,7 +50,7 @@ class OutputWriter:
         self.columns = None  # the result set being read, None between sets
 
     def _add(self, line):
-        self.size += len(line) + 1
+        self.size += len(line) + (1 if self.lines else 0)  # (the newline between lines, none after the last)
         if self.limit and self.size > self.limit:
             raise OutputTooLarge(f"task output exceeds {self.limit} characters")
         self.lines.append(line)
@@ -92,6 +92,28 @@ class OutputWriter:
     def text(self):
         """The output column: None when the task produced nothing at all."""
         return "\n".join(self.lines) if self.lines else None
+
+
+def settled(text, codec):
+    """Text read with its undecodable bytes kept (Result's `escaped`), made plain: the lines that
+    hold such bytes are read again in `codec`, the session's client_encoding once the input has
+    ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
+    that encoding at once, but libpq learns of the change only as the input ends: its results
+    were read as UTF-8, and 'café' was stored 'caf\ufffd'.  Bytes that are not text in `codec`
+    either are replaced (U+FFFD).  None stays None."""
+    if text is None or _is_plain(text):
+        return text
+    return "\n".join(line if _is_plain(line) else line.encode("utf-8", "surrogateescape").decode(codec, "replace")
+                     for line in text.split("\n"))
+
+
+def _is_plain(text):
+    """Whether the text holds no undecodable byte (surrogateescape's lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def with_tabs(text):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         ConnectError,
         MalformedConninfo,
     )
-    from output import OutputTooLarge, OutputWriter, format_error, format_message
+    from output import OutputTooLarge, OutputWriter, format_error, format_message, settled
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
     from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
@@ -335,7 +335,7 @@ class WorkerCall:
     def send_query(self, session, task):
         """Send the task's input to its session; the InputResults that reads what it returns."""
         reader = InputResults(task, OutputWriter(task, lambda oid: is_string_type(self.ctx, oid), self.limit))
-        session.notices.clear()
+        session.limit_notices(self.limit)
         session.send(task["input"])
         return reader
 
@@ -410,7 +410,7 @@ class InputResults:
             if self.error is not None:
                 return  # drain what is left after an error of ours
             if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
-                self.writer.rows(result.columns(), result.rows())
+                self.writer.rows(result.columns(escaped=True), result.rows(escaped=True))
                 if status == PGRES_TUPLES_OK:
                     self.writer.end_rows()
             elif status == PGRES_COMMAND_OK:
@@ -444,7 +444,9 @@ class InputResults:
             self.writer.command("COMMIT")
         elif session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
-        return self.writer.text(), self.error, self.sqlstate, "\n".join(session.notices) or None
+        codec = session.codec  # (known now: see output.settled)
+        return (settled(self.writer.text(), codec), self.error, self.sqlstate,
+                settled("\n".join(session.notices) or None, codec))
 
 
 def connect_failure_hint(task):

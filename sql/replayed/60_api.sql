@@ -129,16 +129,24 @@ $$;
 COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return its row (NULL if it was deleted)';
 
 -- Stop a waiting task (STOP) or cancel a running one (it ends FAIL with the
--- cancel error; with stop_series, a repeating task gets no next run).
--- Returns whether there was something to stop.  The caller's own view of
--- the table (row-level security) decides which tasks are theirs.
+-- cancel error).  A series (repeat or cron) goes on with its next run, as
+-- after any run's end: a waiting run stopped is skipped; with stop_series, it
+-- gets no next run.  Returns whether there was something to stop.  The
+-- caller's own view of the table (row-level security) decides which tasks
+-- are theirs.
 CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    series boolean;
 BEGIN
-    UPDATE @extschema@.task SET state = 'STOP' WHERE id = task_id AND state = 'PLAN';
+    UPDATE @extschema@.task AS t SET state = 'STOP' WHERE t.id = task_id AND t.state = 'PLAN'
+    RETURNING t.repeat > interval '0' OR t.cron IS NOT NULL INTO series;
     IF FOUND THEN
+        IF series AND NOT stop_series THEN
+            PERFORM pgtaskpy.follow_skipped_run(task_id);
+        END IF;
         RETURN true;
     END IF;
     PERFORM FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
@@ -206,6 +214,34 @@ BEGIN
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
     RETURN false;  -- its backend is gone: recovery ends it
+END
+$$;
+
+-- The next run of a series whose waiting run task_cancel has just stopped, as
+-- that run's end would have inserted it (follow_task); its id, or NULL when
+-- the task is no stopped run of a series, or has a next run already (a second
+-- call inserts none).  SECURITY DEFINER, as follow_task is the scheduler's; so
+-- the caller's right to the task is checked here again, for its session user,
+-- as cancel_running_task does.
+CREATE FUNCTION pgtaskpy.follow_skipped_run(task_id bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t @extschema@.task;
+BEGIN
+    SELECT * INTO t FROM @extschema@.task AS s
+    WHERE s.id = task_id AND s.state = 'STOP' AND (s.repeat > interval '0' OR s.cron IS NOT NULL)
+    FOR NO KEY UPDATE;
+    IF NOT FOUND OR EXISTS (SELECT FROM @extschema@.task AS n WHERE n.parent = task_id) THEN
+        RETURN NULL;
+    END IF;
+    IF NOT (pg_has_role(session_user, t.owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied to go on with the series of task %', task_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    t.max := greatest(t.max, 0);  -- (a negative max pushes the group back after a run, not a skipped one)
+    PERFORM pgtaskpy.follow_task(t);
+    RETURN (SELECT n.id FROM @extschema@.task AS n WHERE n.parent = task_id AND n.state = 'PLAN');
 END
 $$;
 

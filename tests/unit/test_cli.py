@@ -36,6 +36,8 @@ def test_version(capsys):
     (["run", "--grace", "inf"], "argument --grace: must be a number of seconds, 0 or more"),
     (["run", "--standby", "host"], "argument --standby: must be a libpq conninfo"),
     (["run", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
+    (["status", "--watch", "0"], "argument --watch: must be a number of seconds, at least 0.1"),
+    (["status", "--watch", "-1"], "argument --watch: must be a number of seconds, at least 0.1"),
     ([], "the following arguments are required: COMMAND"),
 ])
 def test_bad_usage_is_exit_2_with_the_reason(capsys, argv, says):
@@ -61,6 +63,7 @@ def test_config_file_entries_follow_the_flags_and_take_them_as_defaults(tmp_path
 @pytest.mark.parametrize(("content", "says"), [
     ('{"dsn": "not a list"}', 'expected a JSON list of objects with a "dsn"'),
     ('[{"run": 1}]', 'expected a JSON list of objects with a "dsn"'),
+    ("[]", 'expected a JSON list of objects with a "dsn", one at least'),
     ("[{", "cannot read config file"),
     ([{"dsn": "dbname=a", "runs": 2}], "unknown key(s) ['runs']"),
     ([{"dsn": "dbname=a"}, {"dsn": "dbname=b password=secret", "grace": -1}],

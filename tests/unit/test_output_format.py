@@ -108,6 +108,18 @@ def test_output_past_the_limit_is_an_error(output):
         out.rows([("a", TEXT)], [("67890",)])
 
 
+def test_output_of_exactly_the_limit_is_kept(output):
+    """The limit counts the characters `output` holds: the newlines between lines, none after the last."""
+    one = writer(output, limit=10)
+    one.rows([("a", TEXT)], [("1234567890",)])
+    assert one.text() == "1234567890"
+    two = writer(output, limit=10)
+    two.rows([("a", TEXT)], [("1234",), ("56789",)])
+    assert len(two.text()) == 10
+    with pytest.raises(output.OutputTooLarge):
+        two.command("X")
+
+
 def test_error_is_the_message_and_the_statement(output):
     assert output.format_error(Result(SEVERITY="ERROR", MESSAGE_PRIMARY="division by zero"), "SELECT 1/0 AS a") \
         == "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a"
@@ -144,3 +156,13 @@ def test_the_schedulers_own_errors_in_the_same_layout(output):
                                  detail='missing "=" after "x"') == \
         'ERROR:  could not connect\nDETAIL:  missing "=" after "x"\nHINT:  check pg_hba.conf\nSTATEMENT:  SELECT 1'
     assert output.format_message("task not active", None) == "ERROR:  task not active"
+
+
+def test_settled_reads_the_bytes_that_were_not_utf8_again_in_the_sessions_encoding(output):
+    """A task that SET client_encoding had its later results sent in it; the lines read as UTF-8
+    with those bytes kept are read again in the encoding the session ended with, the others kept."""
+    latin1 = "café".encode("latin-1").decode("utf-8", "surrogateescape")
+    assert output.settled(f"SET\n{latin1}\nété", "latin-1") == "SET\ncafé\nété"
+    assert output.settled(latin1, "utf-8") == "caf\ufffd"  # not text in the session's encoding either
+    assert output.settled("plain", "latin-1") == "plain"
+    assert output.settled(None, "latin-1") is None

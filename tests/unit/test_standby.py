@@ -17,5 +17,17 @@ def test_a_standby_refused_by_target_session_attrs_is_retried_soon_and_not_fatal
     assert not only_standbys(psycopg.OperationalError('connection to server failed: No such file or directory'))
 
 
+def test_a_conninfo_that_cannot_be_read_is_fatal_not_retried():
+    """A typo in a --dsn option's value is the user's to fix: retried, it looked like an outage."""
+    for dsn in ("host=/nonexistent connect_timeout=abc", "postgresql://%zz", "host=/nonexistent port=99999"):
+        try:
+            psycopg.connect(dsn).close()
+        except psycopg.Error as exc:
+            assert is_fatal(exc), (dsn, str(exc))
+        else:
+            raise AssertionError(f"{dsn} connected")
+    assert not is_fatal(psycopg.OperationalError('connection to server failed: No such file or directory'))
+
+
 def test_the_standby_answer_of_dispatch_has_a_line():
     assert describe({"event": "standby"})[1] == "a standby (in recovery): running nothing"
