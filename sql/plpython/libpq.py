@@ -498,6 +498,7 @@ class Session:
         Waits on the socket rather than in libpq, so that `on_wait` runs every
         `wait_step` seconds while the query runs.
         """
+        codec = self.codec  # (a change by the query itself is reported only as it ends: output.settled)
         while True:
             while PQisBusy(self.handle):
                 readable, _, _ = select.select([PQsocket(self.handle)], [], [], wait_step)
@@ -511,19 +512,20 @@ class Session:
             if not handle:
                 self.answered = True
                 return
-            yield Result(handle, self.codec)
+            yield Result(handle, codec)
 
     def arrived_results(self):
         """Yield each result of the query sent last that has arrived, without waiting for more
         (a worker running several tasks waits on all their sockets at once); `answered` once
         the query has no result left."""
         broken = not PQconsumeInput(self.handle)  # then libpq has its error result at once
+        codec = self.codec
         while broken or not PQisBusy(self.handle):
             handle = PQgetResult(self.handle)
             if not handle:
                 self.answered = True
                 return
-            yield Result(handle, self.codec)
+            yield Result(handle, codec)
 
     def finish_copy(self, status):
         """End a COPY the task started: refuse COPY FROM STDIN, drain COPY TO STDOUT."""
