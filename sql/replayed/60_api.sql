@@ -158,6 +158,14 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';
 
+-- Whether the session's user may act on the tasks of `task_owner`: as a
+-- member of that role, or of pgtaskpy_admin.  What the SECURITY DEFINER
+-- halves of task_cancel and task_unschedule check, where row-level security
+-- (current_user: their definer) no longer does.
+CREATE FUNCTION pgtaskpy.session_user_steers(task_owner name) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_has_role(session_user, task_owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER') $$;
+
 -- The privileged half of task_cancel: a claimed task is stopped before it
 -- starts; a running one is cancelled through the backend that really runs
 -- it, found from the row the scheduler wrote (task authors cannot write
@@ -178,7 +186,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF NOT (pg_has_role(session_user, t.owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+    IF NOT pgtaskpy.session_user_steers(t.owner) THEN
         RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege';
     END IF;
     IF t.state = 'TAKE' THEN
@@ -235,7 +243,7 @@ BEGIN
     IF NOT FOUND OR EXISTS (SELECT FROM @extschema@.task AS n WHERE n.parent = task_id) THEN
         RETURN NULL;
     END IF;
-    IF NOT (pg_has_role(session_user, t.owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+    IF NOT pgtaskpy.session_user_steers(t.owner) THEN
         RAISE EXCEPTION 'permission denied to go on with the series of task %', task_id
             USING ERRCODE = 'insufficient_privilege';
     END IF;
@@ -336,7 +344,7 @@ CREATE FUNCTION pgtaskpy.end_series(series_owner name, series_key text, OUT ende
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT (pg_has_role(session_user, series_owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER')) THEN
+    IF NOT pgtaskpy.session_user_steers(series_owner) THEN
         RAISE EXCEPTION 'permission denied to end the series "%" of role "%"', series_key, series_owner
             USING ERRCODE = 'insufficient_privilege';
     END IF;
