@@ -96,6 +96,9 @@ def test_a_running_task_is_never_started_twice_nor_hidden(running, authors):
             alice.execute("UPDATE task SET state = %s WHERE id = %s", [state, task_id])
     with pytest.raises(psycopg.errors.ObjectInUse, match="only its data can change"):
         alice.execute("UPDATE task SET input = 'SELECT 2' WHERE id = %s", [task_id])
+    # A DELETE hid it: its run went on, and no end, retry or next run was ever recorded.
+    with pytest.raises(psycopg.errors.ObjectInUse, match=f"task {task_id} is running: it cannot be deleted"):
+        alice.execute("DELETE FROM task WHERE id = %s", [task_id])
     alice.execute("UPDATE task SET data = 'progress: half' WHERE id = %s", [task_id])  # a task may report progress
     row = running.wait_done(task_id)
     assert row["state"] == "DONE" and row["output"].endswith("once") and row["data"] == "progress: half"

@@ -299,6 +299,16 @@ def test_graceful_stop_waits_for_running_task(db):
     assert "stopped" in launcher.output()
 
 
+def test_sighup_is_ignored_with_a_line(db):
+    """A closed terminal or a supervisor's reload sends SIGHUP: it ended the launcher at once, with
+    no line, no graceful stop."""
+    launcher = db.launcher()
+    launcher.signal(signal.SIGHUP)
+    wait_until(lambda: "received SIGHUP: ignored" in launcher.output(), 10, 0.05, "the SIGHUP line")
+    assert db.wait_done(db.insert("SELECT 'still here'", delete=False))["output"] == "still here"
+    assert launcher.stop() == 0
+
+
 def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     launcher = db.launcher("--grace", "0.5")
     task_id = db.insert("SELECT pg_sleep(60)", delete=False)
@@ -550,9 +560,9 @@ def test_grace_below_zero_is_a_usage_error(grace):
 
 @pytest.mark.parametrize(("entry", "says"), [
     ({"grace": -1}, '"grace" must be a number of seconds, 0 or more (got -1)'),
-    ({"grace": "soon"}, '"grace" must be a number of seconds, 0 or more (got "soon")'),
-    ({"run": 0}, '"run" must be at least 1 (got 0)'),
-    ({"run": True}, '"run" must be a whole number, at least 1 (got true)'),
+    ({"grace": "soon"}, '"grace" must be a JSON number, not a string (got "soon")'),
+    ({"run": 0}, '"run" must be a whole number from 1 to 2147483647 (got 0)'),
+    ({"run": True}, '"run" must be a whole number from 1 to 2147483647 (got true)'),
 ])
 def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
     config = tmp_path / "pg_task.json"

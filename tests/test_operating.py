@@ -186,6 +186,26 @@ def test_a_paused_group_starts_nothing_and_keeps_its_tasks(running, authors):
     assert starts == sorted(starts)  # in their order (max 0: one at a time, by id)
 
 
+def test_the_time_a_pause_adds_to_a_series_run_is_not_its_next_runs(running, authors):
+    """task_resume adds the paused time to the waiting run's active (it never goes GONE for the
+    pause); the next run took the run's active, so each pause of a series lengthened every run
+    after it for good (a group paused 8 hours a night gained four months of active a year)."""
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('nightly')")
+    run = insert_as(alice, "SELECT 1", group="nightly", repeat="1 hour", active="10 min", delete=False)
+    wait_until(lambda: running.value("SELECT now() - plan > interval '1 s' FROM task WHERE id = %s", [run]),
+               10, message="a second of pause")
+    alice.execute("SELECT task_resume('nightly')")
+    row = running.wait_done(run)
+    assert row["state"] == "DONE" and row["active"] > timedelta(minutes=10, seconds=1) and row["paused"] > timedelta(0)
+    assert row["active"] - row["paused"] == timedelta(minutes=10)
+    after = running.sql("SELECT active, paused FROM task WHERE parent = %s AND state = 'PLAN'", [run])
+    assert after == [(timedelta(minutes=10), timedelta(0))]
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.paused must be from 0 to less than active"):
+        alice.execute("UPDATE task SET paused = active WHERE parent = %s AND state = 'PLAN'", [run])
+    alice.execute("UPDATE task SET state = 'STOP' WHERE parent = %s AND state = 'PLAN'", [run])
+
+
 def test_pause_stops_a_worker_going_on_with_its_group(running, authors):
     alice = authors["alice"]
     ids = [insert_as(alice, "SELECT pg_sleep(0.05)", group="chain", count=1000, delete=False) for _ in range(200)]
@@ -438,9 +458,21 @@ def test_bad_retention_settings_keep_rows_and_say_why(db):
         notices = []
         conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
         assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (0,)
-    assert present(db, old) == 3
-    assert any('pg_task_py.retention_done = "soon"' in n for n in notices), notices
-    assert any('pg_task_py.keep_runs = "many"' in n for n in notices), notices
+        assert present(db, old) == 3
+        assert any('pg_task_py.retention_done = "soon"' in n for n in notices), notices
+        assert any('pg_task_py.keep_runs = "many"' in n for n in notices), notices
+        # Said once per value and session: the launcher's turns, once a second, filled the server's log.
+        notices.clear()
+        conn.execute("SELECT pgtaskpy.delete_old_tasks()")
+        assert notices == []
+    # ... and in the launcher's log too, once.
+    launcher = db.launcher()
+    wait_until(lambda: launcher.output().count('ignoring pg_task_py.retention_done = "soon" of database') == 1,
+               10, 0.1, "the launcher's log to say it")
+    # Two seconds of turns (housekeeping reads the setting each second), then no second line.
+    db.wait_done(db.insert("SELECT 1", plan=db.value("SELECT now() + interval '2 s'")), 15)
+    assert launcher.output().count('ignoring pg_task_py.retention_done = "soon"') == 1, launcher.output()
+    assert launcher.stop() == 0
 
 
 # --- The launcher's metrics ---------------------------------------------------------------------
@@ -542,7 +574,7 @@ def test_status_watch_refreshes_until_interrupted(running):
     finally:
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(10) == 0, watcher.stderr.read()
-    assert "\033[2J" in "".join(screens)
+    assert "\033[2J" not in "".join(screens)  # (a pipe gets the tables one after another; a terminal is cleared)
 
 
 def test_status_says_why_it_cannot_read(db):

@@ -98,10 +98,18 @@ def test_malformed_remote_conninfo_fails_the_task(running):
         "STATEMENT:  SELECT 1")
 
 
-def test_remote_connect_timeout_that_is_no_number_fails_the_task(running, remote):
-    row = run(running, "SELECT 1", remote=conninfo(remote) + " connect_timeout=soon")
-    assert (row["state"], row["sqlstate"]) == ("FAIL", "08001")
-    assert 'invalid integer value "soon" for connection option "connect_timeout"' in row["error"]
+@pytest.mark.parametrize(("option", "words"), [
+    ("connect_timeout=soon", 'invalid integer value "soon" for connection option "connect_timeout"'),
+    ("port=abc", 'invalid integer value "abc" for connection option "port"'),
+    ("sslmode=sometimes", 'invalid sslmode value: "sometimes"'),
+])
+def test_a_remote_conninfo_value_libpq_cannot_use_fails_the_task_unretried(running, remote, option, words):
+    """22023, as a conninfo that does not parse: 08001, a connection failure, was retried by the
+    default retry_on, as if the network were down."""
+    row = run(running, "SELECT 1", remote=conninfo(remote) + " " + option, retry=2, retry_delay="0 s")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "22023")
+    assert words in row["error"]
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [row["id"]]) == 0
 
 
 def test_remote_tasks_are_their_own_group(running, remote):

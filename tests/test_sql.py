@@ -1,5 +1,6 @@
 """What SQL a task can run, what it sees, and how its results are kept (README: What SQL can a task run?)."""
 
+import psycopg
 import pytest
 from pg_task_py_testing import wait_until
 
@@ -98,6 +99,36 @@ def test_cancel_can_stop_a_series(shared):
     assert shared.value("SELECT task_cancel(%s, stop_series => true)", [task_id]) is True
     assert shared.wait_done(task_id, 10)["state"] == "FAIL"
     assert shared.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
+def test_cancel_of_a_waiting_series_run_with_stop_series_null_skips_the_run(shared):
+    """NULL is the default, false, as for a running task; it ended the series."""
+    task_id = shared.insert("SELECT 1", repeat="1 hour", plan=shared.value("SELECT now() + interval '1 hour'"),
+                            group="null series", delete=False)
+    assert shared.value("SELECT task_cancel(%s, NULL)", [task_id]) is True
+    assert shared.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", [task_id]) == 1
+    shared.sql("UPDATE task SET state = 'STOP' WHERE parent = %s", [task_id])
+
+
+def test_task_wait_says_when_it_cannot_see_the_end(shared):
+    """Rather than wait out its time and blame the launcher: NULL arguments (a NULL time waited
+    for ever), a snapshot that never shows the end, and a task that cannot start before the
+    caller's own transaction commits."""
+    for call in ("SELECT task_wait(NULL)", "SELECT task_wait(1, NULL)"):
+        with pytest.raises(psycopg.errors.NullValueNotAllowed, match="task_wait needs a task id"):
+            shared.value(call)
+    later = shared.insert("SELECT 1", plan=shared.value("SELECT now() + interval '1 hour'"), group="wait")
+    with shared.connect() as conn:
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="REPEATABLE READ transaction"):
+                conn.execute("SELECT task_wait(%s, '5 s')", [later])
+        with conn.transaction(force_rollback=True):
+            mine = conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match=f"task {mine} was inserted by this transaction"):
+                conn.execute("SELECT task_wait(%s, '5 s')", [mine])
+    shared.sql("DELETE FROM task WHERE id = %s", [later])
 
 
 def test_wide_result(shared):

@@ -2,12 +2,14 @@
 pg_task_py UPDATE from every released version gives what a fresh install gives."""
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from pg_task_py_testing import Cluster, extension_version, new_database
+from pg_task_py_testing import PG_BIN, Cluster, Launcher, extension_version, new_database, wait_until
+from pg_task_py_testing.database import drop_database
 from psycopg import sql
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,3 +124,44 @@ def test_update_gives_what_a_fresh_install_gives(cluster: Cluster, db, old):
         rest = [line for line in log if "ALTER EXTENSION pg_task_py UPDATE" not in line]
         assert not any("WARNING" in line or "ERROR" in line for line in rest), launcher.output()
 
+
+
+def test_a_dump_restored_with_the_tables_triggers_off_is_the_same_database(cluster: Cluster, db, tmp_path):
+    """pg_dump dumps `task` and the scheduler's tables (pg_extension_config_dump).  Restored with
+    the triggers off (README, Backup and restore), every row comes back as it was: with them on,
+    a dependent whose prerequisite had been deleted at its end (or came later in the table's
+    order) failed the whole COPY of `task`, and the counters of task_stats counted each finished
+    row twice.  The restored database then runs on: a waiting dependent after its prerequisite."""
+    chain = db.value("SELECT task_chain(ARRAY['SELECT 1 WHERE false', 'SELECT ''step 2'''])")
+    failed = db.insert("SELECT 1/0", group="other")
+    launcher = db.launcher()
+    db.wait_done(chain[1])
+    db.wait_done(failed)
+    assert launcher.stop() == 0
+    assert db.task(chain[0]) is None  # (deleted at its end: it produced nothing)
+    prerequisite = db.insert("SELECT 'p'", plan=db.value("SELECT now() + interval '1 hour'"), delete=False)
+    dependent = db.insert("SELECT 'd'", after=[prerequisite], delete=False)
+    rows = "SELECT id, state::text, after, waiting_for, output, error FROM task ORDER BY id"
+    stats = 'SELECT "group", done_total, fail_total FROM task_stats ORDER BY 1'
+    dump = tmp_path / "database.dump"
+    subprocess.run([str(PG_BIN / "pg_dump"), "-Fc", "-f", str(dump), "-d", db.dsn], check=True, timeout=120)
+    name = f"{db.name}_restored"
+    with cluster.connect() as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    try:
+        subprocess.run([str(PG_BIN / "pg_restore"), "-d", cluster.dsn(name), str(dump)], check=True, timeout=120,
+                       env={**os.environ, "PGOPTIONS": "-c session_replication_role=replica"})
+        with cluster.connect(name) as restored:
+            for query in (rows, stats, "SELECT * FROM pgtaskpy.pending_prerequisite",
+                          "SELECT last_value FROM task_id_seq"):
+                assert restored.execute(query).fetchall() == db.sql(query), query
+            restored.execute("UPDATE task SET plan = now() WHERE id = %s", [prerequisite])
+            restored_launcher = Launcher(cluster.dsn(name)).start()
+            try:
+                wait_until(lambda: restored.execute("SELECT state::text, output FROM task WHERE id = %s",
+                                                    [dependent]).fetchone() == ("DONE", "d"),
+                           30, 0.05, "the restored dependent to run")
+            finally:
+                assert restored_launcher.stop() == 0
+    finally:
+        drop_database(cluster, name)

@@ -104,6 +104,57 @@ def test_stop_cascades_down_a_wide_fan_out(db):
         db.sql("DELETE FROM task")
 
 
+def test_an_open_transaction_with_dependents_holds_back_no_other_tasks_end(running):
+    """A transaction that inserts a task `after` 3,000 others, or stops 3,000 waiting tasks, and
+    stays open, holds nothing that another task's end waits for.  It held the lock of each
+    prerequisite's key (one of 1,024, shared by every task) until it committed: the ends of
+    nearly every other task waited for it, and so did their groups' next tasks."""
+    running.sql("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'later', now() + interval '1 hour'"
+                " FROM generate_series(1, 3000)")
+    for held in ("INSERT INTO task (input, after) SELECT 'SELECT 1', array_agg(id) FROM task"
+                 " WHERE \"group\" = 'later'",
+                 "UPDATE task SET state = 'STOP' WHERE \"group\" = 'later'"):
+        with running.connect() as author, author.transaction(force_rollback=True):
+            author.execute(held)
+            others = [running.insert("SELECT 1", group=f"other {i}", delete=False) for i in range(20)]
+            wait_until(lambda others=others: running.value(
+                "SELECT count(*) FROM task WHERE state = 'DONE' AND id = ANY (%s)", [others]) == 20,
+                20, 0.05, "the other tasks to end while it is open")
+
+
+@pytest.mark.parametrize("ends", ["DONE", "FAIL"])
+def test_a_prerequisite_that_ends_before_the_insert_commits_counts_at_the_commit(running, ends):
+    """The end of a prerequisite cannot see the edges of a transaction that has not committed:
+    that transaction reads the prerequisite's state again as it commits, and the dependents it
+    inserted follow the end as if they had been there.  Meanwhile the prerequisite, which
+    produced nothing and so is deleted at its end, is kept for them (the INSERT locks it FOR KEY
+    SHARE until the commit)."""
+    # (a condition the planner cannot fold: pg_sleep runs, then no row, or a division by zero)
+    condition = "1 / floor(random())::int = 1" if ends == "FAIL" else "random() < 0"
+    prerequisite = running.insert(f"SELECT FROM pg_sleep(0.5) WHERE {condition}")
+    wait_until(lambda: running.task(prerequisite)["state"] == "WORK", 20, 0.01, "the prerequisite running")
+
+    def insert(author, input: str, after: int, after_any: bool = False) -> int:
+        return author.execute("INSERT INTO task (input, after, after_any, delete) VALUES (%s, %s, %s, false)"
+                              " RETURNING id", [input, [after], after_any]).fetchone()[0]
+
+    with running.connect() as author:
+        with author.transaction():
+            dependent = insert(author, "SELECT 'd'", prerequisite)
+            next_step = insert(author, "SELECT 'n'", dependent)
+            either = insert(author, "SELECT 'e'", prerequisite, after_any=True)
+            wait_until(lambda: running.task(prerequisite)["state"] == ends, 20, 0.02,
+                       "the prerequisite's end while the insert is open")
+    assert running.wait_done(either)["output"] == "e"
+    if ends == "DONE":
+        assert running.wait_done(dependent)["output"] == "d" and running.wait_done(next_step)["output"] == "n"
+    else:
+        assert (running.task(dependent)["state"], running.task(dependent)["error"]) == (
+            "STOP", f"ERROR:  prerequisite task {prerequisite} ended FAIL")
+        assert running.task(next_step)["error"] == f"ERROR:  prerequisite task {dependent} ended STOP"
+    assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_done_prerequisite_deleted_at_its_end_releases_dependents(running):
     """delete = true and no output: the scheduler deletes the row at its end, after its dependents
     have counted it as DONE."""

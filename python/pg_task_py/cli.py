@@ -121,11 +121,15 @@ def listen_address(text: str) -> tuple[str, int]:
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
+MOST_RUN = 2**31 - 1  # the scheduling functions take --run as an integer
+
+
 def positive_int(text: object) -> int:
-    """--run and a config entry's "run": 0 or less would never run a task."""
-    value = number(text, int, "must be a whole number, at least 1")
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    """--run and a config entry's "run": 0 or less would never run a task; beyond MOST_RUN no call
+    of the scheduling functions would take it (the launcher retried that for ever)."""
+    value = number(text, int, f"must be a whole number from 1 to {MOST_RUN}")
+    if not 1 <= value <= MOST_RUN:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MOST_RUN}")
     return value
 
 
@@ -138,9 +142,10 @@ def non_negative_seconds(text: object) -> float:
 
 
 def number(value: object, kind: type, problem: str) -> int | float:
-    """A flag's text or a config value as a number; JSON true is not 1."""
+    """A flag's text or a config value as a number; JSON true is not 1, nor 4.7 four (nor 1e30 a
+    whole number)."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
             raise TypeError(value)
         return kind(value)
     except (TypeError, ValueError):
@@ -188,11 +193,15 @@ def config_entry(path: Path, position: int, entry: dict, args: argparse.Namespac
     unknown = set(entry) - {"dsn", "run", "grace", "standby"}
     if unknown:
         raise SetupError(f"config file {path}: unknown key(s) {sorted(unknown)}")
+    if not isinstance(entry["dsn"], str):
+        raise SetupError(f'config file {path}: entry {position}: "dsn" must be a libpq conninfo string')
     values = {}
     for key, check, default in (("run", positive_int, args.run), ("grace", non_negative_seconds, args.grace),
                                 ("standby", optional_conninfo, args.standby)):
         value = entry.get(key, default)
         try:
+            if key != "standby" and isinstance(value, str):  # (JSON has numbers: "4" is a typo's sign)
+                raise argparse.ArgumentTypeError("must be a JSON number, not a string")
             values[key] = check(value)
         except argparse.ArgumentTypeError as exc:
             # The entry's position, not its dsn (nor a bad standby): a conninfo may hold a password.
@@ -226,8 +235,14 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None)
         logging.getLogger("pg_task_py").info("received %s: stopping", signal.Signals(signum).name)
         stopping.set()
 
+    def on_hangup(_signum: int, _frame: object) -> None:
+        # (Python's default ended the launcher with no word: a closed terminal, a supervisor's reload)
+        logging.getLogger("pg_task_py").warning("received SIGHUP: ignored (the launcher reads its flags and config"
+                                                " file only as it starts: restart it to change them)")
+
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings))
     metrics = None
     if metrics_at is not None:

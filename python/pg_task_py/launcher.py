@@ -90,6 +90,7 @@ class Scheduler:
                     self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
                 continue
+            conn.add_notice_handler(self._on_notice)
             try:
                 with conn:
                     self._rename(f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}")
@@ -116,6 +117,12 @@ class Scheduler:
                 if self.metrics:
                     self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
+
+    def _on_notice(self, notice: psycopg.errors.Diagnostic) -> None:
+        """The server's warnings to the launcher's session (a scheduler setting it ignores, said
+        once per value: pgtaskpy.warn_ignored_setting) in the launcher's log, not only the server's."""
+        if notice.severity_nonlocalized == "WARNING":
+            log.warning("%s: %s", self.name, notice.message_primary)
 
     def _rename(self, name: str) -> None:
         if self.metrics and name != self.name:
@@ -300,11 +307,11 @@ def describe(event: dict) -> tuple[int, str]:
     kind = event.get("event")
     if kind == "start":
         return logging.INFO, f"task {event['id']} started"
-    if kind == "end":
-        return logging.INFO, describe_end(event)
+    if kind == "end":  # (a failure at WARNING: --log-level WARNING shows failures, not every start)
+        return logging.WARNING if event.get("state") == "FAIL" else logging.INFO, describe_end(event)
     if kind == "cancel":
         if event.get("cancelled"):
-            return logging.INFO, f"task {event['id']} cancelled (grace period over)"
+            return logging.WARNING, f"task {event['id']} cancelled (grace period over)"
         return logging.WARNING, f"could not cancel task {event['id']}"
     if kind == "start_failed":
         return logging.WARNING, f"task {event['id']} waits: no worker backend ({event['message']})"

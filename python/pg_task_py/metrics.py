@@ -8,6 +8,8 @@ database knows (waiting due tasks by group, start lags, workers).
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,9 +55,18 @@ class Metrics:
             self.turns.setdefault(database, float("-inf"))
 
     def rename(self, old: str, new: str) -> None:
-        """The launcher names a database by its conninfo until it has connected."""
+        """The launcher names a database by its conninfo until it has connected, then by the server
+        it is on: a failover changes the name.  The old name's gauges go (left, they stayed frozen at
+        their last values, and an alert on a late group or a stale turn fired for good); its
+        counters stay, as totals of what happened there."""
         with self.lock:
             self.turns[new] = self.turns.pop(old, float("-inf"))
+        for gauge in (self.running, self.workers, self.last_turn):
+            with contextlib.suppress(KeyError):
+                gauge.remove(old)
+        for owner, group in self.groups.pop(old, set()):
+            self.due.remove(old, owner, group)
+            self.oldest_due.remove(old, owner, group)
 
     def turn(self, database: str, events: list[dict], running: int) -> None:
         """One successful turn of dispatch() and what it returned."""
@@ -98,6 +109,12 @@ class Metrics:
             return sorted(name for name, at in self.turns.items() if now - at > HEALTHY_WITHIN)
 
 
+class IPv6Server(ThreadingHTTPServer):
+    """For an IPv6 address ('[::1]:9187'): the server's socket family is fixed before it binds."""
+
+    address_family = socket.AF_INET6
+
+
 def serve(metrics: Metrics, address: str, port: int) -> ThreadingHTTPServer:
     """Serve /metrics and /health from a daemon thread; returns the server (shutdown() stops it)."""
 
@@ -122,7 +139,7 @@ def serve(metrics: Metrics, address: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - scrapes are not log lines
             pass
 
-    server = ThreadingHTTPServer((address, port), Handler)
+    server = (IPv6Server if ":" in address else ThreadingHTTPServer)((address, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -30,9 +30,10 @@ def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sy
             if conn.execute("SELECT to_regclass('task_stats') IS NULL").fetchone()[0]:
                 raise StatusError("no view task_stats here: is the extension pg_task_py 1.3 or later installed in "
                                   "this database, and in the search_path? (ALTER EXTENSION pg_task_py UPDATE)")
+            clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe gets the tables one after another)
             while True:
                 rows = conn.execute(QUERY).fetchall()
-                out.write((CLEAR if watch else "") + render(rows))
+                out.write(clear + render(rows))
                 out.flush()
                 if watch is None or stopping.wait(watch):
                     return

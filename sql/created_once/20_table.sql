@@ -49,7 +49,8 @@ CREATE TABLE @extschema@.task (
     after_any   boolean NOT NULL DEFAULT false,
     waiting_for integer NOT NULL DEFAULT 0,
     exclusive   boolean NOT NULL DEFAULT false,
-    target      text
+    target      text,
+    paused      interval NOT NULL DEFAULT interval '0'
     -- Impossible values are rejected by the trigger task_check (sql/replayed/30_triggers.sql).
 );
 
@@ -69,6 +70,7 @@ COMMENT ON COLUMN @extschema@.task.after_any IS 'run once every prerequisite has
 COMMENT ON COLUMN @extschema@.task.waiting_for IS 'how many prerequisites have not ended yet (the scheduler counts them down)';
 COMMENT ON COLUMN @extschema@.task.exclusive IS 'start only when no other task of the database runs, and let none start while it runs';
 COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''standby'' a read-only session on the launcher''s standby';
+COMMENT ON COLUMN @extschema@.task.paused IS 'how long task_pause held the waiting task: added to its active, not to its next run''s';
 
 -- Finding due work stays cheap however many finished rows the table holds:
 -- every scheduling index covers only the few rows that are waiting or running.

@@ -78,6 +78,9 @@ SESSIONS_A_TASK = 3
 BUSY_SQLSTATES = ("53300", "57P03")
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections")
+# libpq's (English) words for a conninfo value it cannot use (port=abc, sslmode=sometimes), which it
+# finds only as it connects: the conninfo's mistake, like one that does not parse, not the network's.
+BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not match")
 
 
 def main(plpy, GD, SD, task_id, claimer):
@@ -370,6 +373,8 @@ class WorkerCall:
             self.report["postponed"].append(task["id"])
         elif isinstance(exc, MalformedConninfo):  # pg_task's words
             self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc), sqlstate=BAD_SETTING)
+        elif task["remote"] is not None and is_bad_conninfo_value(str(exc)):
+            self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=BAD_SETTING)
         else:
             self.fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task),
                                 sqlstate=NO_SESSION)
@@ -447,6 +452,13 @@ class InputResults:
         codec = session.codec  # (known now: see output.settled)
         return (settled(self.writer.text(), codec), self.error, self.sqlstate,
                 settled("\n".join(session.notices) or None, codec))
+
+
+def is_bad_conninfo_value(message):
+    """Whether libpq refused a connection for a value of its conninfo (BAD_CONNINFO_VALUE, or its
+    'invalid sslmode value: "..."' and the like)."""
+    return any(words in message for words in BAD_CONNINFO_VALUE) or (
+        message.startswith("invalid ") and ' value: "' in message)
 
 
 def connect_failure_hint(task):

@@ -32,7 +32,8 @@ LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN pg_catalog.array_ndims(codes) > 1 THEN false  -- (array_position refuses those)
                 ELSE pg_catalog.array_position(codes, NULL) IS NULL
-                     AND pg_catalog.array_to_string(codes, ',') OPERATOR(pg_catalog.~) '^(([0-9A-Z]{2}|[0-9A-Z]{5}|\*)(,|$))*$'
+                     AND NOT EXISTS (SELECT FROM pg_catalog.unnest(codes) AS c(code)  -- (each: '{"22,22012"}' is one)
+                                     WHERE c.code OPERATOR(pg_catalog.!~) '^([0-9A-Z]{2}|[0-9A-Z]{5}|\*)$')
            END
 $$;
 
@@ -82,6 +83,8 @@ BEGIN
                   AND NEW.plan < timestamptz '10000-01-01 00:00+00')
             THEN 'task.plan must be a finite time from 1900 to 9999'
         WHEN NOT NEW.active > interval '0' THEN 'task.active must be a positive interval'
+        WHEN NOT (NEW.paused >= interval '0' AND NEW.paused < NEW.active)
+            THEN 'task.paused must be from 0 to less than active'
         WHEN NOT NEW.live >= interval '0' THEN 'task.live must not be negative'
         WHEN NOT NEW.repeat >= interval '0' THEN 'task.repeat must not be negative'
         WHEN NEW.cron IS NOT NULL AND NEW.repeat > interval '0' THEN 'task.cron and task.repeat must not both be set'
@@ -137,7 +140,7 @@ $$;
 -- every check).  Only in a superuser's session: anyone can set the mark.
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused
     ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on'
@@ -151,7 +154,8 @@ CREATE TRIGGER task_check
 -- task_cancel at somebody else's backend.  A task author inserts a task in
 -- PLAN or STOP, stops it while it waits (PLAN -> STOP), and changes its
 -- definition while it is not running; a running task is cancelled through
--- task_cancel.  Superusers and members of pgtaskpy_admin may write anything,
+-- task_cancel, not deleted (its run would go on, with no end recorded, no
+-- retry, and its dependents stopped as if it had never run).  Superusers and members of pgtaskpy_admin may write anything,
 -- to repair rows by hand.  Whoever sets STOP, stop is stamped, so that
 -- retention sees the row.
 CREATE FUNCTION pgtaskpy.guard_task() RETURNS trigger
@@ -160,6 +164,14 @@ AS $$
 DECLARE
     written text;
 BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+            RAISE EXCEPTION 'task % is running: it cannot be deleted', OLD.id
+                USING ERRCODE = 'object_in_use',
+                      HINT = format('Cancel it with task_cancel(%s); delete it when it has ended.', OLD.id);
+        END IF;
+        RETURN OLD;
+    END IF;
     IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN  -- (true for superusers)
         IF TG_OP = 'UPDATE' AND OLD.state IN ('TAKE', 'WORK')
            AND (to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]) THEN
@@ -217,6 +229,12 @@ CREATE TRIGGER task_guard_update
     BEFORE UPDATE ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR (NEW.state = 'STOP' AND NEW.stop IS NULL))
+    EXECUTE FUNCTION pgtaskpy.guard_task();
+
+CREATE TRIGGER task_guard_delete
+    BEFORE DELETE ON @extschema@.task
+    FOR EACH ROW
+    WHEN (OLD.state IN ('TAKE', 'WORK') AND pg_catalog.current_setting('is_superuser') <> 'on')
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once

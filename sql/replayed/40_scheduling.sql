@@ -672,7 +672,10 @@ BEGIN
     PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
 
     IF t.delete AND t.output IS NULL AND t.error IS NULL THEN
-        DELETE FROM @extschema@.task AS task WHERE task.id = t.id;
+        -- (not while an open transaction locks the row FOR KEY SHARE, as a foreign key does or an
+        -- INSERT of a task `after` it: the end would wait for it; retention deletes the row later)
+        DELETE FROM @extschema@.task AS task
+        WHERE task.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = t.id FOR UPDATE SKIP LOCKED);
     END IF;
 
     IF wake THEN
@@ -692,16 +695,18 @@ AS $$ SELECT '08006' $$;
 -- one retry_on names (a five-character code, its two-character class, or
 -- '*'), and it has attempts left.  Never a STOP or GONE (not failures), nor a
 -- cancel; a timeout of the task's own only when retry_on names 57014 itself.
--- A lost run (its worker died, or its session broke while it ran) may have
--- done its work: tried again only when the task says it is safe
+-- A lost run (its worker died, its session broke or was ended while it ran)
+-- may have done its work: tried again only when the task says it is safe
 -- (retry_unsafe), and not before a minute, so that an operator can step in.
--- The delay doubles from retry_delay with each attempt, up to retry_max, and
--- is spread by +-10 % so that tasks failing together do not retry together.
+-- The delay doubles from retry_delay with each attempt, is spread by +-10 %
+-- so that tasks failing together do not retry together, and is at most
+-- retry_max.
 CREATE FUNCTION pgtaskpy.retry_plan(t @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    lost boolean := t.sqlstate = pgtaskpy.lost_run_sqlstate() AND t.start IS NOT NULL;
+    -- (a session a DBA or a shutdown ended while it ran, 57P01 or 57P02, is lost the same way)
+    lost boolean := t.sqlstate IN (pgtaskpy.lost_run_sqlstate(), '57P01', '57P02') AND t.start IS NOT NULL;
     delay float8;
 BEGIN
     IF t.state <> 'FAIL' OR t.attempt > t.retry OR t.sqlstate IS NULL THEN
@@ -719,8 +724,7 @@ BEGIN
     END IF;
     -- (seconds as float8: retry_delay * 2^60 would overflow an interval; both are at most 1000 years)
     delay := least(extract(epoch FROM t.retry_max),
-                   extract(epoch FROM t.retry_delay) * 2.0 ^ least(t.attempt - 1, 60))
-             * (0.9 + 0.2 * random());
+                   extract(epoch FROM t.retry_delay) * 2.0 ^ least(t.attempt - 1, 60) * (0.9 + 0.2 * random()));
     IF lost THEN
         delay := greatest(delay, extract(epoch FROM t.retry_delay), 60);
     END IF;
@@ -799,7 +803,7 @@ BEGIN
             string, delimiter, escape, quote, data, "group", input, "null", remote, save, owner,
             cron, tz, key, retry, retry_delay, retry_max, retry_on, retry_unsafe, attempt, exclusive, target)
         VALUES (
-            t.id, COALESCE(retry_at, next_at), t.active, t.live, t.repeat, t.timeout, t.count,
+            t.id, COALESCE(retry_at, next_at), t.active - t.paused, t.live, t.repeat, t.timeout, t.count,
             t.max, t.delete, t.drift, t.header, t.string, t.delimiter, t.escape, t.quote,
             t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
             t.cron, t.tz, t.key, t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe,
@@ -947,6 +951,23 @@ AS $$
     THEN format('database %I', current_database()) ELSE 'the server configuration' END
 $$;
 
+-- A scheduler setting the scheduler ignores, said once per value in a backend:
+-- the launcher reads its settings every second, and the server's log got the
+-- same line each time (86,400 a day).  `whose`: 'of database "app"', 'for role
+-- app'.  The launcher shows its session's warnings in its own log too.
+CREATE FUNCTION pgtaskpy.warn_ignored_setting(name text, setting text, whose text, why text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    said text := 'pgtaskpy.warned_' || md5(name || ' ' || whose);
+BEGIN
+    IF current_setting(said, true) IS DISTINCT FROM setting THEN
+        RAISE WARNING 'pg_task_py: ignoring % = "%" %: %', name, setting, whose, why;
+        PERFORM set_config(said, setting, false);
+    END IF;
+END
+$$;
+
 -- Delete the finished tasks `ids` (locked by the caller) for retention or
 -- keep_runs, all in one statement.  A row that another table still references
 -- by a foreign key without ON DELETE CASCADE or SET NULL fails that statement,
@@ -1084,8 +1105,8 @@ BEGIN
         retention := interval '-1 s';
     END;
     IF retention < interval '0' THEN
-        RAISE WARNING 'pg_task_py: ignoring % = "%" of %: not an interval of zero or more',
-            name, setting, pgtaskpy.scheduler_setting_source(name);
+        PERFORM pgtaskpy.warn_ignored_setting(name, setting, 'of ' || pgtaskpy.scheduler_setting_source(name),
+                                              'not an interval of zero or more');
         RETURN NULL;
     END IF;
     RETURN retention;
@@ -1191,6 +1212,7 @@ $$;
 
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.warn_ignored_setting(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.groups_due_soon(double precision, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.owner_to_start_ahead(double precision) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;

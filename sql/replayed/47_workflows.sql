@@ -10,17 +10,27 @@
 -- it (resolve_dependents).
 --
 -- The race between an INSERT naming a prerequisite and that prerequisite's
--- end: the INSERT holds a lock on each prerequisite's id (shared) from before
--- it reads the prerequisite's state until it commits, and an end takes the
--- same lock (exclusive) before it looks for edges.  So either the end waits
--- for the INSERT's edges, or the INSERT waits for the end and reads the
--- prerequisite ended.  An advisory lock, not a row lock: a row lock held by an
--- open transaction of a task author would hold up the claim of the
--- prerequisite, and every launcher behind the scheduling lock with it.  (A
+-- end, in READ COMMITTED: the INSERT reads the prerequisite's state, and an end
+-- looks for edges, which it cannot see until the INSERT commits.  So the INSERT
+-- reads the states again as it commits (settle_prerequisites, a deferred
+-- constraint trigger) under a lock on each prerequisite's id (shared), which an
+-- end takes (exclusive) before it looks for edges: either the end waits for
+-- that commit and finds the edges, or the commit waits for the end and reads
+-- the prerequisite ended.  The lock is held from the commit's check to the
+-- commit only, and so are the locks of a user's STOP or DELETE of a waiting
+-- task (prerequisite_stopped, prerequisite_deleted): an author's open
+-- transaction holds no lock that another task's end waits for.  (Held from the
+-- INSERT to the commit, 1,024 keys shared by every task, a chain of 500 steps
+-- inserted in one open transaction held up the ends of half of every role's
+-- tasks.)  Until its commit, the INSERT locks each prerequisite still running
+-- or waiting FOR KEY SHARE, as a foreign key does: no claim, start or end
+-- waits for that, and the row is not deleted meanwhile (the end's DELETE of a
+-- row that produced nothing skips it, and retention takes it later).  A
 -- REPEATABLE READ transaction reads states as of its snapshot, so it locks the
--- rows instead: FOR SHARE fails with a serialization error when the
--- prerequisite ended after the snapshot was taken.)
---
+-- rows FOR SHARE instead: that fails with a serialization error when the
+-- prerequisite ended after the snapshot was taken, and holds back the
+-- prerequisite's end until the commit.
+
 -- enable_seqscan off: these functions look rows up by id, and keep their plans
 -- for the backend's life; a plan made while the table was small (a bulk
 -- INSERT into an empty table, a new worker) would scan the whole table on
@@ -34,7 +44,7 @@
 -- lock space), so that a transaction that ends or deletes many tasks at once
 -- (a stop cascading down a fan-out of 100,000, DELETE FROM task) holds at
 -- most 1,024 locks, well within the server's lock table.  Two ids of one key
--- only wait for each other's INSERT or end.  Plain SQL without SET, so the
+-- only wait for each other's end or commit (settle_prerequisites).  Plain SQL without SET, so the
 -- planner inlines them.
 CREATE FUNCTION pgtaskpy.prerequisite_lock_key(task_id bigint) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -74,9 +84,9 @@ BEGIN
         RAISE EXCEPTION 'task.after must not contain NULL' USING ERRCODE = 'not_null_violation';
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pgtaskpy.lock_prerequisite_shared(p.id)  -- (in order of keys: no deadlock between inserts)
-        FROM (SELECT DISTINCT a.id, pgtaskpy.prerequisite_lock_key(a.id) AS k FROM unnest(NEW.after) AS a(id)
-              ORDER BY k) AS p;
+        -- (not deleted until this commits; its end, if it comes first, is settle_prerequisites')
+        PERFORM FROM @extschema@.task AS t
+        WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK') ORDER BY t.id FOR KEY SHARE;
     ELSE
         PERFORM FROM @extschema@.task AS t WHERE t.id = ANY (NEW.after) ORDER BY t.id FOR SHARE;
     END IF;
@@ -87,7 +97,11 @@ BEGIN
         RAISE EXCEPTION 'prerequisite task % not found', missing
             USING ERRCODE = 'foreign_key_violation',
                   DETAIL = 'task.after lists tasks that exist and that the inserting role can see.',
-                  HINT = 'Insert the prerequisites first (task_chain, or one transaction), under the same role.';
+                  HINT = CASE WHEN current_setting('row_security') = 'off'  -- (as pg_dump's scripts set it)
+                              THEN 'Restoring a dump? Restore it with PGOPTIONS=''-c session_replication_role=replica'''
+                                   ' (README: Backup and restore).'
+                              ELSE 'Insert the prerequisites first (task_chain, or one transaction), under the same role.'
+                         END;
     END IF;
     IF NOT NEW.after_any THEN
         SELECT t.id, t.state INTO ended FROM @extschema@.task AS t
@@ -117,6 +131,68 @@ BEGIN
     INSERT INTO pgtaskpy.pending_prerequisite (prerequisite, dependent)
     SELECT DISTINCT t.id, NEW.id FROM @extschema@.task AS t
     WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK');
+    RETURN NULL;
+END
+$$;
+
+-- At the commit of a READ COMMITTED transaction that inserted a task waiting
+-- for prerequisites (a deferred constraint trigger, after every statement of
+-- the transaction): the prerequisites that ended since the INSERT read them,
+-- whose ends could not see its edges, count as their ends would have counted
+-- them: one that ended FAIL, GONE or STOP stops the task (unless after_any),
+-- and the others no longer count in waiting_for, which releases the task
+-- when none is left.  The lock on each prerequisite's id (shared) is held
+-- from here to the commit: an end under way finishes first, and a later one
+-- sees the edges (see the top of this file).  SECURITY DEFINER, as
+-- record_prerequisites; it changes only the task just inserted (and, if it
+-- stops it, what waits for it in this transaction).
+CREATE FUNCTION pgtaskpy.settle_prerequisites() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    ended record;
+    waiting integer;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN NULL;  -- (its prerequisites' rows are locked FOR SHARE: none has ended since)
+    END IF;
+    PERFORM pgtaskpy.lock_prerequisite_shared(p.id)  -- (in order of keys: no deadlock between commits)
+    FROM (SELECT DISTINCT a.id, pgtaskpy.prerequisite_lock_key(a.id) AS k FROM unnest(NEW.after) AS a(id)
+          ORDER BY k) AS p;
+    IF NOT EXISTS (SELECT FROM @extschema@.task AS d WHERE d.id = NEW.id AND d.state = 'PLAN' AND d.waiting_for > 0) THEN
+        RETURN NULL;  -- deleted, stopped or released since, in this transaction
+    END IF;
+    IF NOT NEW.after_any THEN
+        SELECT p.id, p.state INTO ended FROM @extschema@.task AS p
+        WHERE p.id = ANY (NEW.after) AND p.state IN ('FAIL', 'GONE', 'STOP')
+        ORDER BY p.id LIMIT 1;
+        IF FOUND THEN
+            DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = NEW.id;
+            PERFORM set_config('pgtaskpy.resolving', 'on', true);
+            UPDATE @extschema@.task AS d
+            SET state = 'STOP', stop = clock_timestamp(),
+                error = format('ERROR:  prerequisite task %s ended %s', ended.id, ended.state)
+            WHERE d.id = NEW.id;
+            PERFORM set_config('pgtaskpy.resolving', '', true);
+            PERFORM pgtaskpy.resolve_dependents(NEW.id, 'STOP');
+            RETURN NULL;
+        END IF;
+    END IF;
+    -- (the edges are of the prerequisites not ended when the INSERT recorded them)
+    DELETE FROM pgtaskpy.pending_prerequisite AS e
+    WHERE e.dependent = NEW.id AND NOT EXISTS (
+        SELECT FROM @extschema@.task AS p WHERE p.id = e.prerequisite AND p.state IN ('PLAN', 'TAKE', 'WORK'));
+    waiting := (SELECT count(*) FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = NEW.id);
+    IF waiting < NEW.waiting_for THEN
+        PERFORM set_config('pgtaskpy.next_run', 'on', true);  -- (the scheduler's own plan, as resolve_dependents')
+        UPDATE @extschema@.task AS d
+        SET waiting_for = waiting, plan = CASE WHEN waiting = 0 THEN greatest(d.plan, now()) ELSE d.plan END
+        WHERE d.id = NEW.id;
+        PERFORM set_config('pgtaskpy.next_run', 'off', true);
+        IF waiting = 0 THEN
+            PERFORM pgtaskpy.wake_launchers();
+        END IF;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -235,8 +311,9 @@ $$;
 
 -- A user's STOP of a waiting or claimed task (UPDATE, task_cancel,
 -- task_unschedule) is an end its dependents follow; every other end goes
--- through finish_task.  SECURITY DEFINER: the dependents' edges are the
--- scheduler's.
+-- through finish_task.  As the transaction commits (a deferred constraint
+-- trigger): its lock on the task's id is then held until the commit only.
+-- SECURITY DEFINER: the dependents' edges are the scheduler's.
 CREATE FUNCTION pgtaskpy.prerequisite_stopped() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
@@ -247,7 +324,7 @@ END
 $$;
 
 -- A task deleted before it ended: its dependents stop (or, with after_any,
--- count it as ended).  A finished task's dependents were resolved when it
+-- count it as ended), as the transaction commits.  A finished task's dependents were resolved when it
 -- ended, before finish_task deletes a row that produced nothing.
 CREATE FUNCTION pgtaskpy.prerequisite_deleted() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -275,16 +352,34 @@ CREATE TRIGGER task_prerequisites_update
     FOR EACH ROW WHEN (NEW.after IS DISTINCT FROM OLD.after)
     EXECUTE FUNCTION pgtaskpy.keep_prerequisites();
 
-CREATE TRIGGER task_prerequisite_stopped
-    AFTER UPDATE OF state ON @extschema@.task
-    FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE') AND NEW.state = 'STOP'
-                       AND pg_catalog.current_setting('pgtaskpy.resolving', true) IS DISTINCT FROM 'on')
-    EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
-
-CREATE TRIGGER task_prerequisite_deleted
-    AFTER DELETE ON @extschema@.task
-    FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE', 'WORK'))
-    EXECUTE FUNCTION pgtaskpy.prerequisite_deleted();
+-- Deferred constraint triggers: CREATE OR REPLACE, which every upgrade script
+-- replays (sql/build.py), cannot make them, so each is made once, here.
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
+                   WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisites_settled') THEN
+        CREATE CONSTRAINT TRIGGER task_prerequisites_settled
+            AFTER INSERT ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW WHEN (NEW.waiting_for > 0)
+            EXECUTE FUNCTION pgtaskpy.settle_prerequisites();
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
+                   WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_stopped') THEN
+        CREATE CONSTRAINT TRIGGER task_prerequisite_stopped
+            AFTER UPDATE OF state ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE') AND NEW.state = 'STOP'
+                               AND pg_catalog.current_setting('pgtaskpy.resolving', true) IS DISTINCT FROM 'on')
+            EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
+                   WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_deleted') THEN
+        CREATE CONSTRAINT TRIGGER task_prerequisite_deleted
+            AFTER DELETE ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE', 'WORK'))
+            EXECUTE FUNCTION pgtaskpy.prerequisite_deleted();
+    END IF;
+END
+$do$;
 
 -- Exclusive tasks, as the claims see them: 'running' while one is claimed or
 -- runs, 'due' while one may start (then nothing else is claimed, so that the
@@ -336,6 +431,7 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite_shared(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;

@@ -111,10 +111,24 @@ DECLARE
     pause double precision := 0.001;
     t @extschema@.task;
 BEGIN
+    IF task_id IS NULL OR wait_for IS NULL THEN
+        RAISE EXCEPTION 'task_wait needs a task id and how long to wait, not NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     LOOP
         SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
         IF NOT FOUND OR t.state NOT IN ('PLAN', 'TAKE', 'WORK') THEN
             RETURN t;
+        END IF;
+        -- (it would wait in vain: its snapshot never shows the end, or the task cannot start)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'task_wait cannot see a task end in a % transaction', upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported', HINT = 'Call it in a READ COMMITTED transaction.';
+        ELSIF (SELECT i.xmin FROM @extschema@.task AS i WHERE i.id = task_id)  -- (not inserted in a savepoint)
+              = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
+            RAISE EXCEPTION 'task % was inserted by this transaction: it cannot start before the transaction commits',
+                task_id USING ERRCODE = 'object_not_in_prerequisite_state',
+                              HINT = 'Commit, then call task_wait.';
         END IF;
         IF clock_timestamp() >= deadline THEN
             RAISE EXCEPTION 'task % is still %, after waiting %', task_id, t.state, wait_for
@@ -144,7 +158,7 @@ BEGIN
     UPDATE @extschema@.task AS t SET state = 'STOP' WHERE t.id = task_id AND t.state = 'PLAN'
     RETURNING t.repeat > interval '0' OR t.cron IS NOT NULL INTO series;
     IF FOUND THEN
-        IF series AND NOT stop_series THEN
+        IF series AND stop_series IS NOT TRUE THEN  -- (NULL: the default, as for a running task)
             PERFORM pgtaskpy.follow_skipped_run(task_id);
         END IF;
         RETURN true;
@@ -273,13 +287,23 @@ BEGIN
         RAISE EXCEPTION 'task % is %: only a FAIL, GONE or STOP task can be run again', task_id, t.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
+    -- (one run again at a time: an automatic retry still to come, or a run task_retry made)
+    SELECT n.id INTO retry_id FROM @extschema@.task AS n
+    WHERE n.parent = task_id AND n.state IN ('PLAN', 'TAKE', 'WORK') AND n.repeat = interval '0' AND n.cron IS NULL
+    ORDER BY n.id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'task % is being run again already: task %', task_id, retry_id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Wait for task %s (task_wait), or cancel it (task_cancel) first.', retry_id);
+    END IF;
     INSERT INTO @extschema@.task (
         parent, active, live, timeout, count, max, delete, drift, header, string, delimiter, escape, quote,
-        data, "group", input, "null", remote, save, owner, tz, retry, retry_delay, retry_max, retry_on, retry_unsafe)
+        data, "group", input, "null", remote, save, owner, tz, retry, retry_delay, retry_max, retry_on, retry_unsafe,
+        exclusive, target)
     VALUES (
-        t.id, t.active, t.live, t.timeout, t.count, t.max, t.delete, t.drift, t.header, t.string, t.delimiter,
+        t.id, t.active - t.paused, t.live, t.timeout, t.count, t.max, t.delete, t.drift, t.header, t.string, t.delimiter,
         t.escape, t.quote, t.data, t."group", t.input, t."null", t.remote, t.save, t.owner, t.tz, t.retry,
-        t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe)
+        t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe, t.exclusive, t.target)
     RETURNING id INTO retry_id;
     RETURN retry_id;
 END

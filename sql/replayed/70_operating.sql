@@ -158,7 +158,8 @@ BEGIN
         BEGIN
             notify := setting::boolean;
         EXCEPTION WHEN data_exception THEN
-            RAISE WARNING 'pg_task_py: ignoring pg_task_py.notify_done = "%" for role %: not a boolean', setting, owner;
+            PERFORM pgtaskpy.warn_ignored_setting('pg_task_py.notify_done', setting, format('for role %I', owner),
+                                                  'not a boolean');
         END;
     END IF;
     PERFORM set_config('pgtaskpy.notify_done_read', now_s::text || '|' || (CASE WHEN notify THEN 't' ELSE 'f' END)
@@ -221,8 +222,9 @@ $$;
 COMMENT ON FUNCTION @extschema@.task_pause IS 'start none of the group''s tasks until task_resume (admins: any owner''s)';
 
 -- Resume a paused group.  Its waiting tasks get the time they were paused
--- added to `active`, so that a pause never makes a task GONE.  False when it
--- was not paused.
+-- added to `active`, so that a pause never makes a task GONE, and to `paused`,
+-- so that a series' next run takes its `active` without it (follow_task).
+-- False when it was not paused.
 CREATE FUNCTION @extschema@.task_resume("group" text, owner name DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -237,7 +239,8 @@ BEGIN
     END IF;
     -- (Read from the indexes of waiting tasks, ready and blocked: not a scan of the finished rows.)
     UPDATE @extschema@.task AS t
-    SET active = t.active + greatest(now() - greatest(t.plan, paused_since), interval '0')
+    SET active = t.active + greatest(now() - greatest(t.plan, paused_since), interval '0'),
+        paused = t.paused + greatest(now() - greatest(t.plan, paused_since), interval '0')
     WHERE t.id IN (SELECT w.id FROM @extschema@.task AS w
                    WHERE w.state = 'PLAN' AND w.waiting_for = 0 AND w.plan < now()
                      AND w.owner = whose AND w."group" = task_resume."group"
@@ -377,8 +380,9 @@ BEGIN
     IF setting IS NULL OR batch <= 0 THEN
         RETURN 0;
     ELSIF setting !~ '^\s*[0-9]{1,9}\s*$' THEN
-        RAISE WARNING 'pg_task_py: ignoring pg_task_py.keep_runs = "%" of %: not a whole number of runs',
-            setting, pgtaskpy.scheduler_setting_source('pg_task_py.keep_runs');
+        PERFORM pgtaskpy.warn_ignored_setting('pg_task_py.keep_runs', setting,
+                                              'of ' || pgtaskpy.scheduler_setting_source('pg_task_py.keep_runs'),
+                                              'not a whole number of runs');
         RETURN 0;
     END IF;
     FOR series IN

@@ -20,8 +20,9 @@ BEGIN
         lag := interval '-1 s';
     END;
     IF lag < interval '0' THEN
-        RAISE WARNING 'pg_task_py: ignoring pg_task_py.standby_max_lag = "%" of %: not an interval of zero or more',
-            value, pgtaskpy.scheduler_setting_source('pg_task_py.standby_max_lag');
+        PERFORM pgtaskpy.warn_ignored_setting('pg_task_py.standby_max_lag', value,
+                                              'of ' || pgtaskpy.scheduler_setting_source('pg_task_py.standby_max_lag'),
+                                              'not an interval of zero or more');
         lag := NULL;
     END IF;
     RETURN extract(epoch FROM COALESCE(lag, interval '10 s'))::double precision;

@@ -192,3 +192,8 @@ GROUP BY t.owner, t."group";
 -- Tasks that ask for a standby (column target, sql/created_once/20_table.sql).
 ALTER TABLE @extschema@.task ADD COLUMN target text;
 COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''standby'' a read-only session on the launcher''s standby';
+-- The time task_pause held a waiting task, which task_resume adds to its active
+-- (column paused, sql/created_once/20_table.sql): the next run of a series
+-- takes its active without it.
+ALTER TABLE @extschema@.task ADD COLUMN paused interval NOT NULL DEFAULT interval '0';
+COMMENT ON COLUMN @extschema@.task.paused IS 'how long task_pause held the waiting task: added to its active, not to its next run''s';

@@ -16,6 +16,8 @@ def test_end_line_carries_the_first_line_of_the_error(caplog):
     assert caplog.messages == ["app@/run:5432: task 42 FAIL in 0.012s: ERROR:  division by zero",
                                "app@/run:5432: task 43 DONE in 0.500s",
                                "app@/run:5432: task 44 FAIL in 1.000s"]
+    # (a failure at WARNING: --log-level WARNING shows failures without every start and DONE)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO", "WARNING"]
     assert caplog.records[0].fields["error"].startswith("ERROR:  division by zero")  # --log-json keeps it all
 
 
@@ -45,7 +47,7 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
         'db: retry: id=7 attempt=2 message="could not \\"connect\\"" ok=null',
         "db: start: worker=w1",
     ]
-    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING", "INFO", "INFO"]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "INFO", "INFO"]
 
 
 @pytest.mark.parametrize(("event", "level", "text"), [

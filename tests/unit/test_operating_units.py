@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from pg_task_py.cli import listen_address
-from pg_task_py.metrics import HEALTHY_WITHIN, Metrics
+from pg_task_py.metrics import HEALTHY_WITHIN, Metrics, serve
 from pg_task_py.status import duration, render
 from prometheus_client import generate_latest
 
@@ -47,6 +47,28 @@ def test_metrics_from_dispatch_events():
     assert 'group="mail"' not in generate_latest(metrics.registry).decode()
     metrics.turns["app"] = time.monotonic() - HEALTHY_WITHIN - 1
     assert metrics.stale() == ["app"]
+
+
+def test_a_databases_gauges_go_when_its_name_changes():
+    """A failover moves the launcher to another server, and the database's name with it: the old
+    name's gauges stayed at their last values for good (a late group alerted for ever)."""
+    metrics = Metrics()
+    metrics.turn("app@/run:5432", [{"event": "end", "id": 1, "state": "DONE", "seconds": 0.1}], running=1)
+    metrics.snapshot("app@/run:5432", [("alice", "mail", 4, 900.0)], [], workers=2)
+    metrics.rename("app@/run:5432", "app@/run:5433")
+    text = generate_latest(metrics.registry).decode()
+    for gauge in ("running_tasks", "workers", "last_turn_timestamp_seconds", "due_tasks", "oldest_due_seconds"):
+        assert f'pg_task_py_{gauge}{{database="app@/run:5432"' not in text, gauge
+    assert 'pg_task_py_tasks_ended_total{database="app@/run:5432",state="DONE"} 1.0' in text  # (a total)
+    assert metrics.stale() == []  # (its last turn goes with the name)
+
+
+def test_metrics_serve_on_an_ipv6_address():
+    server = serve(Metrics(), "::1", 0)
+    try:
+        assert server.server_address[0] == "::1"
+    finally:
+        server.shutdown()
 
 
 def test_status_table_and_durations():
