@@ -307,6 +307,47 @@ def spare_worker_warm(db) -> bool:
                     " AND query LIKE 'CALL pgtaskpy.run_task(0, %'") > 0
 
 
+@pytest.mark.parametrize("zone", ["CET", "EET", "WET", "MET", "cet"])
+def test_a_zone_postgresql_reads_as_a_fixed_abbreviation_is_refused(db, zone):
+    """AT TIME ZONE reads CET, EET, WET and MET as the abbreviations of fixed offsets, not as the
+    zones of those names, which have daylight saving: a series in CET ran an hour late all summer."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="as the abbreviation of the fixed offset"):
+        db.insert("SELECT 1", cron="0 3 * * *", tz=zone)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="as the abbreviation of the fixed offset"):
+        next_runs(db, "0 3 * * *", zone, 1, "2027-04-01 00:00+00")
+    assert db.value("SELECT count(*) FROM task") == 0
+
+
+def test_zones_that_match_their_abbreviation_are_accepted(db):
+    """UTC, GMT and EST never leave their abbreviation's offset: read either way, the same."""
+    for zone, hour in (("UTC", 3), ("GMT", 3), ("EST", 8)):
+        assert next_runs(db, "0 3 * * *", zone, 1, "2027-07-01 00:00+00")[0].hour == hour
+    with db.connect() as conn, conn.transaction(force_rollback=True):  # (the check reads zones through TimeZone)
+        conn.execute("SET TimeZone = 'Asia/Tokyo'")
+        conn.execute("SELECT task_next_runs('0 3 * * *', 'EST', 1)")
+        assert conn.execute("SHOW TimeZone").fetchone() == ("Asia/Tokyo",)
+
+
+def test_a_running_series_key_takes_no_one_off_task(running):
+    """A one-off task under the key of a series whose run was running took the key from the next
+    run, and the series ended without a word; 'replace' gave a series' waiting run its input."""
+    running.value("SELECT task_schedule('beat', '1 seconds', 'SELECT pg_sleep(0.6), ''series''')")
+
+    def state_of_key() -> list[str]:
+        return [row[0] for row in running.sql("SELECT state::text FROM task WHERE key = 'beat'"
+                                              " AND state IN ('PLAN', 'TAKE', 'WORK')")]
+
+    wait_until(lambda: state_of_key() == ["WORK"], 20, 0.01, "a run of the series running, none waiting")
+    with pytest.raises(psycopg.errors.UniqueViolation, match="key \"beat\" is a series' of postgres"):
+        running.value("SELECT task_enqueue('SELECT ''now''', key => 'beat', on_conflict => 'skip')")
+    wait_until(lambda: state_of_key() == ["PLAN"], 20, 0.01, "the series' next run waiting")
+    with pytest.raises(psycopg.errors.UniqueViolation, match="would change what each of its runs does"):
+        running.value("SELECT task_enqueue('SELECT ''now''', key => 'beat', on_conflict => 'replace')")
+    assert running.value("SELECT input FROM task WHERE key = 'beat' AND state = 'PLAN'") == \
+        "SELECT pg_sleep(0.6), 'series'"
+    assert running.value("SELECT task_unschedule('beat')") is True
+
+
 def test_one_second_series_through_the_launcher_and_a_restart(db):
     launcher = db.launcher()
     wait_until(lambda: spare_worker_warm(db), 10, 0.02, "the spare worker to be warm")

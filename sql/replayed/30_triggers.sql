@@ -60,7 +60,7 @@ BEGIN
             violated := 'task.tz must be a time zone PostgreSQL knows';
             RAISE EXCEPTION 'invalid task.tz "%": %', NEW.tz, problem
                 USING ERRCODE = 'check_violation', CONSTRAINT = violated, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-                      HINT = 'Use a name of pg_timezone_names, such as ''Europe/Berlin'' or ''UTC''.';
+                      HINT = 'Use a region''s name of pg_timezone_names, such as ''Europe/Berlin'', or ''UTC''.';
         END IF;
     END IF;
     IF NEW.cron IS NOT NULL THEN
@@ -76,6 +76,20 @@ BEGIN
                 OR (TG_OP = 'UPDATE' AND NEW.plan = OLD.plan AND (NEW.cron, NEW.tz) IS DISTINCT FROM (OLD.cron, OLD.tz))) THEN
             NEW.plan := pgtaskpy.cron_next(NEW.cron, NEW.tz, clock_timestamp());
         END IF;
+    END IF;
+    -- A one-off task under the key of a series whose run is running (no run waits: the key is
+    -- free) would take the key from the series' next run, which that run's end then gives up
+    -- (follow_task): the series ended without a word.
+    IF TG_OP = 'INSERT' AND NEW.key IS NOT NULL AND NEW.cron IS NULL AND NEW.repeat = interval '0'
+       AND EXISTS (SELECT FROM @extschema@.task AS s
+                   WHERE s.owner = NEW.owner AND s.key = NEW.key AND s.state IN ('TAKE', 'WORK')
+                     AND (s.cron IS NOT NULL OR s.repeat > interval '0'))
+       AND NOT EXISTS (SELECT FROM @extschema@.task AS w
+                       WHERE w.owner = NEW.owner AND w.key = NEW.key AND w.state = 'PLAN') THEN
+        RAISE EXCEPTION 'key "%" is a series'' of %: a task without cron or repeat cannot take it', NEW.key, NEW.owner
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'Give the task another key; run the series now with UPDATE task SET plan = now() '
+                         'WHERE key = ... AND state = ''PLAN''.';
     END IF;
     -- (NULL passes, as in a CHECK constraint: NOT NULL rejects it.)
     violated := CASE

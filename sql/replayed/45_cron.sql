@@ -190,13 +190,35 @@ EXCEPTION WHEN invalid_parameter_value THEN
 END
 $$;
 
--- Why PostgreSQL does not accept a time zone name (NULL: it does).
+-- Why PostgreSQL does not accept a time zone name (NULL: it does), or why
+-- the scheduler would not read it as its author means.  AT TIME ZONE reads a
+-- name that is an abbreviation too (pg_timezone_abbrevs) as that fixed offset:
+-- CET, EET, MET and WET, zones with daylight saving, ran an hour off for seven
+-- months of the year.  Such a name is refused unless the zone never leaves the
+-- abbreviation's offset (UTC, GMT, EST): its offsets in January and July are
+-- read through the TimeZone setting, which reads names as zones.
 CREATE FUNCTION pgtaskpy.tz_problem(tz text) RETURNS text
 LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    fixed interval := (SELECT a.utc_offset FROM pg_timezone_abbrevs AS a WHERE lower(a.abbrev) = lower(tz) LIMIT 1);
+    session_zone text := current_setting('TimeZone');
+    winter interval;
+    summer interval;
 BEGIN
     PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
-    RETURN NULL;
+    IF fixed IS NULL OR NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz)) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('TimeZone', tz, true);
+    winter := make_interval(secs => extract(timezone FROM timestamptz '2030-01-15 12:00+00'));
+    summer := make_interval(secs => extract(timezone FROM timestamptz '2030-07-15 12:00+00'));
+    PERFORM set_config('TimeZone', session_zone, true);
+    IF winter = fixed AND summer = fixed THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('PostgreSQL reads "%s" as the abbreviation of the fixed offset %s, not as the zone %s, '
+                  'which has daylight saving', tz, fixed, tz);
 EXCEPTION WHEN invalid_parameter_value OR feature_not_supported THEN
     RETURN SQLERRM;
 END

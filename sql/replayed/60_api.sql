@@ -53,6 +53,16 @@ BEGIN
         conflict := ' ON CONFLICT (owner, key) WHERE state = ''PLAN'' AND key IS NOT NULL'
                     ' DO UPDATE SET input = EXCLUDED.input, plan = EXCLUDED.plan, data = EXCLUDED.data';
     END IF;
+    -- ('replace' gave a series' waiting run this call's input: each later run ran it)
+    IF key IS NOT NULL AND on_conflict = 'replace' AND (task_enqueue.repeat IS NULL OR task_enqueue.repeat = interval '0')
+       AND EXISTS (SELECT FROM @extschema@.task AS w
+                   WHERE w.owner = current_user AND w.key = task_enqueue.key AND w.state = 'PLAN'
+                     AND (w.cron IS NOT NULL OR w.repeat > interval '0')) THEN
+        RAISE EXCEPTION 'key "%" is a series'': on_conflict => ''replace'' would change what each of its runs does',
+            task_enqueue.key USING ERRCODE = 'unique_violation',
+            HINT = 'Change a series with task_schedule; run it now with UPDATE task SET plan = now() '
+                   'WHERE key = ... AND state = ''PLAN''.';
+    END IF;
     FOR attempt IN 1..100 LOOP
         EXECUTE format('INSERT INTO @extschema@.task AS t (input%s) VALUES ($1%s)%s RETURNING t.id',
                        (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
@@ -120,15 +130,17 @@ BEGIN
         IF NOT FOUND OR t.state NOT IN ('PLAN', 'TAKE', 'WORK') THEN
             RETURN t;
         END IF;
-        -- (it would wait in vain: its snapshot never shows the end, or the task cannot start)
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'task_wait cannot see a task end in a % transaction', upper(current_setting('transaction_isolation'))
-                USING ERRCODE = 'feature_not_supported', HINT = 'Call it in a READ COMMITTED transaction.';
-        ELSIF (SELECT i.xmin FROM @extschema@.task AS i WHERE i.id = task_id)  -- (not inserted in a savepoint)
-              = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
-            RAISE EXCEPTION 'task % was inserted by this transaction: it cannot start before the transaction commits',
-                task_id USING ERRCODE = 'object_not_in_prerequisite_state',
-                              HINT = 'Commit, then call task_wait.';
+        IF pause = 0.001 THEN  -- (the first look) It would wait in vain: its snapshot never shows the
+            -- end, or the task cannot start before this transaction commits.
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'task_wait cannot see a task end in a % transaction',
+                    upper(current_setting('transaction_isolation'))
+                    USING ERRCODE = 'feature_not_supported', HINT = 'Call it in a READ COMMITTED transaction.';
+            ELSIF (SELECT i.xmin FROM @extschema@.task AS i WHERE i.id = task_id)  -- (not inserted in a savepoint)
+                  = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
+                RAISE EXCEPTION 'task % was inserted by this transaction: it cannot start before the transaction commits',
+                    task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
+            END IF;
         END IF;
         IF clock_timestamp() >= deadline THEN
             RAISE EXCEPTION 'task % is still %, after waiting %', task_id, t.state, wait_for
