@@ -94,6 +94,22 @@ def kill_worker_mid_run(db, task_id):
     return db.wait_done(task_id)
 
 
+def test_a_cancel_after_the_timeout_has_passed_is_not_taken_for_a_timeout(running):
+    """A multi-statement task runs past its `timeout` (each statement's): task_cancel then is a
+    cancel all the same, not retried though retry_on names 57014 (it was, by the time alone)."""
+    task_id = running.insert("SELECT pg_sleep(0.6); SELECT pg_sleep(0.6); SELECT pg_sleep(0.6); SELECT pg_sleep(5)",
+                             timeout="1 s", retry=1, retry_delay="0 s", retry_on="{57014}", delete=False)
+    wait_until(lambda: running.value("SELECT state = 'WORK' AND clock_timestamp() - start > interval '1.3 s'"
+                                     " FROM task WHERE id = %s", [task_id]), 20, 0.02, "a run past its timeout")
+    assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+    row = running.wait_done(task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "57014")
+    assert "user request" in row["error"]
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+    wait_until(lambda: running.value("SELECT count(*) FROM pgtaskpy.cancelled_run") == 0, 10, 0.1,
+               "housekeeping to drop the mark")
+
+
 def test_a_task_whose_worker_died_is_not_retried_by_default(running):
     task_id = running.insert("SELECT pg_sleep(30)", retry=3, retry_delay="0 s", retry_on="{*}")
     row = kill_worker_mid_run(running, task_id)

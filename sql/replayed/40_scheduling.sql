@@ -716,7 +716,9 @@ BEGIN
             RETURN NULL;
         END IF;
     ELSIF t.sqlstate = '57014' THEN  -- query_canceled: a timeout of its own, or a cancel
-        IF NOT ('57014' = ANY (t.retry_on) AND t.timeout > interval '0' AND t.stop - t.start >= t.timeout) THEN
+        -- (task_cancel's is marked; a DBA's pg_cancel_backend is told by the time only)
+        IF NOT ('57014' = ANY (t.retry_on) AND t.timeout > interval '0' AND t.stop - t.start >= t.timeout)
+           OR EXISTS (SELECT FROM pgtaskpy.cancelled_run AS c WHERE c.task_id = t.id) THEN
             RETURN NULL;
         END IF;
     ELSIF NOT (t.retry_on && ARRAY['*', t.sqlstate, left(t.sqlstate, 2)]) THEN
@@ -888,7 +890,7 @@ $$;
 -- Tasks whose backend is gone.  TAKE: the claiming launcher died before a
 -- worker started the task, so it never ran: back to PLAN.  WORK: the task may
 -- have run in part, so it is not run again (at most once): FAIL, and a
--- repeating task goes on with its next run.
+-- repeating task goes on with its next run.  Housekeeping, once a second.
 CREATE FUNCTION pgtaskpy.recover_orphaned_tasks() RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -912,6 +914,9 @@ BEGIN
             recovered := recovered + 1;
         END IF;
     END LOOP;
+    -- (the marks of cancels whose tasks have ended: read by their ends already)
+    DELETE FROM pgtaskpy.cancelled_run AS c
+    WHERE NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = c.task_id AND t.state IN ('TAKE', 'WORK'));
     RETURN recovered;
 END
 $$;

@@ -243,8 +243,11 @@ BEGIN
                 WHERE a.query = '' OR NOT starts_with(t.input, a.query));
             PERFORM pg_sleep(0.005);
         END LOOP;
+        -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
+        INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.pid);
     ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
+        INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
     RETURN false;  -- its backend is gone: recovery ends it

@@ -169,6 +169,14 @@ SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_count_changes', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_limit', '');
 
+-- Running tasks task_cancel has cancelled (cancel_running_task): their end,
+-- FAIL 57014 as a timeout's is, is not retried (retry_plan).  Rows of ended
+-- tasks go with housekeeping (recover_orphaned_tasks).  The scheduler's only.
+CREATE TABLE pgtaskpy.cancelled_run (
+    task_id bigint PRIMARY KEY
+);
+REVOKE ALL ON pgtaskpy.cancelled_run FROM PUBLIC;
+
 -- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
 -- one state in stop order, never reading those another state keeps longer.
 CREATE INDEX task_state_stop_finished ON @extschema@.task (state, stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
