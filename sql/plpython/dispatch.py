@@ -260,6 +260,12 @@ def running_tasks(pool):
     return sum(len(w["tasks"]) for w in pool["workers"].values() if w["task"] is not None)
 
 
+def given_tasks(pool):
+    """running_tasks without the warming spares: what the launcher says it waits for as it stops
+    ('waiting for 2 running task(s)' with one task and a spare loading PL/Python) and reports."""
+    return sum(len(w["tasks"]) for w in pool["workers"].values() if w["task"] not in (None, WARM_UP))
+
+
 def limit_concurrency(ctx, pool):
     """The server has no connection to spare: run no more tasks at once than now.
 
@@ -598,4 +604,4 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         waits.append(0.01)  # the next turn replaces the spare these may have used
     elif run_limit > 0 and not answering and warm_workers(ctx, pool, events, run_limit):
         waits.append(0.1)  # more to warm: the next few, soon
-    return json.dumps(events), max(0.0, min(waits)), running_tasks(pool)
+    return json.dumps(events), max(0.0, min(waits)), given_tasks(pool)
