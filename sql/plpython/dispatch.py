@@ -261,9 +261,10 @@ def running_tasks(pool):
 
 
 def given_tasks(pool):
-    """running_tasks without the warming spares: what the launcher says it waits for as it stops
-    ('waiting for 2 running task(s)' with one task and a spare loading PL/Python) and reports."""
-    return sum(len(w["tasks"]) for w in pool["workers"].values() if w["task"] not in (None, WARM_UP))
+    """The tasks this launcher's workers were given and have not returned, without the warming
+    spares (running_tasks counts them): what the launcher says it waits for as it stops ('waiting
+    for 2 running task(s)' with one task and a spare loading PL/Python), reports and cancels."""
+    return [t for w in pool["workers"].values() if w["task"] not in (None, WARM_UP) for t in w["tasks"]]
 
 
 def limit_concurrency(ctx, pool):
@@ -531,7 +532,7 @@ def cancel_running_tasks(ctx, pool, events):
     take back those they were given and have not started (a remote session still connecting:
     its worker gives the attempt up), which wait again."""
     pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
-    given = [t for w in pool["workers"].values() if w["task"] not in (None, WARM_UP) for t in w["tasks"]]
+    given = given_tasks(pool)
     ctx.run("unclaim_unstarted", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"],
             [given, pool["pid"]])
     for row in ctx.run(
@@ -604,4 +605,4 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         waits.append(0.01)  # the next turn replaces the spare these may have used
     elif run_limit > 0 and not answering and warm_workers(ctx, pool, events, run_limit):
         waits.append(0.1)  # more to warm: the next few, soon
-    return json.dumps(events), max(0.0, min(waits)), given_tasks(pool)
+    return json.dumps(events), max(0.0, min(waits)), len(given_tasks(pool))
