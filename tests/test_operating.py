@@ -525,6 +525,13 @@ def test_metrics_rise_with_the_workload_and_health_follows_the_server():
             assert metric(port, "pg_task_py_due_tasks", group="held", owner="postgres") == 1
             assert 60 <= metric(port, "pg_task_py_oldest_due_seconds", group="held") < 120
             assert metric(port, "pg_task_py_workers") >= 1
+            paused = 'pg_task_py_paused_seconds{database="metered@'
+            assert paused in scrape(port, "/metrics")[1]
+            assert 0 < metric(port, "pg_task_py_paused_seconds", group="held", owner="postgres") < 60
+            with cluster.connect("metered") as conn:
+                conn.execute("SELECT task_resume('held')")
+            wait_until(lambda: paused not in scrape(port, "/metrics")[1], 10,
+                       message="the paused gauge gone once the group is resumed")
             assert abs(metric(port, "pg_task_py_last_turn_timestamp_seconds") - time.time()) < 5
             cluster.stop()
             wait_until(lambda: scrape(port, "/health")[0] == 503, 20, message="/health 503 with the server down")

@@ -263,6 +263,35 @@ def test_settings_give_the_retry_defaults(db):
         db.insert("SELECT 1")
 
 
+def test_task_enqueue_task_schedule_and_task_chain_take_retry_arguments(running):
+    """The functions users enqueue with take the retry columns as arguments, as an INSERT does;
+    task_schedule's replace gives the unset ones their defaults, as it does its other arguments."""
+    flaky = FLAKY.format(failures=1, code="40001")
+    first = running.value("SELECT task_enqueue(%s, retry => 1, retry_delay => '0.2 s')", [flaky])
+    assert [r["state"] for r in wait_attempts(running, first, 2)] == ["FAIL", "DONE"]
+
+    # A chain's steps each retry; the step after a retried one waits for the retry.
+    steps = running.value("SELECT task_chain(ARRAY[%s, 'SELECT ''after''', %s], retry => 1, retry_delay => '0.2 s',"
+                          " retry_on => '{40}')", [flaky, FLAKY.format(failures=1, code="40P01")])
+    assert [r["state"] for r in wait_attempts(running, steps[2], 2)] == ["FAIL", "DONE"]
+    assert [r["state"] for r in wait_attempts(running, steps[0], 2)] == ["FAIL", "DONE"]
+    assert running.task(steps[1])["output"] == "after"
+    assert {running.task(step)["retry_on"][0] for step in steps} == {"40"}
+
+    columns = "SELECT retry, retry_delay, retry_max, retry_on, retry_unsafe FROM task WHERE key = 'nightly'"
+    running.value("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1', retry => 2, retry_delay => '1 min',"
+                  " retry_max => '10 min', retry_on => '{*}', retry_unsafe => true)")
+    assert running.sql(columns) == [(2, timedelta(minutes=1), timedelta(minutes=10), ["*"], True)]
+    running.value("SELECT task_schedule('nightly', '0 4 * * *', 'SELECT 1', retry => 1)")
+    assert running.sql(columns) == [
+        (1, timedelta(seconds=10), timedelta(hours=1), ["40001", "40P01", "55P03", "08"], False)]
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.retry_on must hold SQLSTATEs"):
+        running.value("SELECT task_schedule('nightly', '0 5 * * *', 'SELECT 2', retry_on => '{oops}')")
+    assert running.value("SELECT cron FROM task WHERE key = 'nightly'") == "0 4 * * *"  # unchanged
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.retry must be from 0"):
+        running.value("SELECT task_enqueue('SELECT 1', retry => -1)")
+
+
 def test_every_fail_keeps_its_sqlstate(running):
     cases = {
         "SELECT 1/0": "22012",

@@ -305,6 +305,20 @@ def test_on_conflict_replace_and_error(db):
                   " WHERE state = 'PLAN' AND key IS NOT NULL DO NOTHING RETURNING id") == []
 
 
+def test_an_empty_or_overlong_key_is_refused_with_a_clear_error(db):
+    """A key names a series: '' names nothing, and one longer than the unique index of waiting keys
+    can hold failed the insert with the server's raw index message."""
+    for key in ("", "k" * 1001):
+        with pytest.raises(psycopg.errors.CheckViolation, match="task.key must not be empty nor over 1000 bytes"):
+            db.value("SELECT task_enqueue('SELECT 1', key => %s)", [key])
+        with pytest.raises(psycopg.errors.CheckViolation, match="task.key must not be empty nor over 1000 bytes"):
+            db.value("SELECT task_schedule(%s, '@daily', 'SELECT 1')", [key])
+    task_id = db.value("SELECT task_enqueue('SELECT 1', key => %s)", ["é" * 500])  # 1000 bytes
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.key must not be empty"):
+        db.sql("UPDATE task SET key = '' WHERE id = %s", [task_id])
+    assert db.sql("SELECT id, length(key) FROM task") == [(task_id, 500)]
+
+
 def test_running_task_of_the_key_is_untouched(running):
     first = running.value("SELECT task_enqueue('SELECT pg_sleep(1)', key => 'nightly', on_conflict => 'replace')")
     wait_until(lambda: running.task(first)["state"] == "WORK", 15)
@@ -330,6 +344,18 @@ def test_task_chain(running):
     assert t[ids[0]]["group"] == "etl" and t[ids[1]]["after"] == [ids[0]]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="task_chain needs"):
         running.value("SELECT task_chain('{}'::text[])")
+
+
+def test_task_chain_with_ignore_errors_runs_every_step(running):
+    """As pg_timetable's ignore_error: a step runs once the one before has ended, whatever its end."""
+    ids = running.value("SELECT task_chain(ARRAY['SELECT 1', 'SELECT 1/0', 'SELECT 3'], 'etl', ignore_errors => true)")
+    running.wait_done(ids[2])
+    t = rows(running, ids)
+    assert [t[i]["state"] for i in ids] == ["DONE", "FAIL", "DONE"]
+    assert t[ids[2]]["start"] >= t[ids[1]]["stop"]
+    assert [t[i]["after_any"] for i in ids] == [False, True, True]
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="ignore_errors must be true or false"):
+        running.value("SELECT task_chain(ARRAY['SELECT 1'], ignore_errors => NULL)")
 
 
 def test_a_chains_next_step_has_its_session_started_while_the_step_before_runs(running):

@@ -190,7 +190,8 @@ class Scheduler:
         return wake_in, running
 
     def _snapshot(self, conn: psycopg.Connection) -> None:
-        """--metrics: what only the database knows (due tasks by group, start lags, workers)."""
+        """--metrics: what only the database knows (due tasks by group, start lags, workers, paused
+        groups)."""
         self.snapshot_at = time.monotonic() + SNAPSHOT_EVERY
         if conn.execute("SELECT to_regprocedure('pgtaskpy.metrics_snapshot(timestamptz)') IS NULL").fetchone()[0]:
             return  # an extension older than 1.3: dispatch()'s figures only
@@ -198,7 +199,7 @@ class Scheduler:
                                 [self.snapshot_since]).fetchone()[0]
         self.snapshot_since = snapshot["at"]
         self.metrics.snapshot(self.name, [tuple(group) for group in snapshot["groups"]], snapshot["lags"],
-                              snapshot["workers"])
+                              snapshot["workers"], [tuple(group) for group in snapshot.get("paused", [])])
 
     def _loop(self, conn: psycopg.Connection) -> None:
         while not self.stopping.is_set():

@@ -3,7 +3,7 @@
 Recorded from what the loop already has: the events and the running count that
 pgtaskpy.dispatch() returns, reconnections, and the time of each database's
 last turn; once a second, pgtaskpy.metrics_snapshot() adds what only the
-database knows (waiting due tasks by group, start lags, workers).
+database knows (waiting due tasks by group, start lags, workers, paused groups).
 """
 
 from __future__ import annotations
@@ -41,13 +41,17 @@ class Metrics:
                                 ["database", "owner", "group"], registry=self.registry)
         self.workers = Gauge("pg_task_py_workers", "Worker backends of the database", ["database"],
                              registry=self.registry)
+        self.paused = Gauge("pg_task_py_paused_seconds", "Seconds since the group's task_pause, by owner and group",
+                            ["database", "owner", "group"], registry=self.registry)
         self.reconnects = Counter("pg_task_py_reconnects", "Connections lost or refused, then retried",
                                   ["database"], registry=self.registry)
         self.last_turn = Gauge("pg_task_py_last_turn_timestamp_seconds", "Unix time of the last successful turn",
                                ["database"], registry=self.registry)
         self.lock = threading.Lock()
         self.turns: dict[str, float] = {}  # database -> time.monotonic() of its last turn
-        self.groups: dict[str, set[tuple[str, str]]] = {}  # database -> (owner, group) labels set last time
+        # database -> the (owner, group) labels set last time: of due groups, of paused ones
+        self.groups: dict[str, set[tuple[str, str]]] = {}
+        self.paused_groups: dict[str, set[tuple[str, str]]] = {}
 
     def expect(self, database: str) -> None:
         """A database this launcher schedules: unhealthy until its first turn."""
@@ -67,6 +71,8 @@ class Metrics:
         for owner, group in self.groups.pop(old, set()):
             self.due.remove(old, owner, group)
             self.oldest_due.remove(old, owner, group)
+        for owner, group in self.paused_groups.pop(old, set()):
+            self.paused.remove(old, owner, group)
 
     def turn(self, database: str, events: list[dict], running: int) -> None:
         """One successful turn of dispatch() and what it returned."""
@@ -84,8 +90,9 @@ class Metrics:
             self.turns[database] = time.monotonic()
 
     def snapshot(self, database: str, groups: list[tuple[str, str, int, float]], lags: list[float],
-                 workers: int) -> None:
-        """What pgtaskpy.metrics_snapshot() returned: due tasks by group, start lags, workers."""
+                 workers: int, paused: list[tuple[str, str, float]]) -> None:
+        """What pgtaskpy.metrics_snapshot() returned: due tasks by group, start lags, workers, and
+        the paused groups with the seconds since their pause."""
         seen = set()
         for owner, group, due, oldest in groups:
             self.due.labels(database, owner, group).set(due)
@@ -98,6 +105,13 @@ class Metrics:
         for lag in lags:
             self.start_lag.labels(database).observe(lag)
         self.workers.labels(database).set(workers)
+        still = set()
+        for owner, group, seconds in paused:
+            self.paused.labels(database, owner, group).set(seconds)
+            still.add((owner, group))
+        for owner, group in self.paused_groups.get(database, set()) - still:  # resumed: drop the series
+            self.paused.remove(database, owner, group)
+        self.paused_groups[database] = still
 
     def reconnect(self, database: str) -> None:
         self.reconnects.labels(database).inc()

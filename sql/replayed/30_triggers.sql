@@ -111,6 +111,8 @@ BEGIN
         WHEN NOT NEW.count >= 0 THEN 'task.count must not be negative'
         WHEN NOT NEW.max > -2147483648 THEN 'task.max must be at least -2147483647'
         WHEN NOT btrim(NEW.input, E' \t\r\n;') <> '' THEN 'task.input must not be empty'
+        -- (a longer key fails the unique index of waiting keys with the server's raw message)
+        WHEN NOT (NEW.key <> '' AND octet_length(NEW.key) <= 1000) THEN 'task.key must not be empty nor over 1000 bytes'
         WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
         WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
@@ -154,7 +156,7 @@ $$;
 -- every check).  Only in a superuser's session: anyone can set the mark.
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key
     ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on'

@@ -21,13 +21,27 @@ CREATE FUNCTION @extschema@.task_enqueue(
     key text DEFAULT NULL,
     on_conflict text DEFAULT 'error',
     after_any boolean DEFAULT NULL,
-    exclusive boolean DEFAULT NULL)
+    exclusive boolean DEFAULT NULL,
+    retry integer DEFAULT NULL,
+    retry_delay interval DEFAULT NULL,
+    retry_max interval DEFAULT NULL,
+    retry_on text[] DEFAULT NULL,
+    retry_unsafe boolean DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    names text[] := '{}';
-    values_ text[] := '{}';
+    -- The columns of the arguments after input, in their order (on_conflict names none):
+    -- argument i + 1 is $(i + 1).
+    columns text[] := '{plan,group,max,repeat,timeout,remote,data,after,key,NULL,after_any,exclusive,'
+                      'retry,retry_delay,retry_max,retry_on,retry_unsafe}';
+    given boolean[] := ARRAY[plan IS NOT NULL, "group" IS NOT NULL, max IS NOT NULL, repeat IS NOT NULL,
+                             timeout IS NOT NULL, remote IS NOT NULL, data IS NOT NULL, after IS NOT NULL,
+                             key IS NOT NULL, false, after_any IS NOT NULL, exclusive IS NOT NULL,
+                             retry IS NOT NULL, retry_delay IS NOT NULL, retry_max IS NOT NULL,
+                             retry_on IS NOT NULL, retry_unsafe IS NOT NULL];
+    names text := '';
+    values_ text := '';
     conflict text := '';
     task_id bigint;
 BEGIN
@@ -35,17 +49,12 @@ BEGIN
         RAISE EXCEPTION 'invalid on_conflict "%"', on_conflict
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''error'', ''skip'' or ''replace''.';
     END IF;
-    IF plan IS NOT NULL THEN names := array_append(names, 'plan'); values_ := array_append(values_, '$2'); END IF;
-    IF "group" IS NOT NULL THEN names := array_append(names, 'group'); values_ := array_append(values_, '$3'); END IF;
-    IF max IS NOT NULL THEN names := array_append(names, 'max'); values_ := array_append(values_, '$4'); END IF;
-    IF repeat IS NOT NULL THEN names := array_append(names, 'repeat'); values_ := array_append(values_, '$5'); END IF;
-    IF timeout IS NOT NULL THEN names := array_append(names, 'timeout'); values_ := array_append(values_, '$6'); END IF;
-    IF remote IS NOT NULL THEN names := array_append(names, 'remote'); values_ := array_append(values_, '$7'); END IF;
-    IF data IS NOT NULL THEN names := array_append(names, 'data'); values_ := array_append(values_, '$8'); END IF;
-    IF after IS NOT NULL THEN names := array_append(names, 'after'); values_ := array_append(values_, '$9'); END IF;
-    IF key IS NOT NULL THEN names := array_append(names, 'key'); values_ := array_append(values_, '$10'); END IF;
-    IF after_any IS NOT NULL THEN names := array_append(names, 'after_any'); values_ := array_append(values_, '$11'); END IF;
-    IF exclusive IS NOT NULL THEN names := array_append(names, 'exclusive'); values_ := array_append(values_, '$12'); END IF;
+    FOR i IN 1..cardinality(columns) LOOP
+        IF given[i] THEN
+            names := names || ', ' || quote_ident(columns[i]);
+            values_ := values_ || ', $' || (i + 1);
+        END IF;
+    END LOOP;
     -- (the inference clause names task_key_waiting, a partial index: ON CONSTRAINT cannot)
     IF key IS NOT NULL AND on_conflict = 'skip' THEN
         conflict := ' ON CONFLICT (owner, key) WHERE state = ''PLAN'' AND key IS NOT NULL DO NOTHING';
@@ -65,10 +74,10 @@ BEGIN
     END IF;
     FOR attempt IN 1..100 LOOP
         EXECUTE format('INSERT INTO @extschema@.task AS t (input%s) VALUES ($1%s)%s RETURNING t.id',
-                       (SELECT string_agg(', ' || quote_ident(n), '') FROM unnest(names) AS n),
-                       (SELECT string_agg(', ' || v, '') FROM unnest(values_) AS v), conflict)
+                       names, values_, conflict)
             INTO task_id
-            USING input, plan, "group", max, repeat, timeout, remote, data, after, key, after_any, exclusive;
+            USING input, plan, "group", max, repeat, timeout, remote, data, after, key, on_conflict, after_any,
+                  exclusive, retry, retry_delay, retry_max, retry_on, retry_unsafe;
         IF task_id IS NOT NULL THEN
             RETURN task_id;
         END IF;
@@ -86,8 +95,13 @@ $$;
 COMMENT ON FUNCTION @extschema@.task_enqueue IS 'insert a task (unset arguments take the column defaults) and return its id';
 
 -- A linear chain in one call: each input runs after the one before has ended
--- DONE (a failure stops the rest); returns the ids in order.
-CREATE FUNCTION @extschema@.task_chain(inputs text[], "group" text DEFAULT NULL)
+-- DONE (a failure stops the rest), or, with ignore_errors, once it has ended
+-- in any state (after_any); the retry arguments go to every step.  Returns the
+-- ids in order.
+CREATE FUNCTION @extschema@.task_chain(
+    inputs text[], "group" text DEFAULT NULL, ignore_errors boolean DEFAULT false,
+    retry integer DEFAULT NULL, retry_delay interval DEFAULT NULL, retry_max interval DEFAULT NULL,
+    retry_on text[] DEFAULT NULL, retry_unsafe boolean DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -99,10 +113,16 @@ BEGIN
         RAISE EXCEPTION 'task_chain needs a one-dimensional array of inputs, at least one'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF ignore_errors IS NULL THEN
+        RAISE EXCEPTION 'task_chain: ignore_errors must be true or false' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     FOREACH step IN ARRAY inputs LOOP
         ids := ids || @extschema@.task_enqueue(
             step, "group" => task_chain."group",
-            after => CASE WHEN cardinality(ids) > 0 THEN ARRAY[ids[cardinality(ids)]] END);
+            after => CASE WHEN cardinality(ids) > 0 THEN ARRAY[ids[cardinality(ids)]] END,
+            after_any => CASE WHEN cardinality(ids) > 0 AND ignore_errors THEN true END,
+            retry => task_chain.retry, retry_delay => task_chain.retry_delay, retry_max => task_chain.retry_max,
+            retry_on => task_chain.retry_on, retry_unsafe => task_chain.retry_unsafe);
     END LOOP;
     RETURN ids;
 END
@@ -338,7 +358,9 @@ COMMENT ON FUNCTION @extschema@.task_retry IS 'run an ended (FAIL, GONE or STOP)
 -- current_user`: a role names only its own series.
 CREATE FUNCTION @extschema@.task_schedule(
     key text, cron text, input text, tz text DEFAULT NULL, "group" text DEFAULT NULL,
-    max integer DEFAULT NULL, timeout interval DEFAULT NULL, remote text DEFAULT NULL)
+    max integer DEFAULT NULL, timeout interval DEFAULT NULL, remote text DEFAULT NULL,
+    retry integer DEFAULT NULL, retry_delay interval DEFAULT NULL, retry_max interval DEFAULT NULL,
+    retry_on text[] DEFAULT NULL, retry_unsafe boolean DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -349,6 +371,13 @@ DECLARE
     group_name text := COALESCE("group", key);
     group_max integer := COALESCE(max, pgtaskpy.setting_default('max', 0));
     statement_timeout interval := COALESCE(timeout, pgtaskpy.setting_default('timeout', interval '0 sec'));
+    -- The retry columns' values in the statements below: the argument ($9 to $13), else the
+    -- column's default (its setting), on an insert and on a replace alike.
+    retries text := concat_ws(', ', CASE WHEN retry IS NULL THEN 'DEFAULT' ELSE '$9' END,
+                              CASE WHEN retry_delay IS NULL THEN 'DEFAULT' ELSE '$10' END,
+                              CASE WHEN retry_max IS NULL THEN 'DEFAULT' ELSE '$11' END,
+                              CASE WHEN retry_on IS NULL THEN 'DEFAULT' ELSE '$12' END,
+                              CASE WHEN retry_unsafe IS NULL THEN 'DEFAULT' ELSE '$13' END);
     task_id bigint;
 BEGIN
     IF key IS NULL OR cron IS NULL OR input IS NULL THEN
@@ -356,16 +385,19 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM pgtaskpy.lock_series(current_user, key);  -- one change of a series at a time
-    UPDATE @extschema@.task AS t
-    SET cron = task_schedule.cron, tz = zone, input = task_schedule.input, "group" = group_name,
-        max = group_max, timeout = statement_timeout, remote = task_schedule.remote, repeat = interval '0'
-    WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN'
-    RETURNING t.id INTO task_id;
-    IF NOT FOUND THEN
-        INSERT INTO @extschema@.task AS t (key, cron, tz, input, "group", max, timeout, remote)
-        VALUES (task_schedule.key, task_schedule.cron, zone, task_schedule.input, group_name, group_max,
-                statement_timeout, task_schedule.remote)
-        RETURNING t.id INTO task_id;
+    EXECUTE 'UPDATE @extschema@.task AS t SET cron = $2, tz = $4, input = $3, "group" = $5, max = $6, timeout = $7,'
+            ' remote = $8, repeat = interval ''0'', (retry, retry_delay, retry_max, retry_on, retry_unsafe) = ROW('
+            || retries || ') WHERE t.owner = current_user AND t.key = $1 AND t.state = ''PLAN'' RETURNING t.id'
+        INTO task_id
+        USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
+              retry, retry_delay, retry_max, retry_on, retry_unsafe;
+    IF task_id IS NULL THEN
+        EXECUTE 'INSERT INTO @extschema@.task AS t (key, cron, tz, input, "group", max, timeout, remote,'
+                ' retry, retry_delay, retry_max, retry_on, retry_unsafe)'
+                ' VALUES ($1, $2, $4, $3, $5, $6, $7, $8, ' || retries || ') RETURNING t.id'
+            INTO task_id
+            USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
+                  retry, retry_delay, retry_max, retry_on, retry_unsafe;
     END IF;
     RETURN task_id;
 END
@@ -515,9 +547,10 @@ COMMENT ON VIEW @extschema@.task_series IS 'the caller''s repeating series (cron
 -- Task authors get them through pgtaskpy_user (and PUBLIC, unless a DBA revokes it).
 GRANT EXECUTE ON FUNCTION
     @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text,
-                             bigint[], text, text, boolean, boolean),
-    @extschema@.task_chain(text[], text),
+                             bigint[], text, text, boolean, boolean, integer, interval, interval, text[], boolean),
+    @extschema@.task_chain(text[], text, boolean, integer, interval, interval, text[], boolean),
     @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean), @extschema@.task_retry(bigint),
-    @extschema@.task_schedule(text, text, text, text, text, integer, interval, text),
+    @extschema@.task_schedule(text, text, text, text, text, integer, interval, text,
+                              integer, interval, interval, text[], boolean),
     @extschema@.task_unschedule(text) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_series TO pgtaskpy_user;

@@ -451,6 +451,9 @@ AS $$
                        LIMIT 10000) AS l),
         'workers', (SELECT count(*) FROM pg_stat_activity AS a
                     WHERE a.datname = current_database() AND a.application_name = pgtaskpy.name_of('worker')),
+        'paused', (SELECT COALESCE(json_agg(json_build_array(p.owner, p."group",
+                                                             extract(epoch FROM now() - p.since)::float8)), '[]')
+                   FROM pgtaskpy.group_pause AS p),
         'at', now())
 $$;
 

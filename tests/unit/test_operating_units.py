@@ -30,7 +30,7 @@ def test_metrics_from_dispatch_events():
     events = [{"event": "start", "id": 1}, {"event": "end", "id": 1, "state": "DONE", "seconds": 0.02},
               {"event": "end", "id": 2, "state": "FAIL", "seconds": None}, {"event": "recovered", "count": 1}]
     metrics.turn("app", events, running=3)
-    metrics.snapshot("app", [("alice", "mail", 4, 90.0)], [0.5, 0.25], workers=2)
+    metrics.snapshot("app", [("alice", "mail", 4, 90.0)], [0.5, 0.25], workers=2, paused=[("alice", "mail", 30.0)])
     text = generate_latest(metrics.registry).decode()
     for line in ('pg_task_py_tasks_started_total{database="app"} 1.0',
                  'pg_task_py_tasks_ended_total{database="app",state="DONE"} 1.0',
@@ -40,10 +40,11 @@ def test_metrics_from_dispatch_events():
                  'pg_task_py_running_tasks{database="app"} 3.0',
                  'pg_task_py_due_tasks{database="app",group="mail",owner="alice"} 4.0',
                  'pg_task_py_oldest_due_seconds{database="app",group="mail",owner="alice"} 90.0',
-                 'pg_task_py_workers{database="app"} 2.0'):
+                 'pg_task_py_workers{database="app"} 2.0',
+                 'pg_task_py_paused_seconds{database="app",group="mail",owner="alice"} 30.0'):
         assert line in text, line
     assert metrics.stale() == []
-    metrics.snapshot("app", [], [], workers=0)  # the group has nothing due any more: its series go
+    metrics.snapshot("app", [], [], workers=0, paused=[])  # nothing due, resumed: its series go
     assert 'group="mail"' not in generate_latest(metrics.registry).decode()
     metrics.turns["app"] = time.monotonic() - HEALTHY_WITHIN - 1
     assert metrics.stale() == ["app"]
@@ -54,10 +55,11 @@ def test_a_databases_gauges_go_when_its_name_changes():
     name's gauges stayed at their last values for good (a late group alerted for ever)."""
     metrics = Metrics()
     metrics.turn("app@/run:5432", [{"event": "end", "id": 1, "state": "DONE", "seconds": 0.1}], running=1)
-    metrics.snapshot("app@/run:5432", [("alice", "mail", 4, 900.0)], [], workers=2)
+    metrics.snapshot("app@/run:5432", [("alice", "mail", 4, 900.0)], [], workers=2, paused=[("alice", "mail", 1.0)])
     metrics.rename("app@/run:5432", "app@/run:5433")
     text = generate_latest(metrics.registry).decode()
-    for gauge in ("running_tasks", "workers", "last_turn_timestamp_seconds", "due_tasks", "oldest_due_seconds"):
+    for gauge in ("running_tasks", "workers", "last_turn_timestamp_seconds", "due_tasks", "oldest_due_seconds",
+                  "paused_seconds"):
         assert f'pg_task_py_{gauge}{{database="app@/run:5432"' not in text, gauge
     assert 'pg_task_py_tasks_ended_total{database="app@/run:5432",state="DONE"} 1.0' in text  # (a total)
     assert metrics.stale() == []  # (its last turn goes with the name)
