@@ -12,7 +12,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pg_task_py_testing import LAUNCHER, Launcher, extension_version, most_at_once, throwaway_cluster, wait_until
+from pg_task_py_testing import (
+    LAUNCHER,
+    Launcher,
+    extension_version,
+    most_at_once,
+    new_database,
+    throwaway_cluster,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -299,13 +307,52 @@ def test_graceful_stop_waits_for_running_task(db):
     assert "stopped" in launcher.output()
 
 
-def test_sighup_is_ignored_with_a_line(db):
-    """A closed terminal or a supervisor's reload sends SIGHUP: it ended the launcher at once, with
-    no line, no graceful stop."""
+def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp_path, cluster, db):
+    """A supervisor's reload (SIGHUP) reads --config again: a new database starts, one no longer
+    there stops, `run` changes in place; a task running meanwhile goes on; a config file that
+    cannot be used changes nothing.  (SIGHUP ended the launcher once, then was ignored.)"""
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": db.dsn, "run": 1}]))
+    launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
+    try:
+        launcher.wait_active()
+        long_task = db.insert("SELECT 'long' FROM pg_sleep(2)", group="long", delete=False)
+        wait_until(lambda: state_of(db, long_task) == "WORK", message="the long task running")
+        with new_database(cluster) as other:
+            config.write_text(json.dumps([{"dsn": db.dsn, "run": 2}, {"dsn": other.dsn}]))
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "added by the reload" in launcher.output()
+                       and launcher.output().count("scheduling (active)") == 2, 15, 0.05, "the new database")
+            assert other.wait_done(other.insert("SELECT 'other'", delete=False))["output"] == "other"
+            # run 2: a second task runs beside the long one, which the reload did not touch
+            beside = db.insert("SELECT 'beside'", group="beside", delete=False)
+            assert db.wait_done(beside)["start"] < db.wait_done(long_task)["stop"]
+            assert db.task(long_task)["output"] == "long"
+
+            config.write_text("[{\"dsn\": ")
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "reload refused, nothing changed: cannot read config file" in launcher.output(),
+                       10, 0.05, "the refused reload")
+            assert other.wait_done(other.insert("SELECT 2", delete=False))["output"] == "2"
+
+            config.write_text(json.dumps([{"dsn": other.dsn}]))
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "not in the configuration any more: stopping" in launcher.output()
+                       and re.search(r"test_\w+@\S+: stopped", launcher.output()), 15, 0.05, "the removed one stopped")
+            left = db.insert("SELECT 'left'", delete=False)
+            assert other.wait_done(other.insert("SELECT 3", delete=False))["output"] == "3"
+            assert state_of(db, left) == "PLAN"  # nobody schedules it any more
+            assert launcher.stop() == 0, launcher.output()
+    finally:
+        launcher.kill()
+
+
+def test_sighup_without_a_config_file_changes_nothing(db):
     launcher = db.launcher()
     launcher.signal(signal.SIGHUP)
-    wait_until(lambda: "received SIGHUP: ignored" in launcher.output(), 10, 0.05, "the SIGHUP line")
+    wait_until(lambda: "received SIGHUP: reloading the configuration" in launcher.output(), 10, 0.05, "the line")
     assert db.wait_done(db.insert("SELECT 'still here'", delete=False))["output"] == "still here"
+    assert launcher.output().count("scheduling (active)") == 1
     assert launcher.stop() == 0
 
 

@@ -69,6 +69,39 @@ def test_task_stats_percentiles_are_nearest_rank_of_the_runs_of_the_last_hour(db
     assert (row["start_lag_p50"], row["start_lag_p95"]) == (timedelta(seconds=1), timedelta(seconds=1.9))
 
 
+def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(db):
+    """consecutive_failures: FAIL ends after the group's last DONE, by stop; GONE and STOP neither
+    count nor reset it.  The same whether the ends are still changes (group_count_changes) or added
+    up into group_counts (fold_group_counts, the launcher's housekeeping; no launcher here)."""
+    def end(state, minutes_ago):
+        db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop)"
+               " SELECT 'SELECT 1', 'streak', %s, t, t, t FROM (SELECT now() - %s * interval '1 min') AS p(t)",
+               [state, minutes_ago])
+
+    def in_a_row():
+        pending = stats(db.conn, ("postgres", "streak"))["consecutive_failures"]
+        db.sql("SELECT pgtaskpy.fold_group_counts()")
+        assert db.value("SELECT count(*) FROM pgtaskpy.group_count_changes") == 0
+        folded = stats(db.conn, ("postgres", "streak"))["consecutive_failures"]
+        assert pending == folded
+        return folded
+
+    for state, minutes_ago in (("DONE", 10), ("FAIL", 9), ("FAIL", 8)):
+        end(state, minutes_ago)
+    assert in_a_row() == 2
+    end("FAIL", 7)
+    assert in_a_row() == 3  # on top of the counters
+    end("DONE", 6)
+    end("FAIL", 5)
+    assert in_a_row() == 1  # a newer success among the changes
+    end("FAIL", 6.5)  # committed late: it failed before the last success
+    end("STOP", 4)
+    end("GONE", 3)
+    assert in_a_row() == 1
+    end("DONE", 2)
+    assert in_a_row() == 0
+
+
 def test_task_stats_of_a_scripted_workload(running, authors):
     alice, bob = authors["alice"], authors["bob"]
     done = [insert_as(alice, "SELECT pg_sleep(0.05)", group="work", delete=False) for _ in range(4)]
@@ -96,6 +129,7 @@ def test_task_stats_of_a_scripted_workload(running, authors):
     last_fail = running.value("SELECT max(stop) FROM task WHERE id = ANY(%s)", [failed])
     assert work["last_failure"] == last_fail and work["last_success"] is not None
     assert work["paused"] is False and work["oldest_due_lateness"] is None
+    assert work["consecutive_failures"] == 2  # (one at a time, in id order: the two failures last)
 
     lagging = stats(alice, ("ops_alice", "late"))
     assert lagging["paused"] is True and (lagging["due"], lagging["later"]) == (1, 1)
@@ -113,6 +147,7 @@ def test_task_stats_of_a_scripted_workload(running, authors):
     assert (work["done_total"], work["fail_total"], work["stop_total"]) == (1, 2, 1)
     running.wait_done(insert_as(alice, "SELECT 1", group="work", delete=False))
     assert stats(alice, ("ops_alice", "work"))["done_total"] == 2
+    assert stats(alice, ("ops_alice", "work"))["consecutive_failures"] == 0
     running.sql("TRUNCATE task")
     assert running.value("SELECT sum(done_total + fail_total + gone_total + stop_total) FROM task_stats") == 0
 

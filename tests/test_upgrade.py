@@ -165,3 +165,16 @@ def test_a_dump_restored_with_the_tables_triggers_off_is_the_same_database(clust
                 assert restored_launcher.stop() == 0
     finally:
         drop_database(cluster, name)
+
+
+def test_the_counters_of_an_updated_database_start_from_its_finished_rows(cluster: Cluster):
+    """The 1.3 update fills task_stats' counters from the rows already there, failures in a row too."""
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py; CREATE EXTENSION pg_task_py VERSION '1.2'")
+        db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop)"
+               " SELECT 'SELECT 1', 'old', s::state, t, t, t"
+               " FROM unnest('{DONE,FAIL,DONE,FAIL,STOP,FAIL}'::text[]) WITH ORDINALITY AS u(s, i),"
+               " LATERAL (SELECT now() - (10 - i) * interval '1 min') AS p(t)")
+        db.sql("ALTER EXTENSION pg_task_py UPDATE")
+        assert db.sql("SELECT done_total, fail_total, stop_total, consecutive_failures FROM task_stats"
+                      " WHERE \"group\" = 'old'") == [(2, 3, 1, 2)]

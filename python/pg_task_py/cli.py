@@ -9,12 +9,14 @@ import math
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
 from pg_task_py import __version__
-from pg_task_py.launcher import Scheduler, Settings, SetupError
+from pg_task_py.databases import Databases
+from pg_task_py.launcher import Settings, SetupError
 from pg_task_py.metrics import Metrics, serve
 from pg_task_py.status import StatusError, show_status
 
@@ -45,6 +47,9 @@ standbys and failover:
   target_session_attrs=read-write ('host=db1,db2 port=5432,5432 ...') follows
   the primary after a failover.  --standby names a standby for tasks whose
   target is 'standby'.
+
+reload: SIGHUP reads --config again: new databases start, removed ones stop
+  (gracefully), changed "run" and "grace" apply; the others run on untouched.
 
 exit status: 0 after a clean stop; 2 for bad usage (flags, config file); 1
 when a database cannot be scheduled (wrong credentials, missing database or
@@ -225,20 +230,24 @@ def setup_logging(level: str, as_json: bool) -> None:
     logging.getLogger("psycopg").setLevel(logging.WARNING)
 
 
-def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None) -> int:
-    """Run one scheduler thread per database; return the exit status."""
+def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
+            reload: Callable[[], list[Settings]] | None = None) -> int:
+    """Run one scheduler thread per database; return the exit status.  `reload` gives the
+    databases and settings anew (flags and config file), on SIGHUP."""
     # Handlers first: the "starting" line tells a supervisor that SIGTERM now stops cleanly.
     stopping = threading.Event()
-    failures: list[str] = []
+    reload_wanted = threading.Event()
+    databases: Databases | None = None
 
     def on_signal(signum: int, _frame: object) -> None:
         logging.getLogger("pg_task_py").info("received %s: stopping", signal.Signals(signum).name)
         stopping.set()
+        if databases is not None:
+            databases.stop_all()
 
     def on_hangup(_signum: int, _frame: object) -> None:
         # (Python's default ended the launcher with no word: a closed terminal, a supervisor's reload)
-        logging.getLogger("pg_task_py").warning("received SIGHUP: ignored (the launcher reads its flags and config"
-                                                " file only as it starts: restart it to change them)")
+        reload_wanted.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -254,22 +263,31 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None)
             return 1
         logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", *server.server_address[:2])
 
-    def run_one(entry: Settings) -> None:
-        try:
-            Scheduler(entry, stopping, metrics).run()
-        except SetupError as exc:
-            failures.append(str(exc))
-            logging.getLogger("pg_task_py").error("%s", exc)
+    databases = Databases(settings, metrics)
+    if stopping.is_set():  # (a signal before the threads existed)
+        databases.stop_all()
+    while databases.running():
+        databases.join(timeout=0.2)
+        if reload_wanted.is_set() and not stopping.is_set():
+            reload_wanted.clear()
+            reload_configuration(databases, reload)
+    return 1 if databases.failed() else 0
 
-    threads = [threading.Thread(target=run_one, args=(s,), name=s.dsn or "env") for s in settings]
-    for thread in threads:
-        thread.start()
-    while any(t.is_alive() for t in threads):
-        for thread in threads:
-            thread.join(timeout=0.2)  # short joins keep the main thread free for signals
-        if failures and len(failures) == len(settings):
-            break
-    return 1 if failures else 0
+
+def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None) -> None:
+    """SIGHUP: read the flags and config file again and apply them; a config file that cannot be
+    used changes nothing."""
+    log = logging.getLogger("pg_task_py")
+    if reload is None:
+        log.info("received SIGHUP: nothing to reload")
+        return
+    log.info("received SIGHUP: reloading the configuration")
+    try:
+        wanted = reload()
+    except SetupError as exc:
+        log.error("reload refused, nothing changed: %s", exc)
+        return
+    databases.reload(wanted)
 
 
 def status(args: argparse.Namespace) -> int:
@@ -295,4 +313,4 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as exc:
         logging.getLogger("pg_task_py").error("%s", exc)
         return 2
-    return run_all(settings, args.metrics)
+    return run_all(settings, args.metrics, reload=lambda: load_settings(args))

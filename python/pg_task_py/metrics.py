@@ -65,6 +65,16 @@ class Metrics:
         counters stay, as totals of what happened there."""
         with self.lock:
             self.turns[new] = self.turns.pop(old, float("-inf"))
+        self._remove_gauges(old)
+
+    def forget(self, database: str) -> None:
+        """A database the launcher no longer schedules (a reload removed it): its gauges go, and
+        /health stops naming it; its counters stay, as totals."""
+        with self.lock:
+            self.turns.pop(database, None)
+        self._remove_gauges(database)
+
+    def _remove_gauges(self, old: str) -> None:
         for gauge in (self.running, self.workers, self.last_turn):
             with contextlib.suppress(KeyError):
                 gauge.remove(old)

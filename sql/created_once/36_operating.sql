@@ -17,6 +17,8 @@ CREATE TABLE pgtaskpy.group_counts (
     last_success    timestamptz,
     last_failure    timestamptz,
     last_error      text,
+    -- FAIL ends after the last DONE (by stop): GONE and STOP neither count nor reset them
+    consecutive_failures bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (owner, "group")
 );
 

@@ -24,20 +24,29 @@ END
 $$;
 
 -- Add the changes to the counters, in the launcher's housekeeping: the
--- changes committed by now, read and deleted in one statement.
+-- changes committed by now, read and deleted in one statement.  Failures in a
+-- row: those of the changes after the group's last success (the counters' or
+-- the changes'), added to the counters' own unless the changes hold a newer
+-- success (group_stats reads the changes not yet folded the same way).
 CREATE FUNCTION pgtaskpy.fold_group_counts() RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$
     WITH folded AS (
         DELETE FROM pgtaskpy.group_count_changes RETURNING *
+    ), beside_success AS (
+        SELECT f.*, greatest(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0) OVER (PARTITION BY f.owner, f."group"),
+                             k.last_success) AS success
+        FROM folded AS f LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = f.owner AND k."group" = f."group"
     )
-    INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error)
+    INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error,
+                                           consecutive_failures)
     SELECT f.owner, f."group",
            COALESCE(sum(f.n) FILTER (WHERE f.state = 'DONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'FAIL'), 0),
            COALESCE(sum(f.n) FILTER (WHERE f.state = 'GONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'STOP'), 0),
            max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0), max(f.at) FILTER (WHERE f.state = 'FAIL' AND f.n > 0),
-           (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1]
-    FROM folded AS f
+           (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1],
+           count(*) FILTER (WHERE f.state = 'FAIL' AND f.n > 0 AND f.at > COALESCE(f.success, '-infinity'))
+    FROM beside_success AS f
     GROUP BY f.owner, f."group"
     ON CONFLICT (owner, "group") DO UPDATE
     SET done = c.done + excluded.done, fail = c.fail + excluded.fail, gone = c.gone + excluded.gone,
@@ -45,7 +54,10 @@ AS $$
         last_success = greatest(excluded.last_success, c.last_success),
         last_failure = greatest(excluded.last_failure, c.last_failure),
         last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
-                          THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END
+                          THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
+        consecutive_failures = excluded.consecutive_failures
+            + CASE WHEN excluded.last_success > COALESCE(c.last_success, '-infinity') THEN 0
+                   ELSE c.consecutive_failures END
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -480,7 +492,8 @@ RETURNS TABLE (
     done_total bigint, fail_total bigint, gone_total bigint, stop_total bigint,
     oldest_due_lateness interval, run_time_p50 interval, run_time_p95 interval,
     start_lag_p50 interval, start_lag_p95 interval,
-    last_success timestamptz, last_failure timestamptz, last_error text, paused boolean)
+    last_success timestamptz, last_failure timestamptz, last_error text, consecutive_failures bigint,
+    paused boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp SET jit = off SET max_parallel_workers_per_gather = 0
 AS $$
@@ -521,18 +534,23 @@ WITH active AS (
           FROM @extschema@.task AS f
           WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > now() - interval '1 hour') AS e
     GROUP BY e.owner, e."group"
-), pending AS (  -- changes not yet added to group_counts (at most about a second's)
+), pending AS (  -- changes not yet added to group_counts (at most about a second's), as fold_group_counts adds them
     SELECT p.owner, p."group" COLLATE "C" AS "group",
            sum(p.n) FILTER (WHERE p.state = 'DONE') AS done, sum(p.n) FILTER (WHERE p.state = 'FAIL') AS fail,
            sum(p.n) FILTER (WHERE p.state = 'GONE') AS gone, sum(p.n) FILTER (WHERE p.state = 'STOP') AS stop,
            max(p.at) FILTER (WHERE p.state = 'DONE' AND p.n > 0) AS last_success,
            max(p.at) FILTER (WHERE p.state = 'FAIL' AND p.n > 0) AS last_failure,
-           (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error
-    FROM pgtaskpy.group_count_changes AS p
+           (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error,
+           count(*) FILTER (WHERE p.state = 'FAIL' AND p.n > 0 AND p.at > COALESCE(p.success, '-infinity'))
+               AS failures_after_success
+    FROM (SELECT q.*, greatest(max(q.at) FILTER (WHERE q.state = 'DONE' AND q.n > 0)
+                                   OVER (PARTITION BY q.owner, q."group"), k.last_success) AS success
+          FROM pgtaskpy.group_count_changes AS q
+          LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = q.owner AND k."group" = q."group") AS p
     GROUP BY p.owner, p."group" COLLATE "C"
 ), counts AS (
     SELECT c.owner, c."group" COLLATE "C" AS "group", c.done, c.fail, c.gone, c.stop,
-           c.last_success, c.last_failure, c.last_error
+           c.last_success, c.last_failure, c.last_error, c.consecutive_failures
     FROM pgtaskpy.group_counts AS c
 ), pauses AS (
     SELECT p.owner, p."group" COLLATE "C" AS "group", true AS paused FROM pgtaskpy.group_pause AS p
@@ -550,6 +568,9 @@ SELECT owner, "group" COLLATE "default" AS "group",
        greatest(c.last_failure, d.last_failure) AS last_failure,
        CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL
             THEN COALESCE(d.last_error, c.last_error) ELSE c.last_error END AS last_error,
+       COALESCE(d.failures_after_success, 0)
+           + CASE WHEN d.last_success > COALESCE(c.last_success, '-infinity') THEN 0
+                  ELSE COALESCE(c.consecutive_failures, 0) END AS consecutive_failures,
        COALESCE(p.paused, false) AS paused
 FROM counts AS c
 FULL JOIN active AS a USING (owner, "group")

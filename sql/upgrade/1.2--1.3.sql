@@ -105,6 +105,8 @@ CREATE TABLE pgtaskpy.group_counts (
     last_success    timestamptz,
     last_failure    timestamptz,
     last_error      text,
+    -- FAIL ends after the last DONE (by stop): GONE and STOP neither count nor reset them
+    consecutive_failures bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (owner, "group")
 );
 
@@ -188,14 +190,16 @@ CREATE INDEX task_series_finished ON @extschema@.task
     WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND (key IS NOT NULL OR repeat > interval '0' OR cron IS NOT NULL);
 
 -- The counters start from the rows already there.
-INSERT INTO pgtaskpy.group_counts (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error)
+INSERT INTO pgtaskpy.group_counts (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error,
+                                   consecutive_failures)
 SELECT t.owner, t."group",
        count(*) FILTER (WHERE t.state = 'DONE'), count(*) FILTER (WHERE t.state = 'FAIL'),
        count(*) FILTER (WHERE t.state = 'GONE'), count(*) FILTER (WHERE t.state = 'STOP'),
        max(t.stop) FILTER (WHERE t.state = 'DONE'), max(t.stop) FILTER (WHERE t.state = 'FAIL'),
-       left((array_agg(t.error ORDER BY t.stop DESC) FILTER (WHERE t.state = 'FAIL'))[1], 2000)
-FROM @extschema@.task AS t
-WHERE t.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+       left((array_agg(t.error ORDER BY t.stop DESC) FILTER (WHERE t.state = 'FAIL'))[1], 2000),
+       count(*) FILTER (WHERE t.state = 'FAIL' AND t.stop > COALESCE(t.group_success, '-infinity'))
+FROM (SELECT f.*, max(f.stop) FILTER (WHERE f.state = 'DONE') OVER (PARTITION BY f.owner, f."group") AS group_success
+      FROM @extschema@.task AS f WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP')) AS t
 GROUP BY t.owner, t."group";
 -- Tasks that ask for a standby (column target, sql/created_once/20_table.sql).
 ALTER TABLE @extschema@.task ADD COLUMN target text;

@@ -80,3 +80,18 @@ def test_status_table_and_durations():
     table = render([("app", "mail", 2, 10, timedelta(minutes=5), 0, 7, 1, 0, True, "ERROR:  boom")]).splitlines()
     assert table[0].split()[:4] == ["owner", "group", "running", "due"]
     assert table[2].split() == ["app", "mail", "2", "10", "5m00s", "0", "7", "1", "0", "PAUSED", "ERROR:", "boom"]
+
+
+def test_a_database_the_launcher_forgets_leaves_its_gauges_and_health():
+    """A reload that removes a database: its gauges go and /health stops naming it; counters stay."""
+    metrics = Metrics()
+    metrics.expect("gone@/run:5432")
+    metrics.turn("gone@/run:5432", [{"event": "end", "id": 1, "state": "DONE", "seconds": 0.1}], running=1)
+    metrics.snapshot("gone@/run:5432", [("alice", "mail", 4, 9.0)], [], workers=1, paused=[("alice", "mail", 1.0)])
+    metrics.turns["gone@/run:5432"] = time.monotonic() - HEALTHY_WITHIN - 1
+    metrics.forget("gone@/run:5432")
+    text = generate_latest(metrics.registry).decode()
+    assert 'pg_task_py_running_tasks{database="gone@/run:5432"}' not in text
+    assert 'pg_task_py_due_tasks{database="gone@/run:5432"' not in text
+    assert 'pg_task_py_tasks_ended_total{database="gone@/run:5432",state="DONE"} 1.0' in text
+    assert metrics.stale() == []

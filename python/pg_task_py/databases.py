@@ -1,0 +1,99 @@
+"""The databases a launcher schedules: a scheduler thread each, which a reload (SIGHUP) adds,
+stops or changes without touching the others."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from pg_task_py.launcher import Scheduler, Settings, SetupError
+from pg_task_py.metrics import Metrics
+
+log = logging.getLogger("pg_task_py")
+
+
+class Database:
+    """One database's scheduler, running in a thread of its own until its `stop` is set."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None) -> None:
+        self.stop = threading.Event()
+        self.scheduler = Scheduler(settings, self.stop, metrics)
+        self.error: str | None = None  # why it ended, when retrying could not help
+        self.removed = False  # a reload took it out of the configuration: it is stopping
+        self.thread = threading.Thread(target=self._run, name=self.scheduler.name)  # (no password)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.scheduler.run()
+        except SetupError as exc:
+            self.error = str(exc)
+            log.error("%s", exc)
+
+    @property
+    def settings(self) -> Settings:
+        return self.scheduler.settings
+
+
+class Databases:
+    """Every database of the launcher's flags and config file."""
+
+    def __init__(self, settings: list[Settings], metrics: Metrics | None) -> None:
+        self.metrics = metrics
+        self.all = [Database(entry, metrics) for entry in settings]
+
+    def running(self) -> bool:
+        return any(database.thread.is_alive() for database in self.all)
+
+    def failed(self) -> bool:
+        """Whether a database ended with an error (the launcher then exits 1)."""
+        return any(database.error is not None for database in self.all)
+
+    def join(self, timeout: float) -> None:
+        """Wait a little for each thread (short joins keep the main thread free for signals); a
+        removed database whose scheduler has stopped goes, with its gauges."""
+        for database in list(self.all):
+            database.thread.join(timeout)
+            if database.removed and not database.thread.is_alive():
+                self.all.remove(database)
+                if self.metrics:
+                    self.metrics.forget(database.scheduler.name)
+
+    def stop_all(self) -> None:
+        for database in self.all:
+            database.stop.set()
+
+    def reload(self, wanted: list[Settings]) -> None:
+        """Make the running databases those of `wanted`, matched by conninfo: one no longer there
+        stops (gracefully, with its own --grace), a new one starts, one that ended with an error
+        starts again; `run` and `grace` change in place, for the next turn and the next stop.
+        The other databases and their running tasks are not touched."""
+        unmatched = list(wanted)
+        for database in [d for d in self.all if not d.removed]:
+            entry = next((w for w in unmatched if w.dsn == database.settings.dsn), None)
+            if entry is not None and database.thread.is_alive():
+                unmatched.remove(entry)
+                self._change(database, entry)
+            elif database.thread.is_alive():
+                log.info("%s: not in the configuration any more: stopping", database.scheduler.name)
+                database.removed = True
+                database.stop.set()
+            else:  # ended with an error: started again below if still wanted
+                self.all.remove(database)
+                if self.metrics:
+                    self.metrics.forget(database.scheduler.name)
+        for entry in unmatched:
+            self.all.append(Database(entry, self.metrics))
+            log.info("%s: added by the reload", self.all[-1].scheduler.name)
+
+    def _change(self, database: Database, entry: Settings) -> None:
+        """A running database's new settings: run and grace in place; a new standby needs a
+        restart (workers hold the one they were opened with), so the old one stays."""
+        if entry.standby != database.settings.standby:
+            log.warning("%s: a new standby takes a restart of the launcher; keeping the one it started with",
+                        database.scheduler.name)
+            entry = dataclasses.replace(entry, standby=database.settings.standby)
+        if entry != database.settings:
+            database.scheduler.settings = entry
+            log.info("%s: run %d, grace %gs from now on", database.scheduler.name, entry.run, entry.grace)
