@@ -329,16 +329,34 @@ def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp
             assert db.wait_done(beside)["start"] < db.wait_done(long_task)["stop"]
             assert db.task(long_task)["output"] == "long"
 
-            config.write_text("[{\"dsn\": ")
-            launcher.signal(signal.SIGHUP)
-            wait_until(lambda: "reload refused, nothing changed: cannot read config file" in launcher.output(),
-                       10, 0.05, "the refused reload")
+            for refusals, bad in enumerate(("[{\"dsn\": ",
+                                            json.dumps([{"dsn": db.dsn + " port=99999"}, {"dsn": other.dsn}])), 1):
+                config.write_text(bad)
+                launcher.signal(signal.SIGHUP)
+                wait_until(lambda n=refusals: launcher.output().count("reload refused, nothing changed") == n,
+                           10, 0.05, "the refused reload")
+            assert "cannot read config file" in launcher.output() and "invalid port number" in launcher.output()
+            assert "stopping" not in launcher.output()
             assert other.wait_done(other.insert("SELECT 2", delete=False))["output"] == "2"
+
+            # Removed, then back before it has stopped: its running task goes on, not cancelled.
+            slow = db.insert("SELECT 'slow' FROM pg_sleep(2)", delete=False)
+            wait_until(lambda: state_of(db, slow) == "WORK", message="the slow task running")
+            config.write_text(json.dumps([{"dsn": other.dsn}]))
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "not in the configuration any more: stopping" in launcher.output(), 10, 0.05,
+                       "the stopping line")
+            config.write_text(json.dumps([{"dsn": db.dsn, "run": 2}, {"dsn": other.dsn}]))
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "back in the configuration before it stopped" in launcher.output(), 10, 0.05,
+                       "the database taken back")
+            assert db.wait_done(slow)["output"] == "slow"
+            assert db.wait_done(db.insert("SELECT 'on'", delete=False))["output"] == "on"
 
             config.write_text(json.dumps([{"dsn": other.dsn}]))
             launcher.signal(signal.SIGHUP)
-            wait_until(lambda: "not in the configuration any more: stopping" in launcher.output()
-                       and re.search(r"test_\w+@\S+: stopped", launcher.output()), 15, 0.05, "the removed one stopped")
+            wait_until(lambda: re.search(r"test_\w+@\S+: stopped", launcher.output()), 15, 0.05,
+                       "the removed one stopped")
             left = db.insert("SELECT 'left'", delete=False)
             assert other.wait_done(other.insert("SELECT 3", delete=False))["output"] == "3"
             assert state_of(db, left) == "PLAN"  # nobody schedules it any more
@@ -618,6 +636,26 @@ def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
     assert result.returncode == 2
     assert f"config file {config}: entry 2: {says}" in result.stderr
     assert "secret" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("dsn", "says"), [
+    ("dbname=b password=secret port=99999", "the conninfo has an invalid port number"),
+    ("dbname=b password=secret connect_timeout=abc", "the conninfo has an invalid connect_timeout (a whole number)"),
+    ("dbname=b password=secret sslmode=sometimes", "the conninfo has an invalid sslmode (one of disable, allow,"),
+    ("postgresql://secret@%zz/b", "the conninfo is not a libpq conninfo or URI that can be read"),
+    ("dbname=a", "the same conninfo as a database before it"),
+])
+def test_a_conninfo_libpq_cannot_use_or_one_database_twice_is_a_usage_error(tmp_path, dsn, says):
+    """Told before any database starts (libpq tells such values only as it connects): a reload
+    refuses them too, rather than stop a database for a typo."""
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": "dbname=a"}, {"dsn": dsn}]))
+    result = run_launcher("run", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert f"config file {config}: entry 2: {says}" in result.stderr
+    assert "secret" not in result.stderr and "Traceback" not in result.stderr
+    result = run_launcher("run", "--dsn", "dbname=a", "--dsn", dsn)
+    assert result.returncode == 2 and "--dsn 2: " + says in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("level", ["debug", "Info", "warning"])

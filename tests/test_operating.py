@@ -100,6 +100,17 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     assert in_a_row() == 1
     end("DONE", 2)
     assert in_a_row() == 0
+    end("FAIL", 1)
+    assert in_a_row() == 1
+    end("DONE", 30)  # committed late, older than the last failure: it resets nothing
+    assert in_a_row() == 1
+    # At most the failed rows kept: deleting them (a removed series' rows, retention) lowers it.
+    db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL'")
+    assert in_a_row() == 0
+    end("FAIL", 0.5)
+    assert in_a_row() == 1
+    db.sql("TRUNCATE task")
+    assert in_a_row() == 0
 
 
 def test_task_stats_of_a_scripted_workload(running, authors):
@@ -560,12 +571,16 @@ def test_metrics_rise_with_the_workload_and_health_follows_the_server():
             assert metric(port, "pg_task_py_due_tasks", group="held", owner="postgres") == 1
             assert 60 <= metric(port, "pg_task_py_oldest_due_seconds", group="held") < 120
             assert metric(port, "pg_task_py_workers") >= 1
-            paused = 'pg_task_py_paused_seconds{database="metered@'
-            assert paused in scrape(port, "/metrics")[1]
+            assert 'pg_task_py_paused_seconds{database="metered@' in scrape(port, "/metrics")[1]
+            with cluster.connect("metered") as conn:  # a pause written by hand, since a time to come
+                conn.execute("INSERT INTO pgtaskpy.group_pause VALUES ('postgres', 'later', now() + interval '1 h')")
+            wait_until(lambda: 'group="later"' in scrape(port, "/metrics")[1], 10, message="the hand-written pause")
+            assert metric(port, "pg_task_py_paused_seconds", group="later") == 0
             assert 0 < metric(port, "pg_task_py_paused_seconds", group="held", owner="postgres") < 60
             with cluster.connect("metered") as conn:
                 conn.execute("SELECT task_resume('held')")
-            wait_until(lambda: paused not in scrape(port, "/metrics")[1], 10,
+            wait_until(lambda: not any(line.startswith("pg_task_py_paused_seconds") and 'group="held"' in line
+                                       for line in scrape(port, "/metrics")[1].splitlines()), 10,
                        message="the paused gauge gone once the group is resumed")
             assert abs(metric(port, "pg_task_py_last_turn_timestamp_seconds") - time.time()) < 5
             cluster.stop()

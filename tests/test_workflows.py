@@ -356,6 +356,10 @@ def test_task_chain_with_ignore_errors_runs_every_step(running):
     assert [t[i]["after_any"] for i in ids] == [False, True, True]
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="ignore_errors must be true or false"):
         running.value("SELECT task_chain(ARRAY['SELECT 1'], ignore_errors => NULL)")
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="task_chain: step 2 of the inputs is NULL"):
+        running.value("SELECT task_chain(ARRAY['SELECT 1', NULL])")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="one-dimensional"):
+        running.value("SELECT task_chain(ARRAY[['SELECT 1'], ['SELECT 2']])")
 
 
 def test_a_chains_next_step_has_its_session_started_while_the_step_before_runs(running):

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import signal
 import sys
 import threading
@@ -175,8 +176,40 @@ def conninfo(text: str) -> str:
     return text
 
 
+# libpq's values of a closed set, and its whole-number keywords (connectOptions2, parse_int_param):
+# it refuses others only as it connects, which a reload should not wait for.
+CONNINFO_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+}
+CONNINFO_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                     "tcp_user_timeout")
+
+
+def conninfo_problem(dsn: str) -> str | None:
+    """What libpq would refuse in a conninfo as it connects, told before (None: nothing seen).
+    Not the values themselves: a conninfo may hold a password."""
+    try:
+        keywords = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "is not a libpq conninfo or URI that can be read"
+    for port in str(keywords.get("port", "")).split(","):
+        if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+            return "has an invalid port number"
+    for keyword in CONNINFO_INTEGERS:
+        if keyword in keywords and not re.fullmatch(r"\s*[-+]?\d+\s*", str(keywords[keyword])):
+            return f"has an invalid {keyword} (a whole number)"
+    for keyword, choices in CONNINFO_CHOICES.items():
+        if keyword in keywords and keywords[keyword] not in choices:
+            return f"has an invalid {keyword} (one of {', '.join(choices)})"
+    return None
+
+
 def load_settings(args: argparse.Namespace) -> list[Settings]:
-    """One Settings per database, from --dsn flags and the --config file."""
+    """One Settings per database, from --dsn flags and the --config file: each database once, with
+    a conninfo libpq can use."""
     settings = [Settings(dsn=dsn, run=args.run, grace=args.grace, standby=args.standby) for dsn in args.dsn]
     if args.config is not None:
         try:
@@ -190,6 +223,16 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
                              " one at least")
         settings += [config_entry(args.config, position, entry, args)
                      for position, entry in enumerate(entries, 1)]
+    for position, entry in enumerate(settings, 1):
+        # (named by position among the --dsn flags, then the file's entries: a conninfo may hold a password)
+        where = (f"--dsn {position}" if position <= len(args.dsn)
+                 else f"config file {args.config}: entry {position - len(args.dsn)}")
+        problem = conninfo_problem(entry.dsn)
+        if problem is not None:
+            raise SetupError(f'{where}: the conninfo {problem}')
+        if any(other.dsn == entry.dsn for other in settings[:position - 1]):
+            # Two schedulers of one database, each with its own --run, shared one metrics label.
+            raise SetupError(f"{where}: the same conninfo as a database before it")
     return settings or [Settings(dsn="", run=args.run, grace=args.grace, standby=args.standby)]
 
 
@@ -268,9 +311,12 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
         databases.stop_all()
     while databases.running():
         databases.join(timeout=0.2)
-        if reload_wanted.is_set() and not stopping.is_set():
+        if reload_wanted.is_set():
             reload_wanted.clear()
-            reload_configuration(databases, reload)
+            if stopping.is_set():
+                logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
+            else:
+                reload_configuration(databases, reload)
     return 1 if databases.failed() else 0
 
 

@@ -55,10 +55,15 @@ class Databases:
         removed database whose scheduler has stopped goes, with its gauges."""
         for database in list(self.all):
             database.thread.join(timeout)
-            if database.removed and not database.thread.is_alive():
+            if database.thread.is_alive():
+                continue
+            if database.removed:
                 self.all.remove(database)
                 if self.metrics:
                     self.metrics.forget(database.scheduler.name)
+            elif database.error is None and not database.stop.is_set():
+                # Taken back by a reload just as its scheduler stopped: it starts again.
+                self.all[self.all.index(database)] = Database(database.settings, self.metrics)
 
     def stop_all(self) -> None:
         for database in self.all:
@@ -70,19 +75,26 @@ class Databases:
         starts again; `run` and `grace` change in place, for the next turn and the next stop.
         The other databases and their running tasks are not touched."""
         unmatched = list(wanted)
-        for database in [d for d in self.all if not d.removed]:
+        for database in list(self.all):
             entry = next((w for w in unmatched if w.dsn == database.settings.dsn), None)
-            if entry is not None and database.thread.is_alive():
-                unmatched.remove(entry)
-                self._change(database, entry)
-            elif database.thread.is_alive():
-                log.info("%s: not in the configuration any more: stopping", database.scheduler.name)
-                database.removed = True
-                database.stop.set()
-            else:  # ended with an error: started again below if still wanted
-                self.all.remove(database)
-                if self.metrics:
-                    self.metrics.forget(database.scheduler.name)
+            if not database.thread.is_alive():
+                if not database.removed:  # ended with an error: started again below if still wanted
+                    self.all.remove(database)
+                    if self.metrics:
+                        self.metrics.forget(database.scheduler.name)
+                continue
+            if entry is None:
+                if not database.removed:
+                    log.info("%s: not in the configuration any more: stopping", database.scheduler.name)
+                    database.removed = True
+                    database.stop.set()
+                continue
+            unmatched.remove(entry)
+            if database.removed:  # still stopping: it schedules on, its running tasks not cancelled
+                log.info("%s: back in the configuration before it stopped: scheduling on", database.scheduler.name)
+                database.removed = False
+                database.stop.clear()
+            self._change(database, entry)
         for entry in unmatched:
             self.all.append(Database(entry, self.metrics))
             log.info("%s: added by the reload", self.all[-1].scheduler.name)

@@ -106,7 +106,9 @@ class Scheduler:
                     log.info("%s: scheduling (active)", self.name)
                     backoff = 0.5
                     self._loop(conn)
-                    self._drain(conn)
+                    while not self._drain(conn):  # (a reload wanted it back while it was stopping)
+                        log.info("%s: scheduling again", self.name)
+                        self._loop(conn)
                     return
             except psycopg.errors.InsufficientPrivilege as exc:
                 # The role lost SUPERUSER (or EXECUTE) while running: retrying cannot fix it.
@@ -152,6 +154,7 @@ class Scheduler:
             raise SetupError(
                 f"{self.name}: the pg_task_py extension is not installed in this database; "
                 "run CREATE EXTENSION pg_task_py CASCADE; as a superuser, then start the launcher again"
+                " (or send it SIGHUP)"
             )
         if is_older(row[1], __version__):
             log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
@@ -206,8 +209,10 @@ class Scheduler:
             wake_in, _ = self._dispatch(conn, self.settings.run)
             wait_for_wake(conn, wake_in)
 
-    def _drain(self, conn: psycopg.Connection) -> None:
-        """Graceful stop: claim nothing more, let running tasks end, then cancel the rest.
+    def _drain(self, conn: psycopg.Connection) -> bool:
+        """Graceful stop: claim nothing more, let running tasks end, then cancel the rest; True
+        once stopped, False when `stopping` was cleared first (a reload took the database back:
+        its tasks run on, not cancelled).
 
         The announcement of the cancel comes before the turn that cancels, so that the
         lines of the cancelled tasks follow it; the wait is said every WAITING_LOG_EVERY."""
@@ -216,6 +221,8 @@ class Scheduler:
         logged_at = float("-inf")
         _, running = self._dispatch(conn, 0)
         while running:
+            if not self.stopping.is_set():
+                return False
             now = time.monotonic()
             cancel = not cancelled and now >= deadline
             if cancel:
@@ -229,7 +236,10 @@ class Scheduler:
             wait_for_wake(conn, 0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
             _, running = self._dispatch(conn, 0, cancel=cancel)
             cancelled = cancelled or cancel
+        if not self.stopping.is_set():
+            return False
         log.info("%s: stopped", self.name)
+        return True
 
 
 def wait_for_wake(conn: psycopg.Connection, timeout: float) -> None:

@@ -121,7 +121,7 @@ BEGIN
                   AND pgtaskpy.interval_is_sane(NEW.retry_delay) AND pgtaskpy.interval_is_sane(NEW.retry_max))
             THEN 'task.retry_delay and retry_max must be at most 1000 years, without negative parts'
         WHEN NOT pgtaskpy.retry_on_is_valid(NEW.retry_on)
-            THEN 'task.retry_on must hold SQLSTATEs (40001), classes (08) or *'
+            THEN 'task.retry_on must hold SQLSTATEs (40001, 40P01: upper case), classes (08) or *'
         WHEN NOT (NEW.target IS NULL OR (NEW.target = 'standby' AND NEW.remote IS NULL))
             THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
     END;

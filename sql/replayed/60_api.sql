@@ -109,9 +109,13 @@ DECLARE
     step text;
     ids bigint[] := '{}';
 BEGIN
-    IF inputs IS NULL OR cardinality(inputs) IS DISTINCT FROM array_length(inputs, 1) OR cardinality(inputs) = 0 THEN
+    IF inputs IS NULL OR array_ndims(inputs) IS DISTINCT FROM 1 THEN  -- (array_ndims of '{}' is NULL)
         RAISE EXCEPTION 'task_chain needs a one-dimensional array of inputs, at least one'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(inputs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'task_chain: step % of the inputs is NULL', array_position(inputs, NULL) - array_lower(inputs, 1) + 1
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF ignore_errors IS NULL THEN
         RAISE EXCEPTION 'task_chain: ignore_errors must be true or false' USING ERRCODE = 'null_value_not_allowed';

@@ -23,18 +23,28 @@ BEGIN
 END
 $$;
 
+-- `success` when it is later than `failure` (or there is none), else NULL: a
+-- success that resets a group's failures in a row (fold_group_counts,
+-- group_stats).  Plain SQL, inlined into its callers.
+CREATE FUNCTION pgtaskpy.newer_success(success timestamptz, failure timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT CASE WHEN success > COALESCE(failure, '-infinity') THEN success END $$;
+
 -- Add the changes to the counters, in the launcher's housekeeping: the
 -- changes committed by now, read and deleted in one statement.  Failures in a
 -- row: those of the changes after the group's last success (the counters' or
 -- the changes'), added to the counters' own unless the changes hold a newer
--- success (group_stats reads the changes not yet folded the same way).
+-- success (group_stats reads the changes not yet folded the same way).  A
+-- success of the changes older than the counters' last failure (an end that
+-- committed late) resets nothing: the failures after it are not known one by one.
 CREATE FUNCTION pgtaskpy.fold_group_counts() RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$
     WITH folded AS (
         DELETE FROM pgtaskpy.group_count_changes RETURNING *
     ), beside_success AS (
-        SELECT f.*, greatest(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0) OVER (PARTITION BY f.owner, f."group"),
+        SELECT f.*, greatest(pgtaskpy.newer_success(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0)
+                                                        OVER (PARTITION BY f.owner, f."group"), k.last_failure),
                              k.last_success) AS success
         FROM folded AS f LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = f.owner AND k."group" = f."group"
     )
@@ -56,8 +66,8 @@ AS $$
         last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
                           THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
         consecutive_failures = excluded.consecutive_failures
-            + CASE WHEN excluded.last_success > COALESCE(c.last_success, '-infinity') THEN 0
-                   ELSE c.consecutive_failures END
+            + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
+                   THEN 0 ELSE c.consecutive_failures END
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -109,7 +119,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM pgtaskpy.group_count_changes;
-    UPDATE pgtaskpy.group_counts SET done = 0, fail = 0, gone = 0, stop = 0;
+    UPDATE pgtaskpy.group_counts SET done = 0, fail = 0, gone = 0, stop = 0, consecutive_failures = 0;
     RETURN NULL;
 END
 $$;
@@ -464,7 +474,8 @@ AS $$
         'workers', (SELECT count(*) FROM pg_stat_activity AS a
                     WHERE a.datname = current_database() AND a.application_name = pgtaskpy.name_of('worker')),
         'paused', (SELECT COALESCE(json_agg(json_build_array(p.owner, p."group",
-                                                             extract(epoch FROM now() - p.since)::float8)), '[]')
+                                                             greatest(extract(epoch FROM now() - p.since)::float8, 0))),
+                            '[]')  -- (a since in the future, written by hand: 0)
                    FROM pgtaskpy.group_pause AS p),
         'at', now())
 $$;
@@ -543,8 +554,9 @@ WITH active AS (
            (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error,
            count(*) FILTER (WHERE p.state = 'FAIL' AND p.n > 0 AND p.at > COALESCE(p.success, '-infinity'))
                AS failures_after_success
-    FROM (SELECT q.*, greatest(max(q.at) FILTER (WHERE q.state = 'DONE' AND q.n > 0)
-                                   OVER (PARTITION BY q.owner, q."group"), k.last_success) AS success
+    FROM (SELECT q.*, greatest(pgtaskpy.newer_success(max(q.at) FILTER (WHERE q.state = 'DONE' AND q.n > 0)
+                                                          OVER (PARTITION BY q.owner, q."group"), k.last_failure),
+                               k.last_success) AS success
           FROM pgtaskpy.group_count_changes AS q
           LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = q.owner AND k."group" = q."group") AS p
     GROUP BY p.owner, p."group" COLLATE "C"
@@ -568,9 +580,11 @@ SELECT owner, "group" COLLATE "default" AS "group",
        greatest(c.last_failure, d.last_failure) AS last_failure,
        CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL
             THEN COALESCE(d.last_error, c.last_error) ELSE c.last_error END AS last_error,
-       COALESCE(d.failures_after_success, 0)
-           + CASE WHEN d.last_success > COALESCE(c.last_success, '-infinity') THEN 0
-                  ELSE COALESCE(c.consecutive_failures, 0) END AS consecutive_failures,
+       -- (at most the failed rows kept: deleting them, by retention, DELETE or TRUNCATE, lowers it)
+       least(COALESCE(d.failures_after_success, 0)
+                 + CASE WHEN pgtaskpy.newer_success(d.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
+                        THEN 0 ELSE COALESCE(c.consecutive_failures, 0) END,
+             COALESCE(c.fail, 0) + COALESCE(d.fail, 0))::bigint AS consecutive_failures,
        COALESCE(p.paused, false) AS paused
 FROM counts AS c
 FULL JOIN active AS a USING (owner, "group")
