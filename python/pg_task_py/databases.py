@@ -77,11 +77,10 @@ class Databases:
         unmatched = list(wanted)
         for database in list(self.all):
             entry = next((w for w in unmatched if w.dsn == database.settings.dsn), None)
-            if not database.thread.is_alive():
-                if not database.removed:  # ended with an error: started again below if still wanted
-                    self.all.remove(database)
-                    if self.metrics:
-                        self.metrics.forget(database.scheduler.name)
+            if not database.thread.is_alive():  # stopped, or ended with an error: started below if wanted
+                self.all.remove(database)
+                if self.metrics:
+                    self.metrics.forget(database.scheduler.name)
                 continue
             if entry is None:
                 if not database.removed:
