@@ -50,6 +50,13 @@ def test_next_matches_agree_with_croniter(db):
             assert next_runs(db, cron, "UTC", 25, after) == expected, (cron, after)
 
 
+def test_next_runs_are_those_before_the_year_10000(db):
+    """Fewer than n when the calendar ends first (it failed with no rows)."""
+    runs = next_runs(db, "0 0 1 1 *", "UTC", 10, "9994-06-01 00:00+00")
+    assert [run.year for run in runs] == [9995, 9996, 9997, 9998, 9999]
+    assert next_runs(db, "0 0 1 1 *", "UTC", 3, "9999-06-01 00:00+00") == []
+
+
 def test_a_default_repeat_leaves_cron_tasks_alone(db):
     """pg_task.repeat is the default of `repeat`: a cron task, which may not repeat as well,
     takes none from it (ALTER ROLE ... SET pg_task.repeat failed every cron insert of the role);

@@ -145,6 +145,20 @@ def test_working_task_of_a_dead_worker_fails_and_repeats(running):
     assert running.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", [task_id]) == 1
 
 
+def test_a_dead_workers_task_ends_once_its_session_has(running):
+    """The worker is its session's only client, but the session would run on (and commit) after the
+    worker died: the scheduler terminates it, and the run reads FAIL only once it is gone."""
+    running.sql("CREATE TABLE marks (v int)")
+    task_id = running.insert("SELECT pg_sleep(5); INSERT INTO marks VALUES (1)", delete=False)
+    wait_until(lambda: state_of(running, task_id) == "WORK", message="WORK")
+    session = running.task(task_id)["pid"]
+    running.sql("SELECT pg_terminate_backend(worker) FROM task WHERE id = %s", [task_id])
+    row = running.wait_done(task_id, 10)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08006")
+    assert running.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [session]) == 0
+    assert running.value("SELECT count(*) FROM marks") == 0  # (its session is gone: it never will)
+
+
 def test_sigkill_of_the_launcher_loses_nothing(db):
     launcher = db.launcher()
     task_id = db.insert("SELECT pg_sleep(1)", delete=False)

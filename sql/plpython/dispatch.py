@@ -182,11 +182,13 @@ def collect(ctx, pool, name, worker, events):
 
 def worker_failed(ctx, worker, first_task, error, events):
     """The worker's CALL failed (its backend was terminated, say): the task it was
-    running ends FAIL (it may have run in part), tasks it had only claimed wait again."""
+    running ends FAIL (it may have run in part) once its session has ended (else
+    recover_orphaned_tasks ends it later), tasks it had only claimed wait again."""
     ctx.run("unclaim_failed", "SELECT pgtaskpy.unclaim_tasks(NULL, $1)", ["integer"], [worker["pid"]])
     failed = ctx.run(
         "worker_failed",
         "SELECT t.id FROM {ext}.task AS t WHERE t.state = 'WORK' AND t.worker = $1"
+        " AND pgtaskpy.lost_session_ended(t)"
         " AND pgtaskpy.end_task_safely(t.id, 'FAIL', $2, '{WORK}', pgtaskpy.lost_run_sqlstate())",
         ["integer", "text"],
         [worker["pid"], f"ERROR:  pg_task_py worker failed: {error}"],

@@ -887,15 +887,44 @@ AS $$
           AND (since IS NULL OR a.backend_start OPERATOR(pg_catalog.<=) since))
 $$;
 
+-- Whether the session of a run whose worker is gone has ended.  The worker
+-- was the session's only client, but a backend notices a closed client only
+-- when it next reads or writes: a running query goes on, may commit, and a
+-- series' next run would start beside it.  So a local session still there (a
+-- backend of this database, logged in as the task's owner, started before
+-- the task: a pid alone may be reused) is terminated, and the run ends once
+-- it is gone (a later call: the next housekeeping turn).  A remote or standby
+-- task's session is on another server, out of reach: true.  False, and
+-- nothing done, while the worker is alive: the run is not lost.
+CREATE FUNCTION pgtaskpy.lost_session_ended(t @extschema@.task) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF t.state <> 'WORK' OR pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
+        RETURN false;
+    END IF;
+    IF t.pid IS NULL OR t.remote IS NOT NULL OR t.target IS NOT NULL OR NOT EXISTS (
+        SELECT FROM pg_stat_get_activity(t.pid) AS a
+        WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+          AND a.usesysid = (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = t.owner)
+          AND a.backend_start <= t.start) THEN
+        RETURN true;
+    END IF;
+    PERFORM pg_terminate_backend(t.pid);
+    RETURN false;
+END
+$$;
+
 -- Tasks whose backend is gone.  TAKE: the claiming launcher died before a
 -- worker started the task, so it never ran: back to PLAN.  WORK: the task may
--- have run in part, so it is not run again (at most once): FAIL, and a
--- repeating task goes on with its next run.  Housekeeping, once a second.
+-- have run in part, so it is not run again (at most once): FAIL once its
+-- session has ended (lost_session_ended), and a repeating task goes on with
+-- its next run.  Housekeeping, once a second.
 CREATE FUNCTION pgtaskpy.recover_orphaned_tasks() RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    orphan record;
+    orphan @extschema@.task;
     recovered integer := 0;
 BEGIN
     recovered := pgtaskpy.unclaim_tasks(
@@ -903,11 +932,11 @@ BEGIN
               WHERE t.state = 'TAKE' AND NOT pgtaskpy.scheduler_backend_alive(t.worker)), NULL);
 
     FOR orphan IN
-        SELECT t.id, t.input FROM @extschema@.task AS t
+        SELECT t.* FROM @extschema@.task AS t
         WHERE t.state = 'WORK' AND NOT pgtaskpy.scheduler_backend_alive(t.worker, t.start)
         FOR NO KEY UPDATE SKIP LOCKED
     LOOP
-        IF pgtaskpy.end_task_safely(orphan.id, 'FAIL',
+        IF pgtaskpy.lost_session_ended(orphan) AND pgtaskpy.end_task_safely(orphan.id, 'FAIL',
             E'ERROR:  task worker ended before the task finished\n'
             || E'HINT:  its backend was terminated or the server restarted; the task is not run again\n'
             || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}', pgtaskpy.lost_run_sqlstate()) THEN
@@ -1238,6 +1267,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PU
 REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_misconfigured_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recover_orphaned_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.lost_session_ended(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.expire_inactive_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_old_tasks(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_finished(bigint[]) FROM PUBLIC;

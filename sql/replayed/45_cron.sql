@@ -424,6 +424,8 @@ BEGIN
         t := pgtaskpy.cron_next_spec(spec, zone, t);
         RETURN NEXT t;
     END LOOP;
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN;  -- (cron_next_spec: no match before the year 10000) the matches there are, fewer than n
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_next_runs IS 'the next n times a cron expression matches, in a time zone';
