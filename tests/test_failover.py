@@ -58,7 +58,8 @@ def wait_log(launcher: Launcher, text: str, timeout: float = 30.0, after: int = 
 def workers_on(node) -> int:
     with node.connect(DB) as conn:
         return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py %%'"
-                            " AND application_name <> 'pg_task_py launcher'").fetchone()[0]
+                            " AND application_name NOT IN ('pg_task_py launcher', 'pg_task_py listener')"
+                            ).fetchone()[0]
 
 
 def started(launcher: Launcher, after: int = 0) -> list[str]:

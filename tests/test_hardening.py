@@ -289,3 +289,29 @@ def test_the_launcher_never_logs_a_password(tmp_path):
     finally:
         assert launcher.stop() == 0
     assert "dbname=app" in launcher.output() and "hunter2" not in launcher.output()
+
+
+def launcher_peak_mib(launcher: Launcher) -> float:
+    """The launcher process's peak resident memory (VmHWM), MiB."""
+    status = open(f"/proc/{launcher.process.pid}/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+
+
+def test_a_notify_flood_on_the_wake_channel_does_not_grow_the_launcher(db):
+    """Any role may NOTIFY the launcher's channel: a role with no grants sends 240 MB of payloads
+    at once, which reach the launcher at the end of a turn.  It keeps none of them (it held every
+    one until its next wait: 830 MB for 100,000), and goes on scheduling."""
+    launcher = db.launcher()
+    db.wait_done(db.insert("SELECT 1"))
+    before = launcher_peak_mib(launcher)
+    db.sql("CREATE ROLE flooder LOGIN")
+    try:
+        with db.connect("flooder") as flooder:
+            flooder.execute("SELECT count(pg_notify('pg_task_py', repeat('x', 7990) || g))"
+                            " FROM generate_series(1, 30000) AS g")
+        wait_until(lambda: db.value("SELECT pg_notification_queue_usage()") == 0, 60,
+                   message="the launcher's session to read every notification")
+        assert db.wait_done(db.insert("SELECT 'after'"), 30)["output"] == "after"
+        assert launcher_peak_mib(launcher) - before < 60
+    finally:
+        db.sql("DROP ROLE flooder")

@@ -378,17 +378,26 @@ def test_a_groups_rows_written_by_hand_hold_nothing_the_claims_cannot_use(runnin
 def test_an_exclusive_task_of_a_paused_or_limited_group_waits_and_holds_no_other_back(running, authors):
     """task_pause and task_limit hold a group's exclusive tasks as they hold its others; one so
     held is not due, so it does not hold the other groups' tasks back either (an exclusive task
-    due waits for the running ones to end, and runs alone)."""
+    due waits for the running ones to end, and runs alone).  A superuser inserts alice's exclusive
+    tasks: she may not make one herself."""
     alice = authors["alice"]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to make a task exclusive"):
+        insert_as(alice, "SELECT 'exclusive'", group="maintenance", exclusive=True)
+    plain = insert_as(alice, "SELECT 1", group="maintenance", plan="2100-01-01")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to make a task exclusive"):
+        alice.execute("UPDATE task SET exclusive = true WHERE id = %s", [plain])
+    alice.execute("DELETE FROM task WHERE id = %s", [plain])
     alice.execute("SELECT task_pause('maintenance')")
-    paused = insert_as(alice, "SELECT 'exclusive'", group="maintenance", exclusive=True, delete=False)
+    paused = running.insert("SELECT 'exclusive'", group="maintenance", exclusive=True, delete=False,
+                            owner="ops_alice")
     other = insert_as(alice, "SELECT 'other'", group="app", delete=False)
     assert running.wait_done(other)["state"] == "DONE"
     assert states(running, [paused]) == ["PLAN"]
     alice.execute("SELECT task_resume('maintenance')")
     assert running.wait_done(paused)["state"] == "DONE"
     alice.execute("SELECT task_limit('limited', 1, '1 hour')")
-    limited = [insert_as(alice, "SELECT 1", group="limited", exclusive=True, delete=False) for _ in range(3)]
+    limited = [running.insert("SELECT 1", group="limited", exclusive=True, delete=False, owner="ops_alice")
+               for _ in range(3)]
     assert running.wait_done(limited[0])["state"] == "DONE"
     later = insert_as(alice, "SELECT 'later'", group="app", delete=False)
     assert running.wait_done(later)["state"] == "DONE"
@@ -418,6 +427,21 @@ def test_task_cancel_of_a_waiting_run_skips_it_and_its_series_goes_on(running, a
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to go on"):
             bob.execute("SELECT pgtaskpy.follow_skipped_run(%s)", [ended])
     assert running.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 0
+
+
+def test_another_roles_row_naming_a_run_as_parent_does_not_end_its_series(running, authors):
+    """Any role may name any id as the parent of its own rows (ids are sequential; pg_task.id is
+    a setting): bob's rows naming alice's waiting run are not that series' next run, and her
+    skip of it goes on with the series as without them (it ended the series)."""
+    alice, bob = authors["alice"], authors["bob"]
+    hourly = alice.execute("INSERT INTO task (input, repeat, plan, delete) VALUES"
+                           " ('SELECT 1', '1 hour', now() + interval '1 hour', false) RETURNING id").fetchone()[0]
+    bob.execute("INSERT INTO task (input, parent, state) VALUES ('SELECT 1', %s, 'STOP')", [hourly])
+    bob.execute("INSERT INTO task (input, parent, repeat, plan) VALUES"
+                " ('SELECT 1', %s, '1 hour', now() + interval '1 hour')", [hourly])
+    assert alice.execute("SELECT task_cancel(%s)", [hourly]).fetchone() == (True,)
+    assert running.sql("SELECT state::text FROM task WHERE parent = %s AND owner = 'ops_alice'",
+                       [hourly]) == [("PLAN",)]
 
 
 @pytest.mark.parametrize(("call", "error"), [

@@ -178,6 +178,8 @@ def test_task_retry_runs_an_ended_task_of_ones_own_again(running):
         running.wait_done(failed)
         with pytest.raises(psycopg.errors.NoDataFound, match=f"task {failed} does not exist or is not yours"):
             bob.execute("SELECT task_retry(%s)", [failed])
+        with pytest.raises(psycopg.errors.NullValueNotAllowed, match="task_retry needs a task id"):
+            bob.execute("SELECT task_retry(NULL)")
         waiting = alice.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h')"
                                 " RETURNING id").fetchone()[0]
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="only a FAIL, GONE or STOP"):

@@ -8,6 +8,7 @@ import datetime
 import json
 import logging
 import re
+import select
 import threading
 import time
 from dataclasses import dataclass
@@ -102,19 +103,19 @@ class Scheduler:
                     if not self._wait_for_promotion(conn):
                         log.info("%s: stopped", self.name)
                         return
-                    conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(wake_channel(conn))))
-                    log.info("%s: scheduling (active)", self.name)
-                    backoff = 0.5
-                    self._loop(conn)
-                    while not self._drain(conn):  # (a reload wanted it back while it was stopping)
-                        log.info("%s: scheduling again", self.name)
-                        self._loop(conn)
+                    with WakeListener(self.settings.dsn, wake_channel(conn)) as wakes:
+                        log.info("%s: scheduling (active)", self.name)
+                        backoff = 0.5
+                        self._loop(conn, wakes)
+                        while not self._drain(conn, wakes):  # (a reload wanted it back while it was stopping)
+                            log.info("%s: scheduling again", self.name)
+                            self._loop(conn, wakes)
                     return
             except psycopg.errors.InsufficientPrivilege as exc:
                 # The role lost SUPERUSER (or EXECUTE) while running: retrying cannot fix it.
                 raise SetupError(f"{self.name}: {first_line(exc)}: {NEEDS_SUPERUSER}") from None
             except psycopg.Error as exc:
-                what = "connection lost" if conn.broken else "scheduler error"
+                what = "connection lost" if conn.broken or isinstance(exc, ListenerLost) else "scheduler error"
                 log.warning("%s: %s (%s); reconnecting in %.1fs", self.name, what, first_line(exc), backoff)
                 if self.metrics:
                     self.metrics.reconnect(self.name)
@@ -154,7 +155,7 @@ class Scheduler:
             raise SetupError(
                 f"{self.name}: the pg_task_py extension is not installed in this database; "
                 "run CREATE EXTENSION pg_task_py CASCADE; as a superuser, then start the launcher again"
-                " (or send it SIGHUP)"
+                " (or, while it runs for other databases, send it SIGHUP)"
             )
         if is_older(row[1], __version__):
             log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
@@ -204,12 +205,12 @@ class Scheduler:
         self.metrics.snapshot(self.name, [tuple(group) for group in snapshot["groups"]], snapshot["lags"],
                               snapshot["workers"], [tuple(group) for group in snapshot.get("paused", [])])
 
-    def _loop(self, conn: psycopg.Connection) -> None:
+    def _loop(self, conn: psycopg.Connection, wakes: WakeListener) -> None:
         while not self.stopping.is_set():
             wake_in, _ = self._dispatch(conn, self.settings.run)
-            wait_for_wake(conn, wake_in)
+            wakes.wait(wake_in)
 
-    def _drain(self, conn: psycopg.Connection) -> bool:
+    def _drain(self, conn: psycopg.Connection, wakes: WakeListener) -> bool:
         """Graceful stop: claim nothing more, let running tasks end, then cancel the rest; True
         once stopped, False when `stopping` was cleared first (a reload took the database back:
         its tasks run on, not cancelled).
@@ -233,7 +234,7 @@ class Scheduler:
             elif now - logged_at >= WAITING_LOG_EVERY:
                 log.info("%s: stopping, waiting for %d running task(s)", self.name, running)
                 logged_at = now
-            wait_for_wake(conn, 0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
+            wakes.wait(0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
             _, running = self._dispatch(conn, 0, cancel=cancel)
             cancelled = cancelled or cancel
         if not self.stopping.is_set():
@@ -242,21 +243,60 @@ class Scheduler:
         return True
 
 
-def wait_for_wake(conn: psycopg.Connection, timeout: float) -> None:
-    """Sleep until a notification on the wake channel arrives or `timeout` seconds pass.
+class ListenerLost(psycopg.OperationalError):
+    """The connection of the listening session broke (the server restarted, say)."""
 
-    psycopg keeps the notifications that arrive while a turn's query runs and
-    hands them out first, so a task inserted during a turn ends the next wait
-    at once.  Once woken, the rest are read without waiting: the next turn
-    serves them all.
+
+class WakeListener:
+    """A session of its own that LISTENs on the wake channel, and a wait for its NOTIFYs.
+
+    Not the session of the turns: a backend sends its client every notification
+    that arrived during a query before the query's end, and libpq keeps them all
+    until the result is read; any role may NOTIFY the channel, and a flood of
+    8 kB payloads grew a launcher by gigabytes.  This session runs no query after
+    its LISTEN: its notifications are read one by one as they come and dropped,
+    and while a turn runs they wait in the socket (its backend waits to send).
     """
-    woken = False
-    if timeout > 0:
-        for _ in conn.notifies(timeout=timeout, stop_after=1):
+
+    def __init__(self, dsn: str, channel: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True, fallback_application_name="pg_task_py listener")
+        try:
+            # (It idles between wakes: a database's or role's idle_session_timeout is for its clients.)
+            self.conn.execute("SET idle_session_timeout = 0")
+            self.conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+        except BaseException:
+            self.conn.close()
+            raise
+        self.pgconn = self.conn.pgconn
+        self.poll = select.poll()
+        self.poll.register(self.pgconn.socket, select.POLLIN)
+
+    def __enter__(self) -> WakeListener:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.conn.close()
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a wake arrives or `timeout` seconds pass; one that arrived during the
+        turn ends it at once.  Those that arrived with it are read too: the next turn serves them all."""
+        deadline = time.monotonic() + timeout
+        while not self._read_arrived():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.poll.poll(remaining * 1000):
+                return
+
+    def _read_arrived(self) -> bool:
+        """Whether notifications had arrived: those in the socket now, read without blocking
+        (and no more: a flood that goes on must not hold up the turns)."""
+        woken = False
+        try:
+            self.pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise ListenerLost(str(exc)) from None
+        while self.pgconn.notifies() is not None:
             woken = True
-    if woken or timeout <= 0:
-        for _ in conn.notifies(timeout=0):
-            pass
+        return woken
 
 
 def wake_channel(conn: psycopg.Connection) -> str:

@@ -130,6 +130,18 @@ BEGIN
             USING ERRCODE = 'check_violation', CONSTRAINT = violated,
                   SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
     END IF;
+    -- An exclusive task holds back every role's tasks: an administrator's tool.  (A run
+    -- again of an exclusive task an administrator gave the owner, task_retry's, stays one.)
+    IF NEW.exclusive AND (TG_OP = 'INSERT' OR NOT OLD.exclusive)
+       AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       AND NOT pg_has_role(current_user, 'pgtaskpy_admin', 'MEMBER')
+       AND NOT (TG_OP = 'INSERT' AND EXISTS (SELECT FROM @extschema@.task AS p
+                                             WHERE p.id = NEW.parent AND p.owner = NEW.owner AND p.exclusive)) THEN
+        RAISE EXCEPTION 'permission denied to make a task exclusive'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
+                         'pgtaskpy_admin may insert one.';
+    END IF;
     IF TG_OP = 'UPDATE' AND NEW.owner IS NOT DISTINCT FROM OLD.owner THEN
         RETURN NEW;
     END IF;
@@ -156,7 +168,7 @@ $$;
 -- every check).  Only in a superuser's session: anyone can set the mark.
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive
     ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on'

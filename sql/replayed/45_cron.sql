@@ -420,12 +420,14 @@ BEGIN
         RAISE EXCEPTION 'task_next_runs: n must be from 0 to 100000, not %', COALESCE(n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    FOR i IN 1..n LOOP
-        t := pgtaskpy.cron_next_spec(spec, zone, t);
-        RETURN NEXT t;
-    END LOOP;
-EXCEPTION WHEN invalid_parameter_value THEN
-    RETURN;  -- (cron_next_spec: no match before the year 10000) the matches there are, fewer than n
+    BEGIN
+        FOR i IN 1..n LOOP
+            t := pgtaskpy.cron_next_spec(spec, zone, t);
+            RETURN NEXT t;
+        END LOOP;
+    EXCEPTION WHEN invalid_parameter_value THEN
+        RETURN;  -- (cron_next_spec: no match before the year 10000) the matches there are, fewer than n
+    END;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_next_runs IS 'the next n times a cron expression matches, in a time zone';

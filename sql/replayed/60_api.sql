@@ -293,7 +293,11 @@ BEGIN
     SELECT * INTO t FROM @extschema@.task AS s
     WHERE s.id = task_id AND s.state = 'STOP' AND (s.repeat > interval '0' OR s.cron IS NOT NULL)
     FOR NO KEY UPDATE;
-    IF NOT FOUND OR EXISTS (SELECT FROM @extschema@.task AS n WHERE n.parent = task_id) THEN
+    -- (a next run is the series': its owner's, repeating.  Any role may name the task
+    -- as the parent of its own rows, and this function sees every role's.)
+    IF NOT FOUND OR EXISTS (SELECT FROM @extschema@.task AS n
+                            WHERE n.parent = task_id AND n.owner = t.owner
+                              AND (n.repeat > interval '0' OR n.cron IS NOT NULL)) THEN
         RETURN NULL;
     END IF;
     IF NOT pgtaskpy.session_user_steers(t.owner) THEN
@@ -302,7 +306,9 @@ BEGIN
     END IF;
     t.max := greatest(t.max, 0);  -- (a negative max pushes the group back after a run, not a skipped one)
     PERFORM pgtaskpy.follow_task(t);
-    RETURN (SELECT n.id FROM @extschema@.task AS n WHERE n.parent = task_id AND n.state = 'PLAN');
+    RETURN (SELECT n.id FROM @extschema@.task AS n
+            WHERE n.parent = task_id AND n.owner = t.owner AND n.state = 'PLAN'
+              AND (n.repeat > interval '0' OR n.cron IS NOT NULL));
 END
 $$;
 
@@ -318,6 +324,9 @@ DECLARE
     t @extschema@.task;
     retry_id bigint;
 BEGIN
+    IF task_id IS NULL THEN
+        RAISE EXCEPTION 'task_retry needs a task id, not NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'task % does not exist or is not yours', task_id
@@ -328,7 +337,8 @@ BEGIN
     END IF;
     -- (one run again at a time: an automatic retry still to come, or a run task_retry made)
     SELECT n.id INTO retry_id FROM @extschema@.task AS n
-    WHERE n.parent = task_id AND n.state IN ('PLAN', 'TAKE', 'WORK') AND n.repeat = interval '0' AND n.cron IS NULL
+    WHERE n.parent = task_id AND n.owner = t.owner AND n.state IN ('PLAN', 'TAKE', 'WORK')
+      AND n.repeat = interval '0' AND n.cron IS NULL
     ORDER BY n.id LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'task % is being run again already: task %', task_id, retry_id
