@@ -585,8 +585,11 @@ def test_metrics_rise_with_the_workload_and_health_follows_the_server():
                              " VALUES ('held', now() - interval '1 min', 'SELECT 1')")
                 conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1', false FROM generate_series(1, 20)")
                 conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1/0', false FROM generate_series(1, 5)")
+                conn.execute("INSERT INTO task (plan, active, input)"
+                             " VALUES (now() - interval '2 h', '1 h', 'SELECT 1')")  # (ends GONE)
             wait_until(lambda: metric(port, "pg_task_py_tasks_ended_total", state="DONE") == 20
-                       and metric(port, "pg_task_py_tasks_ended_total", state="FAIL") == 5, 30,
+                       and metric(port, "pg_task_py_tasks_ended_total", state="FAIL") == 5
+                       and metric(port, "pg_task_py_tasks_ended_total", state="GONE") == 1, 30,
                        message=f"the ends counted: {scrape(port, '/metrics')[1]}")
             assert metric(port, "pg_task_py_tasks_started_total") == 25
             assert metric(port, "pg_task_py_task_run_seconds_count") == 25
@@ -656,6 +659,16 @@ def test_status_watch_refreshes_until_interrupted(running):
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(10) == 0, watcher.stderr.read()
     assert "\033[2J" not in "".join(screens)  # (a pipe gets the tables one after another; a terminal is cleared)
+
+
+def test_status_watch_into_a_pipe_that_closes_ends_quietly(running):
+    """`status --watch | head -1`: the reader goes, and status ends with 0 and no traceback."""
+    watcher = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn, "--watch", "0.1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher.stdout.readline()
+    watcher.stdout.close()
+    assert watcher.wait(20) == 0
+    assert watcher.stderr.read() == ""
 
 
 def test_status_says_why_it_cannot_read(db):

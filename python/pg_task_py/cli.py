@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -304,7 +305,9 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
         except OSError as exc:
             logging.getLogger("pg_task_py").error("cannot serve metrics on %s:%d: %s", *metrics_at, exc.strerror or exc)
             return 1
-        logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", *server.server_address[:2])
+        host, port = server.server_address[:2]
+        shown = f"[{host}]" if ":" in host else host  # (an IPv6 address, bracketed as URLs write it)
+        logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", shown, port)
 
     databases = Databases(settings, metrics)
     if stopping.is_set():  # (a signal before the threads existed)
@@ -346,6 +349,10 @@ def status(args: argparse.Namespace) -> int:
     except StatusError as exc:
         print(f"pg_task_py status: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): done, as for any Unix tool.  Python's flush of
+        # stdout at exit would fail again, so stdout goes nowhere from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -94,6 +94,8 @@ class Metrics:
                 self.ended.labels(database, str(event.get("state"))).inc()
                 if isinstance(event.get("seconds"), (int, float)):
                     self.run_time.labels(database).observe(event["seconds"])
+            elif kind == "expired":  # (housekeeping's: not started within `active`)
+                self.ended.labels(database, "GONE").inc(event.get("count", 0))
         self.running.labels(database).set(running)
         self.last_turn.labels(database).set(time.time())
         with self.lock:
