@@ -186,10 +186,7 @@ class Scheduler:
         ).fetchone()
         events = events if isinstance(events, list) else json.loads(events)
         for event in events:
-            if event.get("event") == "table_grown":
-                analyze_task_table(conn, event["schema"])
-            else:
-                log_event(self.name, event)
+            log_event(self.name, event)
         if self.metrics:
             self.metrics.turn(self.name, events, running)
             if time.monotonic() >= self.snapshot_at:
@@ -244,21 +241,6 @@ class Scheduler:
             return False
         log.info("%s: stopped", self.name)
         return True
-
-
-def analyze_task_table(conn: psycopg.Connection, schema: str) -> None:
-    """ANALYZE the task table, which has grown past twice its size (dispatch's `table_grown`),
-    so that every backend's plans know its rows.  A statement of its own: inside dispatch's
-    transaction it left the table's statistics as they were.  Not behind a VACUUM of
-    autovacuum's: a lock wait of at most 100 ms, else autovacuum's own ANALYZE comes later."""
-    previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]
-    try:
-        conn.execute("SELECT set_config('lock_timeout', '100ms', false)")
-        conn.execute(psycopg.sql.SQL("ANALYZE {}").format(psycopg.sql.Identifier(schema, "task")))
-    except psycopg.errors.LockNotAvailable:
-        pass
-    finally:
-        conn.execute("SELECT set_config('lock_timeout', %s, false)", [previous])
 
 
 class ListenerLost(psycopg.OperationalError):

@@ -565,18 +565,9 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         # A standby is read-only and its rows are the primary's, whose launcher runs them:
         # claim, recover and start nothing here; look again soon for a promotion.
         return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
-    grown = replan_after_growth(ctx)
+    replan_after_growth(ctx)
     pool = state(ctx)
     events = []
-    if grown:
-        # Plans made again still misjudge a table never analyzed since it grew: an index
-        # built on the empty table says it holds no row, and PostgreSQL 15.18 read a
-        # bulk load's 100,000 rows for each claim through the wrong one (45-60 ms a
-        # start).  ANALYZE, which needs a statement of its own, is the launcher's.
-        schema = ctx.run("task_schema", "SELECT n.nspname AS s FROM pg_catalog.pg_extension AS e"
-                         " JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace"
-                         " WHERE e.extname = 'pg_task_py'")[0]["s"]
-        events.append({"event": "table_grown", "schema": schema})
     # Workers go on with their group's tasks only while their launcher's session
     # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
     set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))

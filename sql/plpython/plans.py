@@ -82,16 +82,13 @@ def replan_after_growth(ctx):
     a lone task's start took 2.8 -> 245 ms after a load of 400,000 rows (bench/RESULTS.md,
     `grown`).  Plans made again see the table's size on disk, analyzed or not.  Doubling keeps
     them within half of it at a cost of a few replans over the table's life; a table that
-    shrinks needs none (index scans suit a small table too).  True when it did: the launcher
-    then has the table analyzed (dispatch's `table_grown`).
+    shrinks needs none (index scans suit a small table too).
     """
     size = ctx.run("task_size", "SELECT pg_catalog.pg_relation_size('{ext}.task'::pg_catalog.regclass) AS b")[0]["b"]
     planned_at = ctx.GD.setdefault("pgtaskpy.plans_made_at_size", size)
     if size > max(2 * planned_at, REPLAN_LEAST_BYTES):
         ctx.plpy.execute("DISCARD PLANS")  # every plan of this backend, PL/Python's and PL/pgSQL's
         ctx.GD["pgtaskpy.plans_made_at_size"] = size
-        return True
-    return False
 
 
 def to_json(value):
