@@ -133,8 +133,7 @@ BEGIN
     -- An exclusive task holds back every role's tasks: an administrator's tool.  (A run
     -- again of an exclusive task an administrator gave the owner, task_retry's, stays one.)
     IF NEW.exclusive AND (TG_OP = 'INSERT' OR NOT OLD.exclusive)
-       AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-       AND NOT pg_has_role(current_user, 'pgtaskpy_admin', 'MEMBER')
+       AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER')  -- (true for superusers)
        AND NOT (TG_OP = 'INSERT' AND EXISTS (SELECT FROM @extschema@.task AS p
                                              WHERE p.id = NEW.parent AND p.owner = NEW.owner AND p.exclusive)) THEN
         RAISE EXCEPTION 'permission denied to make a task exclusive'
