@@ -141,7 +141,9 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     table read it whole.  After a bulk load of 100,000 tasks planned for tomorrow (before any
     ANALYZE: autovacuum is off for the table here), each statement of a turn read every row
     (tens of ms each); the plans are made again for the grown table, and a task starts as soon
-    as before."""
+    as before.  Before PostgreSQL 15.20 the indexes built on the empty table still look empty
+    then, and the plans made again read the load through whichever index (45-60 ms a start on
+    15.18) until the reads named an order one index alone gives."""
     db.sql("ALTER TABLE task SET (autovacuum_enabled = false)")
     db.launcher()
     for _ in range(3):  # plans made on a table of a few rows, in the launcher and in a worker
@@ -154,10 +156,4 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     for _ in range(5):
         row = db.wait_done(db.insert("SELECT 1", delete=False))
         delays.append((row["start"] - row["plan"]).total_seconds())
-    version = db.conn.info.server_version
-    if statistics.median(delays) >= 0.03 and version < 150020:
-        # Seen on 15.18 (it passed on 15.20), on the code of 1.3 before this test changed too:
-        # the plans made again after the load read it whole (auto_explain: claim_next_task through
-        # the priority index, groups_due_soon through a group index); an open problem, see README.
-        pytest.xfail(f"PostgreSQL {version}: starts {delays} s after their plan, after a bulk load")
     assert statistics.median(delays) < 0.03, delays
