@@ -216,6 +216,7 @@ BAD = [
     ("0 0 * * 8", 'cron field "day of week": 8 is out of range 0-7'),
     ("0 0 * foo *", 'cron field "month": "foo" is not a number or a month name (jan-dec)'),
     ("0 0 * * funday", 'cron field "day of week": "funday" is not a number or a day name (sun-sat)'),
+    ("0 0 L * *", 'cron field "day of month": "l" is not a number or $ (the last day of the month)'),
     ("5/10 * * * *", 'cron field "minute": "5/10": a step needs a range or "*" (5-59/10)'),
     ("*/0 * * * *", 'cron field "minute": step 0 is out of range 1-60'),
     ("0 5-2 * * *", 'cron field "hour": range 5-2 runs backwards'),

@@ -114,7 +114,8 @@ BEGIN
                         hi := pgtaskpy.cron_value(m[e], f);
                         IF hi IS NULL THEN
                             problem := format('cron field "%s": "%s" is not a number%s', field_names[f], m[e],
-                                              CASE f WHEN 4 THEN ' or a month name (jan-dec)'
+                                              CASE f WHEN 3 THEN ' or $ (the last day of the month)'
+                                                     WHEN 4 THEN ' or a month name (jan-dec)'
                                                      WHEN 5 THEN ' or a day name (sun-sat)' ELSE '' END);
                             EXIT parse;
                         ELSIF hi NOT BETWEEN lows[f] AND highs[f] THEN
