@@ -78,6 +78,13 @@ def test_a_malformed_remote_connects_nowhere(shared, remote):
         assert 'DETAIL:  missing "=" after "application_name" in connection info string' in row["error"]
 
 
+def test_a_malformed_remote_keeps_its_password_out_of_the_error(shared):
+    """libpq's message quotes a malformed URI whole: the error names the problem, not the URI."""
+    row = shared.wait_done(shared.insert("SELECT 1", remote="postgresql://app:SuperSecret6@[::1/b"))
+    assert row["state"] == "FAIL" and "SuperSecret6" not in row["error"]
+    assert 'looking for matching "]" in IPv6 host address in URI: "…"' in row["error"]
+
+
 @pytest.mark.parametrize("group", ["reports", "it's \\ \"quoted\""])
 def test_a_task_sees_its_group_and_its_children_join_it(shared, group):
     parent = shared.insert("SELECT current_setting('pg_task.group');"

@@ -198,6 +198,33 @@ def test_listen_receives_one_event_per_ended_task(running, authors):
         listener.close()
 
 
+def test_a_task_that_ends_stop_sends_its_event_too(running, authors):
+    """STOP ends come from an UPDATE, task_cancel or a failed prerequisite, not from a worker:
+    an application that LISTENs for them waited for ever."""
+    alice = authors["alice"]
+    listener = running.connect()
+    listener.execute("LISTEN pg_task_py_done")
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.notify_done = on")
+    read_afresh(running)
+    try:
+        tomorrow = running.value("SELECT now() + interval '1 day'")
+        stopped = insert_as(alice, "SELECT 1", plan=tomorrow, delete=False)
+        alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [stopped])
+        cancelled = insert_as(alice, "SELECT 1", plan=tomorrow, delete=False)
+        alice.execute("SELECT task_cancel(%s)", [cancelled])
+        failing = insert_as(alice, "SELECT 1/0", delete=False)
+        dependent = alice.execute("INSERT INTO task (input, after) VALUES ('SELECT 2', %s) RETURNING id",
+                                  [[failing]]).fetchone()[0]
+        events = {}
+        for notify in listener.notifies(timeout=20, stop_after=4):
+            event = json.loads(notify.payload)
+            events[event["id"]] = event["state"]
+        assert events == {stopped: "STOP", cancelled: "STOP", failing: "FAIL", dependent: "STOP"}
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.notify_done")
+        listener.close()
+
+
 def read_afresh(db):
     """Until a session's reading of pg_task_py.notify_done is out of date: at most a second."""
     changed = db.value("SELECT clock_timestamp()")

@@ -84,6 +84,7 @@ class PQconninfoOption(ctypes.Structure):
 
 PQconninfoParse = _fn("PQconninfoParse", ctypes.POINTER(PQconninfoOption), _S, ctypes.POINTER(_P))
 PQconninfoFree = _fn("PQconninfoFree", None, ctypes.POINTER(PQconninfoOption))
+PQconndefaults = _fn("PQconndefaults", ctypes.POINTER(PQconninfoOption))
 PQconninfo = _fn("PQconninfo", ctypes.POINTER(PQconninfoOption), _P)
 PQsetNoticeReceiver = _fn("PQsetNoticeReceiver", _P, _P, NoticeReceiver, _P)
 PQsetErrorVerbosity = _fn("PQsetErrorVerbosity", _I, _P, _I)
@@ -172,18 +173,36 @@ def conninfo_options(conninfo):
         message = _text(error.value) if error.value else "out of memory"
         if error.value:
             PQfreemem(error)
-        raise MalformedConninfo((message or "invalid connection string").strip())
+        raise MalformedConninfo(_without_conninfo_text((message or "invalid connection string").strip(), conninfo))
     return _options_set(options)
 
 
-def _options_set(options):
-    """{keyword: value} of a PQconninfoOption array's options that have a value; frees the array."""
+def _without_conninfo_text(message, conninfo):
+    """libpq's message of a malformed conninfo, each quoted piece of the conninfo in it (the
+    whole URI, or a word: a password, perhaps) as "…", but for the keywords libpq knows and
+    punctuation ("]"): the message goes into the task's `error`, which must hold no password."""
+    import re  # noqa: PLC0415 (here, on a malformed conninfo only: as in _without_sqlstate)
+
+    keywords = set(_options_set(PQconndefaults(), every=True))
+
+    def hidden(quoted):
+        piece = quoted.group(1)
+        kept = (len(piece) == 1 and not piece.isalnum()) or piece in keywords or piece not in conninfo
+        return quoted.group(0) if kept else '"…"'
+
+    return re.sub(r'"([^"]*)"', hidden, message)
+
+
+def _options_set(options, every=False):
+    """{keyword: value} of a PQconninfoOption array's options that have a value (`every`: all,
+    a value or None); frees the array."""
     try:
         found = {}
         i = 0
         while options[i].keyword is not None:
-            if options[i].val is not None:
-                found[options[i].keyword.decode()] = options[i].val.decode("utf-8", "replace")
+            if options[i].val is not None or every:
+                value = options[i].val
+                found[options[i].keyword.decode()] = None if value is None else value.decode("utf-8", "replace")
             i += 1
         return found
     finally:

@@ -71,7 +71,8 @@ AS $$
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
--- tell the applications that LISTEN (pg_task_py.notify_done).
+-- tell the applications that LISTEN (pg_task_py.notify_done).  Also the
+-- trigger's for the ends no scheduler function makes (count_finished_task).
 CREATE FUNCTION pgtaskpy.task_ended(t @extschema@.task) RETURNS void
 LANGUAGE plpgsql  -- (no SET clause: see notify_done)
 AS $$
@@ -86,15 +87,17 @@ BEGIN
 END
 $$;
 
--- A task author stops a waiting task with an UPDATE, or inserts a row that
--- has ended already (STOP, or a copy restored by hand): no scheduler function
--- sees that, so a trigger counts it.  SECURITY DEFINER: the author may not
--- write the counters.
+-- A task author stops a waiting task with an UPDATE (or task_cancel does, or
+-- a failed prerequisite stops its dependents), or inserts a row that has
+-- ended already (STOP, or a copy restored by hand): no scheduler function sees
+-- that, so a trigger counts it and tells the applications that LISTEN, as
+-- finish_task's hook does.  SECURITY DEFINER: the author may not write the
+-- counters.
 CREATE FUNCTION pgtaskpy.count_finished_task() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pgtaskpy.count_end(NEW.owner, NEW."group", NEW.state, NEW.stop, NEW.error);
+    PERFORM pgtaskpy.task_ended(NEW);
     RETURN NULL;
 END
 $$;
@@ -162,26 +165,32 @@ DECLARE
     now_s double precision := extract(epoch FROM clock_timestamp());
     bar integer := strpos(last_read, '|');
     setting text;
+    role_database oid;  -- where the owner's own setting is: 0 every database, else this one
     notify boolean := false;
 BEGIN
     IF bar > 0 AND substr(last_read, bar + 3) = owner
        AND now_s - substr(last_read, 1, bar - 1)::double precision BETWEEN 0 AND 1 THEN
         RETURN substr(last_read, bar + 1, 1) = 't';
     END IF;
-    setting := COALESCE(
-        (SELECT substr(c, length('pg_task_py.notify_done=') + 1)
-         FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
-         WHERE s.setrole = to_regrole(quote_ident(owner))
-           AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
-           AND starts_with(c, 'pg_task_py.notify_done=')
-         ORDER BY s.setdatabase DESC LIMIT 1),
-        pgtaskpy.scheduler_setting('pg_task_py.notify_done'));
+    SELECT substr(c, length('pg_task_py.notify_done=') + 1), s.setdatabase INTO setting, role_database
+    FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+    WHERE s.setrole = to_regrole(quote_ident(owner))
+      AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+      AND starts_with(c, 'pg_task_py.notify_done=')
+    ORDER BY s.setdatabase DESC LIMIT 1;
+    IF role_database IS NULL THEN
+        setting := pgtaskpy.scheduler_setting('pg_task_py.notify_done');
+    END IF;
     IF setting IS NOT NULL AND setting <> '' THEN
         BEGIN
             notify := setting::boolean;
         EXCEPTION WHEN data_exception THEN
-            PERFORM pgtaskpy.warn_ignored_setting('pg_task_py.notify_done', setting, format('for role %I', owner),
-                                                  'not a boolean');
+            PERFORM pgtaskpy.warn_ignored_setting(
+                'pg_task_py.notify_done', setting,
+                CASE WHEN role_database = 0 THEN format('for role %I', owner)
+                     WHEN role_database IS NOT NULL THEN format('for role %I in database %I', owner, current_database())
+                     ELSE 'of ' || pgtaskpy.scheduler_setting_source('pg_task_py.notify_done') END,
+                'not a boolean');
         END;
     END IF;
     PERFORM set_config('pgtaskpy.notify_done_read', now_s::text || '|' || (CASE WHEN notify THEN 't' ELSE 'f' END)

@@ -31,6 +31,17 @@ def test_a_conninfo_gives_its_own_options_only():
         libpq.conninfo_options("host=x port")
 
 
+def test_a_malformed_conninfo_is_told_without_its_text():
+    """libpq quotes a malformed URI whole, and a word it did not expect: they may hold a password."""
+    with pytest.raises(libpq.MalformedConninfo) as raised:
+        libpq.conninfo_options("postgresql://app:SuperSecret6@[::1/b")
+    assert "SuperSecret6" not in str(raised.value)
+    assert 'matching "]" in IPv6 host address in URI: "…"' in str(raised.value)
+    with pytest.raises(libpq.MalformedConninfo) as raised:
+        libpq.conninfo_options("host=x password=a b")
+    assert str(raised.value) == 'missing "=" after "…" in connection info string'
+
+
 def split_as_the_server_does(options):
     """The server's reading of a startup packet's `options` (postinit.c, pg_split_opts): split at
     whitespace, a backslash taking the next character as it is; then each `-c name=value`."""
