@@ -142,6 +142,8 @@ def test_an_admin_may_repair_rows_by_hand(running, authors):
     ("plan", "infinity", "task.plan must be a finite time from 1900 to 9999"),
     ("plan", "-infinity", "task.plan must be a finite time from 1900 to 9999"),
     ("plan", "10000-01-01", "task.plan must be a finite time from 1900 to 9999"),
+    # (a key of the counters: a longer one failed their index at the task's end, every turn)
+    ("group", "x" * 1001, "task.group must not be over 1000 bytes"),
 ])
 def test_values_the_scheduler_cannot_compute_with_are_rejected(running, authors, column, value, constraint):
     with pytest.raises(psycopg.errors.CheckViolation, match=constraint) as caught:
@@ -194,13 +196,14 @@ def test_a_bad_role_running_limit_fails_only_that_roles_tasks(running, authors):
     assert running.wait_done(insert_as(authors["alice"], "SELECT 'fixed'"))["output"] == "fixed"
 
 
-def test_a_bad_output_limit_fails_the_databases_tasks_cleanly(running):
-    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 'lots'")
+@pytest.mark.parametrize("value", ["lots", "²"])  # (a digit to str.isdigit, not to int())
+def test_a_bad_output_limit_fails_the_databases_tasks_cleanly(running, value):
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = '{value}'")
     try:
         row = running.wait_done(running.insert("SELECT 1"))
         assert row["state"] == "FAIL"
         assert row["error"].startswith(
-            f'ERROR:  invalid value for setting "pg_task_py.output_limit" of database {running.name}: "lots"\n'
+            f'ERROR:  invalid value for setting "pg_task_py.output_limit" of database {running.name}: "{value}"\n'
             "HINT:  It must be a whole number of characters")
     finally:
         running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.output_limit")
@@ -209,6 +212,50 @@ def test_a_bad_output_limit_fails_the_databases_tasks_cleanly(running):
                message="tasks to run again after RESET")
     assert "Traceback" not in running.launchers[0].output()
     assert "worker failed" not in running.launchers[0].output()
+
+
+def test_a_retention_of_thousands_of_years_keeps_the_rows_and_scheduling_goes_on(running):
+    """now() - '7000 years' is out of range: every launcher turn of the database failed."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention = '7000 years'")
+    try:
+        kept = running.wait_done(running.insert("SELECT 'kept'", delete=False))
+        # Housekeeping runs once a second: a task planned 2.5 s on has seen it run twice.
+        running.wait_done(running.insert("SELECT 1", plan=running.value("SELECT now() + interval '2.5 s'")))
+        assert running.task(kept["id"])["output"] == "kept"
+        assert "scheduler error" not in running.launchers[0].output()
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
+
+
+def test_a_task_author_cannot_change_a_tasks_id(running, authors):
+    """Its dependents name it by id: a changed id left them waiting for ever."""
+    alice = authors["alice"]
+    prerequisite = insert_as(alice, "SELECT 1", plan=running.value("SELECT now() + interval '1 day'"), delete=False)
+    dependent = alice.execute("INSERT INTO task (input, after) VALUES ('SELECT 2', %s) RETURNING id",
+                              [[prerequisite]]).fetchone()[0]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to change task.id"):
+        alice.execute("UPDATE task SET id = id + 1000 WHERE id = %s", [prerequisite])
+    alice.execute("UPDATE task SET plan = now() WHERE id = %s", [prerequisite])
+    assert running.wait_done(dependent)["state"] == "DONE"
+
+
+def test_a_timeout_under_a_millisecond_is_one(running):
+    """statement_timeout is in whole milliseconds: 0.9 ms cut to 0 was no timeout at all."""
+    row = running.wait_done(running.insert("SELECT pg_sleep(1.5)", timeout="0.9 ms", delete=False))
+    assert row["state"] == "FAIL" and row["sqlstate"] == "57014"
+
+
+def test_an_exclusive_task_its_owner_may_not_run_holds_nothing_back(running, authors):
+    """A role running limit of 0 keeps the owner's exclusive task from being claimed: while it
+    counted as due, every role's tasks waited for it (until its `active` ran out)."""
+    running.sql("ALTER ROLE alice SET pg_task_py.role_running_limit = 0")
+    exclusive = running.insert("SELECT 1", exclusive=True, owner="alice", delete=False)
+    try:
+        bobs = insert_as(authors["bob"], "SELECT 'bob runs'")
+        assert running.wait_done(bobs)["output"] == "bob runs"
+        assert running.task(exclusive)["state"] == "PLAN"
+    finally:
+        running.sql("ALTER ROLE alice RESET pg_task_py.role_running_limit")
 
 
 @pytest.mark.slow

@@ -259,6 +259,19 @@ def test_a_paused_group_starts_nothing_and_keeps_its_tasks(running, authors):
     assert starts == sorted(starts)  # in their order (max 0: one at a time, by id)
 
 
+def test_a_group_resumes_when_a_tasks_active_is_at_its_bound(running, authors):
+    """The paused time added to an `active` of 1000 years went past the bound, and task_resume
+    failed until the task was changed by hand."""
+    alice = authors["alice"]
+    alice.execute("SELECT task_pause('far')")
+    waiting = insert_as(alice, "SELECT 1", group="far", active="1000 years", delete=False)
+    wait_until(lambda: running.value("SELECT now() - plan > interval '0.2 s' FROM task WHERE id = %s", [waiting]), 5,
+               message="some time paused")
+    assert alice.execute("SELECT task_resume('far')").fetchone() == (True,)
+    assert running.wait_done(waiting)["state"] == "DONE"
+    assert running.value("SELECT active = interval '1000 years' FROM task WHERE id = %s", [waiting])
+
+
 def test_the_time_a_pause_adds_to_a_series_run_is_not_its_next_runs(running, authors):
     """task_resume adds the paused time to the waiting run's active (it never goes GONE for the
     pause); the next run took the run's active, so each pause of a series lengthened every run

@@ -505,6 +505,6 @@ def output_limit(ctx):
     value, source, _ = cached
     if not value:
         return 100 * 1024 * 1024
-    if not value.strip().isdigit():
+    if not (value.strip().isascii() and value.strip().isdigit()):  # (str.isdigit: '²' too, which int() refuses)
         raise SettingError(f'invalid value for setting "pg_task_py.output_limit" of {source}: "{value}"')
     return int(value)

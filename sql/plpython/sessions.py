@@ -92,7 +92,16 @@ def task_settings(ctx, task):
     """TASK_SETTINGS of the task ({name: value}); `task` needs its id, group and timeout_s."""
     table = task_table(ctx)
     return dict(zip(TASK_SETTINGS, (str(task["id"]), task["group"], table["schema"], table["table"], table["oid"],
-                                    f"{int(task['timeout_s'] * 1000)}ms")))
+                                    f"{timeout_ms(task['timeout_s'])}ms")))
+
+
+def timeout_ms(seconds):
+    """A task's timeout as statement_timeout's whole milliseconds, rounded up: 0.9 ms cut to 0
+    was no timeout at all.  (Rounded to microseconds first, the timeout's precision: the bound,
+    2147483.647 s, times 1000 is a little over statement_timeout's most as a float.)"""
+    ms = round(seconds * 1000, 3)
+    whole = int(ms)
+    return whole + (whole < ms)
 
 
 def settings_at_start(ctx, task):

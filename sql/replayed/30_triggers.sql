@@ -113,6 +113,9 @@ BEGIN
         WHEN NOT btrim(NEW.input, E' \t\r\n;') <> '' THEN 'task.input must not be empty'
         -- (a longer key fails the unique index of waiting keys with the server's raw message)
         WHEN NOT (NEW.key <> '' AND octet_length(NEW.key) <= 1000) THEN 'task.key must not be empty nor over 1000 bytes'
+        -- (the group is a key of the counters, pauses and rate limits: a longer one failed the
+        -- counters' index at the task's end, and with it every launcher turn of the database)
+        WHEN NOT octet_length(NEW."group") <= 1000 THEN 'task.group must not be over 1000 bytes'
         WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
         WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
@@ -167,7 +170,7 @@ $$;
 -- every check).  Only in a superuser's session: anyone can set the mark.
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group"
     ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on'
@@ -200,6 +203,11 @@ BEGIN
         RETURN OLD;
     END IF;
     IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN  -- (true for superusers)
+        IF TG_OP = 'UPDATE' AND NEW.id IS DISTINCT FROM OLD.id THEN
+            RAISE EXCEPTION 'permission denied to change task.id'
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'A task''s dependents, next runs and retries name it by its id.';
+        END IF;
         IF TG_OP = 'UPDATE' AND OLD.state IN ('TAKE', 'WORK')
            AND (to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]) THEN
             RAISE EXCEPTION 'task % is running: only its data can change', OLD.id

@@ -1155,7 +1155,9 @@ BEGIN
                                               'not an interval of zero or more');
         RETURN NULL;
     END IF;
-    RETURN retention;
+    -- (longer keeps no more: no row is that old, and now() - '7000 years' is out of range, which
+    -- failed every launcher turn of the database)
+    RETURN least(retention, interval '1000 years');
 END
 $$;
 

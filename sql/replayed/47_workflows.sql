@@ -389,11 +389,13 @@ CREATE FUNCTION pgtaskpy.exclusive_gate() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
-    -- (One of a paused or rate-limited group is not due: it would hold every other task back.)
+    -- (One that claim_exclusive_task would not claim, of a paused or rate-limited group or of a
+    -- role whose running limit is 0, is not due: it would hold every other task back.)
     RETURN (SELECT CASE WHEN bool_or(t.state <> 'PLAN') THEN 'running'
                         WHEN bool_or(t.waiting_for = 0 AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
                                      AND NOT pgtaskpy.group_paused(t.owner, t."group")
-                                     AND pgtaskpy.rate_has_room(t.owner, t."group", 1))
+                                     AND pgtaskpy.rate_has_room(t.owner, t."group", 1)
+                                     AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(t.owner), 0, 1))
                             THEN 'due' END
             FROM @extschema@.task AS t WHERE t.exclusive AND t.state IN ('PLAN', 'TAKE', 'WORK'));
 END

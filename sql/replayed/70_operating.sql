@@ -268,10 +268,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    -- (Read from the indexes of waiting tasks, ready and blocked: not a scan of the finished rows.)
+    -- (Read from the indexes of waiting tasks, ready and blocked: not a scan of the finished rows.
+    -- `active` stays within its bound of 1000 years, and `paused` grows by what `active` grew.)
     UPDATE @extschema@.task AS t
-    SET active = t.active + greatest(now() - greatest(t.plan, paused_since), interval '0'),
-        paused = t.paused + greatest(now() - greatest(t.plan, paused_since), interval '0')
+    SET active = least(t.active + greatest(now() - greatest(t.plan, paused_since), interval '0'), interval '1000 years'),
+        paused = t.paused + (least(t.active + greatest(now() - greatest(t.plan, paused_since), interval '0'),
+                                   interval '1000 years') - t.active)
     WHERE t.id IN (SELECT w.id FROM @extschema@.task AS w
                    WHERE w.state = 'PLAN' AND w.waiting_for = 0 AND w.plan < now()
                      AND w.owner = whose AND w."group" = task_resume."group"
