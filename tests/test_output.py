@@ -71,6 +71,20 @@ def test_errors_as_the_server_log_prints_them(shared, input, error):
     assert (row["state"], row["error"]) == ("FAIL", error)
 
 
+def test_an_open_transaction_whose_commit_fails_keeps_its_output_and_detail(shared):
+    """The COMMIT added for an input that leaves a transaction open fails as a COMMIT of its own
+    does: its output kept, its error with the DETAIL the server gives."""
+    shared.sql("CREATE TABLE deferred_parent (i int PRIMARY KEY)")
+    shared.sql("CREATE TABLE deferred_child (i int REFERENCES deferred_parent DEFERRABLE INITIALLY DEFERRED)")
+    row = run(shared, "BEGIN; INSERT INTO deferred_child VALUES (99999)")
+    assert (row["state"], row["sqlstate"], row["output"]) == ("FAIL", "23503", "BEGIN\nINSERT 0 1")
+    assert row["error"] == (
+        'ERROR:  insert or update on table "deferred_child" violates foreign key constraint "deferred_child_i_fkey"\n'
+        'DETAIL:  Key (i)=(99999) is not present in table "deferred_parent".\n'
+        "STATEMENT:  BEGIN; INSERT INTO deferred_child VALUES (99999)")
+    assert shared.value("SELECT count(*) FROM deferred_child") == 0
+
+
 def test_failed_statement_rolls_back_the_implicit_transaction(shared):
     shared.sql("CREATE TABLE audit_rollback (i int)")
     row = run(shared, "INSERT INTO audit_rollback VALUES (1); SELECT 1/0")

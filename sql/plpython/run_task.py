@@ -443,10 +443,13 @@ class InputResults:
 
     def end(self, session):
         """The input has no result left: (output, error, sqlstate, notices).  A transaction the
-        input left open is committed (pg_task does, and says so), a failed one rolled back."""
+        input left open is committed (pg_task does, and says so: its tag), a failed one rolled
+        back.  The COMMIT's result is read as the input's are: when it fails (a deferred
+        constraint), the task keeps its output and the error its DETAIL, as with a COMMIT of its own."""
         if session.transaction_status == PQTRANS_INTRANS:
-            session.execute("COMMIT")
-            self.writer.command("COMMIT")
+            session.send("COMMIT")
+            for result in session.results():
+                self.take(session, result)
         elif session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
         codec = session.codec  # (known now: see output.settled)
