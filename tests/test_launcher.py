@@ -658,6 +658,49 @@ def test_a_conninfo_libpq_cannot_use_or_one_database_twice_is_a_usage_error(tmp_
     assert result.returncode == 2 and "--dsn 2: " + says in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(("option", "says"), [
+    ("port=²", "invalid port number"),  # (isdigit(), then int() raised: a traceback, exit 1)
+    ("port=١", "invalid port number"),  # (isdigit() and int(), then libpq refused it: exit 1)
+    ("port=5432,٥٤٣٢", "invalid port number"),
+    ("connect_timeout=١", "invalid connect_timeout (a whole number)"),  # (\d without re.ASCII)
+])
+def test_a_number_in_digits_other_than_0_to_9_is_a_usage_error(tmp_path, option, says):
+    """libpq reads 0-9 only; Python's isdigit(), int() and \\d take other digits too."""
+    result = run_launcher("run", "--dsn", f"host={tmp_path} {option} dbname=c user=postgres")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(f"--dsn 1: the conninfo has an {says}"), result.stderr
+
+
+def wait_for_failure(launcher, database):
+    wait_until(lambda: f'database "{database}" does not exist' in launcher.output(), 15, 0.05,
+               "the missing database's error")
+
+
+def test_a_stop_after_a_database_failed_exits_0(cluster, db):
+    """SIGTERM stops the databases that run cleanly: exit 0, though one had failed before (its
+    error was logged then); the launcher exits 1 only when it ends on its own."""
+    launcher = Launcher(db.dsn, cluster.dsn(f"{db.name}_missing")).start()
+    db.launchers.append(launcher)
+    launcher.wait_active()
+    wait_for_failure(launcher, f"{db.name}_missing")
+    assert db.wait_done(db.insert("SELECT 'on'", delete=False))["output"] == "on"  # the other runs on
+    assert launcher.stop() == 0, launcher.output()
+    assert lines_with(": stopped", launcher.output()), launcher.output()
+
+
+def test_a_stop_after_a_database_added_by_a_reload_failed_exits_0(tmp_path, cluster, db):
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": db.dsn}]))
+    launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
+    db.launchers.append(launcher)
+    launcher.wait_active()
+    config.write_text(json.dumps([{"dsn": db.dsn}, {"dsn": cluster.dsn(f"{db.name}_missing")}]))
+    launcher.signal(signal.SIGHUP)
+    wait_for_failure(launcher, f"{db.name}_missing")
+    assert launcher.stop() == 0, launcher.output()
+
+
 @pytest.mark.parametrize("level", ["debug", "Info", "warning"])
 def test_log_level_in_any_case(cluster, level):
     result = run_launcher("run", "--log-level", level, "--dsn", cluster.dsn("no_such_database"))

@@ -18,7 +18,7 @@ import psycopg
 
 from pg_task_py import __version__
 from pg_task_py.databases import Databases
-from pg_task_py.launcher import Settings, SetupError
+from pg_task_py.launcher import Settings, SetupError, ascii_digits
 from pg_task_py.metrics import Metrics, serve
 from pg_task_py.status import StatusError, show_status
 
@@ -53,10 +53,12 @@ standbys and failover:
 reload: SIGHUP reads --config again: new databases start, removed ones stop
   (gracefully), changed "run" and "grace" apply; the others run on untouched.
 
-exit status: 0 after a clean stop; 2 for bad usage (flags, config file); 1
-when a database cannot be scheduled (wrong credentials, missing database or
-extension, a role that is not a superuser).  A server that is down or
-restarting is retried with backoff, not fatal.
+exit status: 0 after a clean stop on SIGINT/SIGTERM (also when a database had
+failed before it: that was logged then); 2 for bad usage (flags, config file);
+1 when every database failed, so the launcher ended on its own (wrong
+credentials, missing database or extension, a role that is not a superuser),
+or one failed during the stop.  A server that is down or restarting is retried
+with backoff, not fatal.
 
 version: --version prints the launcher's version; its major.minor is the
 extension version it belongs to.  On connecting to a database whose extension
@@ -120,7 +122,7 @@ def positive_seconds(text: object) -> float:
 def listen_address(text: str) -> tuple[str, int]:
     """--metrics: 'ADDR:PORT' ('127.0.0.1:9187', ':9187' for every address, '[::1]:9187')."""
     address, _, port = text.rpartition(":")
-    if not _ or not port.isdigit() or not 0 < int(port) < 65536:
+    if not _ or not ascii_digits(port) or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError("must be ADDR:PORT, e.g. 127.0.0.1:9187 or :9187")
     return address.strip("[]") or "0.0.0.0", int(port)
 
@@ -150,9 +152,10 @@ def non_negative_seconds(text: object) -> float:
 
 def number(value: object, kind: type, problem: str) -> int | float:
     """A flag's text or a config value as a number; JSON true is not 1, nor 4.7 four (nor 1e30 a
-    whole number)."""
+    whole number), nor '٤' (int() reads other scripts' digits; the launcher takes 0-9 only)."""
     try:
-        if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+        if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()) \
+                or (isinstance(value, str) and not value.isascii()):
             raise TypeError(value)
         return kind(value)
     except (TypeError, ValueError):
@@ -187,6 +190,9 @@ CONNINFO_CHOICES = {
 }
 CONNINFO_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
                      "tcp_user_timeout")
+# A whole number as libpq's strtol() reads it.  re.ASCII: without it, \d takes '²' and '١' and \s a
+# no-break space, which libpq refuses as it connects (and int('²') raised: a traceback, exit 1).
+LIBPQ_INTEGER = re.compile(r"\s*[-+]?\d+\s*", re.ASCII)
 
 
 def conninfo_problem(dsn: str) -> str | None:
@@ -197,10 +203,10 @@ def conninfo_problem(dsn: str) -> str | None:
     except psycopg.ProgrammingError:
         return "is not a libpq conninfo or URI that can be read"
     for port in str(keywords.get("port", "")).split(","):
-        if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+        if port.strip() and not (LIBPQ_INTEGER.fullmatch(port) and 1 <= int(port) <= 65535):
             return "has an invalid port number"
     for keyword in CONNINFO_INTEGERS:
-        if keyword in keywords and not re.fullmatch(r"\s*[-+]?\d+\s*", str(keywords[keyword])):
+        if keyword in keywords and not LIBPQ_INTEGER.fullmatch(str(keywords[keyword])):
             return f"has an invalid {keyword} (a whole number)"
     for keyword, choices in CONNINFO_CHOICES.items():
         if keyword in keywords and keywords[keyword] not in choices:
@@ -320,7 +326,7 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
                 reload_configuration(databases, reload)
-    return 1 if databases.failed() else 0
+    return databases.exit_status(stop_asked=stopping.is_set())
 
 
 def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None) -> None:

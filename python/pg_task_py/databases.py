@@ -20,6 +20,7 @@ class Database:
         self.stop = threading.Event()
         self.scheduler = Scheduler(settings, self.stop, metrics)
         self.error: str | None = None  # why it ended, when retrying could not help
+        self.failed_stopping = False  # it ended so after its stop was asked: not a clean stop
         self.removed = False  # a reload took it out of the configuration: it is stopping
         self.thread = threading.Thread(target=self._run, name=self.scheduler.name)  # (no password)
         self.thread.start()
@@ -28,6 +29,7 @@ class Database:
         try:
             self.scheduler.run()
         except SetupError as exc:
+            self.failed_stopping = self.stop.is_set()
             self.error = str(exc)
             log.error("%s", exc)
 
@@ -46,9 +48,16 @@ class Databases:
     def running(self) -> bool:
         return any(database.thread.is_alive() for database in self.all)
 
-    def failed(self) -> bool:
-        """Whether a database ended with an error (the launcher then exits 1)."""
-        return any(database.error is not None for database in self.all)
+    def exit_status(self, stop_asked: bool) -> int:
+        """1 when the launcher ended on its own, its databases having failed, or when a database
+        failed during a stop that SIGINT/SIGTERM asked for; else 0.  A database that failed before
+        such a stop does not make it unclean: its error was logged then, and the others ran on."""
+        failed = [database for database in self.all if database.error is not None]
+        if not failed:
+            return 0
+        if not stop_asked or len(failed) == len(self.all):  # (none was running to stop)
+            return 1
+        return 1 if any(database.failed_stopping for database in failed) else 0
 
     def join(self, timeout: float) -> None:
         """Wait a little for each thread (short joins keep the main thread free for signals); a

@@ -331,10 +331,16 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether `text` is one or more of 0-9: str.isdigit() also takes '²', which int() refuses,
+    and '١', which int() reads as 1 but libpq refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def version_tuple(text: str) -> tuple[int, ...] | None:
     """(1, 3) for '1.3'; None for a version that is not dotted numbers (nothing to compare)."""
     parts = text.split(".")
-    return tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else None
+    return tuple(int(part) for part in parts) if all(ascii_digits(part) for part in parts) else None
 
 
 def is_older(extension: str | None, launcher: str) -> bool:
@@ -379,7 +385,9 @@ def describe(event: dict) -> tuple[int, str]:
     if kind == "recovered":
         return logging.WARNING, f"recovered {event['count']} task(s) of dead backends"
     if kind == "deleted_old":
-        return logging.INFO, f"deleted {event['count']} finished task(s) past pg_task_py.retention"
+        # (delete_old_tasks returns one count for all its reasons: the line cannot tell which applied)
+        return logging.INFO, (f"deleted {event['count']} finished task(s) past their retention"
+                              " (pg_task_py.retention*, keep_runs)")
     if kind == "retention_kept":
         return logging.WARNING, (f"kept {event['count']} finished task(s) past pg_task_py.retention or keep_runs: other"
                                  " tables reference them by a foreign key without ON DELETE CASCADE or SET NULL")

@@ -1,10 +1,12 @@
 """The launcher's command line and config file, in process: no server."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from pg_task_py import __version__
 from pg_task_py.cli import load_settings, parse_args
+from pg_task_py.databases import Databases
 from pg_task_py.launcher import Settings, SetupError
 
 
@@ -32,6 +34,7 @@ def test_version(capsys):
 @pytest.mark.parametrize(("argv", "says"), [
     (["run", "--run", "0"], "argument --run: must be a whole number from 1 to 2147483647"),
     (["run", "--run", "two"], "argument --run: must be a whole number from 1 to 2147483647"),
+    (["run", "--run", "٤"], "argument --run: must be a whole number from 1 to 2147483647"),  # (int() took it)
     # (accepted, it failed every turn, for ever: dispatch(bigint, boolean) does not exist)
     (["run", "--run", "2147483648"], "argument --run: must be a whole number from 1 to 2147483647"),
     (["run", "--grace", "-1"], "argument --grace: must be a number of seconds, 0 or more"),
@@ -101,3 +104,21 @@ def test_standby_flag_and_config_entry(tmp_path):
         ("dbname=a", "host=replica1 port=5433"), ("dbname=b", "host=replica1 port=5433"),
         ("dbname=c", "host=replica2"), ("dbname=d", None)]
     assert parse_args(["run"]).standby is None
+
+
+def ended(*databases: tuple[str | None, bool]) -> Databases:
+    """Databases whose schedulers have ended: (error, whether it came after the stop was asked)."""
+    ending = Databases.__new__(Databases)  # (no scheduler threads: exit_status reads only `all`)
+    ending.all = [SimpleNamespace(error=error, failed_stopping=stopping) for error, stopping in databases]
+    return ending
+
+
+@pytest.mark.parametrize(("databases", "stop_asked", "status"), [
+    ([(None, False)], True, 0),
+    ([("gone", False), (None, False)], True, 0),  # failed before the stop: logged then, the stop is clean
+    ([("gone", False), ("lost SUPERUSER", True)], True, 1),  # failed during the stop
+    ([("gone", False)], False, 1),  # ended on its own: its databases failed
+    ([("gone", False), ("gone", False)], True, 1),  # all had failed: nothing was left to stop
+])
+def test_exit_status(databases, stop_asked, status):
+    assert ended(*databases).exit_status(stop_asked) == status

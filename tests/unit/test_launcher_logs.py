@@ -61,7 +61,8 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
      "a worker could not claim its group's next task: boom"),
     ({"event": "spare_failed", "message": "no"}, logging.ERROR, "cannot open a worker backend: no"),
     ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
-    ({"event": "deleted_old", "count": 5}, logging.INFO, "deleted 5 finished task(s) past pg_task_py.retention"),
+    ({"event": "deleted_old", "count": 5}, logging.INFO,
+     "deleted 5 finished task(s) past their retention (pg_task_py.retention*, keep_runs)"),
     ({"event": "expired", "count": 1}, logging.INFO, "1 task(s) not started within active: GONE"),
     ({"event": "retention_kept", "count": 3}, logging.WARNING,
      "kept 3 finished task(s) past pg_task_py.retention or keep_runs: other tables reference them by a"
@@ -104,6 +105,7 @@ def test_display_name_never_shows_a_password(dsn, shown):
 
 @pytest.mark.parametrize(("text", "parts"), [
     ("1.3", (1, 3)), ("1.3.0", (1, 3, 0)), ("10.2", (10, 2)), ("1.3beta", None), ("", None), ("1..3", None),
+    ("1.²", None), ("1.١", None),  # (digits to str.isdigit(), not to int() or not 0-9)
 ])
 def test_version_tuple(text, parts):
     assert version_tuple(text) == parts

@@ -17,7 +17,7 @@ def test_metrics_address(text, address):
     assert listen_address(text) == address
 
 
-@pytest.mark.parametrize("text", ["9187", "host:", "host:port", "host:0", "host:65536"])
+@pytest.mark.parametrize("text", ["9187", "host:", "host:port", "host:0", "host:65536", "host:²", "host:١٩"])
 def test_metrics_address_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="ADDR:PORT"):
         listen_address(text)
