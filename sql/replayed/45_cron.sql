@@ -421,6 +421,9 @@ BEGIN
         RAISE EXCEPTION 'task_next_runs: n must be from 0 to 100000, not %', COALESCE(n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF after >= timestamptz '10000-01-01 00:00+00' THEN
+        RETURN;  -- (no match after the year 9999, as below; reading a zone's time there overflowed)
+    END IF;
     BEGIN
         FOR i IN 1..n LOOP
             t := pgtaskpy.cron_next_spec(spec, zone, t);
