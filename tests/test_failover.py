@@ -6,7 +6,10 @@ failover; an old primary rejoining as a standby runs nothing."""
 from __future__ import annotations
 
 import re
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import psycopg
@@ -95,6 +98,32 @@ def test_a_standby_launcher_runs_nothing_and_writes_nothing(pair):
     # A waiting launcher stops at once, cleanly.
     assert on_standby.stop(timeout=5) == 0
     assert on_standby.output().rstrip().endswith("stopped"), on_standby.output()
+
+
+def health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as answer:
+        return answer.code
+    except OSError:
+        return 0  # not listening yet
+
+
+def test_a_standby_launcher_is_healthy_while_it_waits(pair):
+    """Its looks for a promotion are its turns: /health answered 503 on every standby past its
+    first 5 s, and a liveness probe restarted launchers that did as README says."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launcher = Launcher(pair.standby.dsn(DB), args=("--grace", "1", "--metrics", f"127.0.0.1:{port}")).start()
+    pair.launchers.append(launcher)
+    wait_log(launcher, WAITING)
+    wait_until(lambda: health(port) == 200, 10, message="/health 200")
+    until = time.monotonic() + 7  # past the 5 s a turn may be old
+    while time.monotonic() < until:
+        assert health(port) == 200
+        time.sleep(0.5)
 
 
 @pytest.mark.parametrize("mode, rejoin", [("fast", "base backup"), ("immediate", "pg_rewind")])

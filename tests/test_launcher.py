@@ -672,6 +672,14 @@ def test_a_number_in_digits_other_than_0_to_9_is_a_usage_error(tmp_path, option,
     assert len(lines) == 1 and lines[0].endswith(f"--dsn 1: the conninfo has an {says}"), result.stderr
 
 
+@pytest.mark.parametrize("standby", ["host=replica1 port=abc", "host=replica1 sslmode=sometimes"])
+def test_a_standby_conninfo_libpq_cannot_use_is_a_usage_error(cluster, standby):
+    """Checked as --dsn is: its target 'standby' tasks ran on the primary, without a word."""
+    result = run_launcher("run", "--dsn", cluster.dsn("any"), "--standby", standby)
+    assert result.returncode == 2, result.stderr
+    assert "--dsn 1: the standby conninfo has an invalid" in result.stderr and "Traceback" not in result.stderr
+
+
 def wait_for_failure(launcher, database):
     wait_until(lambda: f'database "{database}" does not exist' in launcher.output(), 15, 0.05,
                "the missing database's error")

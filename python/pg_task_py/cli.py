@@ -237,6 +237,9 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
         problem = conninfo_problem(entry.dsn)
         if problem is not None:
             raise SetupError(f'{where}: the conninfo {problem}')
+        problem = conninfo_problem(entry.standby) if entry.standby is not None else None
+        if problem is not None:  # (else its tasks ran on the primary, without a word)
+            raise SetupError(f'{where}: the standby conninfo {problem}')
         if any(other.dsn == entry.dsn for other in settings[:position - 1]):
             # Two schedulers of one database, each with its own --run, shared one metrics label.
             raise SetupError(f"{where}: the same conninfo as a database before it")

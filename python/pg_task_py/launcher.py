@@ -175,6 +175,8 @@ class Scheduler:
             if not announced:
                 log.info("%s: a standby (in recovery): running nothing, waiting for a promotion", self.name)
                 announced = True
+            if self.metrics:  # (a look is a standby's turn: /health said 503 on every standby)
+                self.metrics.turn(self.name, [], 0)
             self.stopping.wait(PROMOTION_LOOK_EVERY)
         return False
 
