@@ -61,6 +61,19 @@ def test_session_setting_changes_the_next_default(db):
     assert db.task(db.insert("SELECT 1"))["max"] == 0
 
 
+def test_pg_task_id_is_the_parent_and_a_bad_one_is_named(db):
+    """pg_task.id (a task's session has it) is the parent of what the task inserts; a value that
+    is no id is an error naming the setting, as the other settings' are (it was the bare
+    `invalid input syntax for type bigint`)."""
+    db.sql("SET pg_task.id = '12'")
+    assert db.task(db.insert("SELECT 1"))["parent"] == 12
+    db.sql("SET pg_task.id = ''")
+    assert db.task(db.insert("SELECT 1"))["parent"] is None
+    db.sql("SET pg_task.id = 'abc'")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='invalid value for setting "pg_task.id": "abc"'):
+        db.insert("SELECT 1")
+
+
 def test_empty_setting_and_any_search_path_give_the_default(db):
     """The defaults read the settings the same under an inserter's search_path that holds nothing,
     or one where a lookalike operator comes first; an empty setting is no setting."""

@@ -4,7 +4,10 @@
 
 CREATE TABLE @extschema@.task (
     id          bigserial PRIMARY KEY,
-    parent      bigint DEFAULT NULLIF(current_setting('pg_task.id', true), '')::bigint,
+    -- (pg_task.id: the scheduler sets it in a task's session; a value that is no id is an
+    -- error naming the setting, as the other defaults' are, not the bare bigint error)
+    parent      bigint DEFAULT CASE WHEN pgtaskpy.setting('id') ~ '^[0-9]{1,18}$' THEN pgtaskpy.setting('id')::bigint
+                                ELSE pgtaskpy.setting_default('id', NULL::bigint) END,
     plan        timestamptz NOT NULL DEFAULT CURRENT_TIMESTAMP,
     start       timestamptz,
     stop        timestamptz,

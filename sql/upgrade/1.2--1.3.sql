@@ -10,6 +10,12 @@ DROP FUNCTION pgtaskpy.cancel_remote_task(bigint);
 UPDATE @extschema@.task SET stop = now() WHERE state = 'STOP' AND stop IS NULL;
 UPDATE @extschema@.task SET worker = NULL WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND worker IS NOT NULL;
 
+-- parent's default: a pg_task.id that is no id is an error naming the setting
+-- (sql/created_once/20_table.sql).
+ALTER TABLE @extschema@.task ALTER COLUMN parent SET DEFAULT
+    CASE WHEN pgtaskpy.setting('id') ~ '^[0-9]{1,18}$' THEN pgtaskpy.setting('id')::bigint
+         ELSE pgtaskpy.setting_default('id', NULL::bigint) END;
+
 -- pgtaskpy_user: what a task author needs, in one role (sql/created_once/35_security.sql).
 DO $$
 BEGIN
