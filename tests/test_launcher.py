@@ -148,6 +148,49 @@ def test_a_session_that_idle_session_timeout_ends_before_the_input_moves_the_tas
         assert len(slow) == 1 and slow[0] != row["pid"], (slow, row)
 
 
+def test_tasks_whose_sessions_end_idle_as_they_are_given_the_input_all_run(running, task_role):
+    """A session the server ends for idleness while the worker sends it the input: libpq keeps
+    only the server's words then, no SQLSTATE, and 9 tasks of 600 (150 ms) ended FAIL 08006, a run lost
+    while it ran, though their input never ran.  They move to new sessions, as those the
+    worker sees end first do."""
+    running.sql(f"ALTER ROLE {task_role} SET idle_session_timeout = '250ms'")
+    try:
+        running.sql("INSERT INTO task (input, \"group\", max, owner, delete)"
+                    " SELECT 'SELECT pg_sleep(random() * 0.2)', 'idle' || (i %% 4), 1, %s, false"
+                    " FROM generate_series(1, 300) AS i", [task_role])
+        running.wait_all_done(120)
+    finally:
+        running.sql(f"ALTER ROLE {task_role} RESET idle_session_timeout")
+    failed = running.sql("SELECT id, sqlstate, error FROM task WHERE state <> 'DONE'")
+    assert failed == [], failed[:3]
+
+
+def test_a_dbas_cancel_of_a_worker_in_its_own_statement_leaves_no_traceback(running):
+    """pg_cancel_backend of a worker backend while it runs a statement of its own (here a trigger
+    of the table's sleeps in its WORK update) ends its CALL: the task waits again or ends FAIL,
+    and neither its error nor the launcher's log carries PL/Python's traceback (its class names
+    and the lines of the worker's code were in both)."""
+    running.sql("CREATE FUNCTION slow_work() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN PERFORM pg_sleep(2); RETURN NULL; END$$")
+    running.sql("CREATE TRIGGER slow_work AFTER UPDATE ON task FOR EACH ROW"
+                " WHEN (NEW.input LIKE '%slow work%' AND NEW.state = 'WORK' AND OLD.state <> 'WORK')"
+                " EXECUTE FUNCTION slow_work()")
+    try:
+        task_id = running.insert("SELECT 1 /* slow work */", delete=False)
+        sleeping = ("SELECT pid FROM pg_stat_activity"
+                    " WHERE application_name = 'pg_task_py worker' AND wait_event = 'PgSleep'")
+        wait_until(lambda: running.sql(sleeping), 20, message="the worker in the trigger")
+        assert running.value(f"SELECT pg_cancel_backend(({sleeping} LIMIT 1))")
+        running.sql("DROP TRIGGER slow_work ON task")
+        row = running.wait_done(task_id)
+    finally:
+        running.sql("DROP TRIGGER IF EXISTS slow_work ON task")
+        running.sql("DROP FUNCTION slow_work()")
+    assert row["error"] is None or ("Traceback" not in row["error"] and "spiexceptions" not in row["error"]), row
+    output = running.launchers[0].output()
+    assert "Traceback" not in output and "spiexceptions" not in output, output
+
+
 def test_a_failed_claim_of_the_groups_next_task_leaves_the_task_before_it_as_it_ended(running):
     """A worker ending a task claims its group's next one in the same transaction.  A claim that
     fails (here a trigger of the table's that raises in a worker's claim) is given up alone: the

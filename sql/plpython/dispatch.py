@@ -150,9 +150,9 @@ def collect(ctx, pool, name, worker, events):
                 [name])
         message = ctx.run("error", "SELECT dblink.dblink_error_message($1) AS m", ["text"], [name])[0]["m"]
         if message and message != "OK":
-            error = message.strip()
+            error = without_traceback(message.strip())
     except ctx.plpy.SPIError as exc:
-        error = str(exc)
+        error = without_traceback(str(exc))
     first_task, given = worker["task"], worker["tasks"]
     worker["task"], worker["tasks"] = None, []
     worker["idle_since"] = time.monotonic()
@@ -178,6 +178,18 @@ def collect(ctx, pool, name, worker, events):
     elif error:
         disconnect(ctx, pool, name)
         worker_failed(ctx, worker, first_task, error, events)
+
+
+def without_traceback(error):
+    """A failed worker's error as a task's error and the launcher's log give it: without the
+    PL/Python traceback of its CONTEXT, and the server's message without PL/Python's name of
+    its class (a DBA's pg_cancel_backend of a worker: `spiexceptions.QueryCanceled: canceling
+    statement due to user request`)."""
+    error = error.split("\nCONTEXT:  Traceback", 1)[0]
+    head, found, rest = error.partition("spiexceptions.")
+    if found and ": " in rest:
+        error = head + rest.split(": ", 1)[1]
+    return error
 
 
 def worker_failed(ctx, worker, first_task, error, events):

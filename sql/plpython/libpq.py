@@ -161,6 +161,18 @@ def _without_sqlstate(message):
     return re.sub(_VERBOSE_LOCATION, "", message), found.group(2)
 
 
+# The server's words as it ends a session for being idle (idle_session_timeout, 57P05): when its
+# FATAL comes as the worker writes to the session, libpq keeps only the words, no SQLSTATE, and the
+# task read as a run lost while it ran (08006, FAIL), though its input never ran.
+_IDLE_ENDED_WORDS = "terminating connection due to idle-session timeout"
+
+
+def lost_sqlstate(message):
+    """The SQLSTATE of a session that broke with libpq's `message` and none of the server's:
+    57P05 when the server had ended it for being idle (the query never ran), else None."""
+    return "57P05" if _IDLE_ENDED_WORDS in message else None
+
+
 class MalformedConninfo(ConnectError):
     """A conninfo that libpq cannot parse (PQconninfoParse's message): nothing was connected."""
 
@@ -492,7 +504,8 @@ class Session:
                 (_S * len(values))(*values), None, None, 0,
             )
         if not sent:
-            raise ConnectError(self.error_message())
+            message = self.error_message()
+            raise ConnectError(message, lost_sqlstate(message))
         self.answered = False
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
@@ -567,7 +580,7 @@ class Session:
             with result:
                 if result.status == PGRES_FATAL_ERROR:
                     error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
-                    sqlstate = result.field(PG_DIAG_SQLSTATE)
+                    sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(error)
                 rows.extend(result.rows())
         if error:
             raise ConnectError(error, sqlstate)

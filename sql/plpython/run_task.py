@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         PQTRANS_INTRANS,
         ConnectError,
         MalformedConninfo,
+        lost_sqlstate,
     )
     from output import OutputTooLarge, OutputWriter, format_error, format_message, settled
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
@@ -77,7 +78,10 @@ SESSIONS_A_TASK = 3
 # whose errors carry no SQLSTATE).
 BUSY_SQLSTATES = ("53300", "57P03")
 BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
-               "the database system is shutting down", "the database system is not yet accepting connections")
+               "the database system is shutting down", "the database system is not yet accepting connections",
+               # (EAGAIN: the server's socket has more connections waiting to be accepted than its
+               # listen queue holds, as in a burst of several launchers: the task has not started)
+               "Resource temporarily unavailable")
 # libpq's (English) words for a conninfo value it cannot use (port=abc, sslmode=sometimes), which it
 # finds only as it connects: the conninfo's mistake, like one that does not parse, not the network's.
 BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not match")
@@ -304,7 +308,13 @@ class WorkerCall:
             kept = self.sessions.take(task, SessionChoice())
             if not move_task_to_session(self.ctx, task, kept.session.pid):
                 return None
-            send_prepare(self.ctx, kept.session, task, kept.settings)
+            try:
+                send_prepare(self.ctx, kept.session, task, kept.settings)
+            except ConnectError as exc:
+                if exc.sqlstate != IDLE_ENDED:
+                    raise
+                # (this one too ended idle before the task's first statement, on a busy machine:
+                # run_input's next turn moves the task again, within SESSIONS_A_TASK)
         except ConnectError:
             self.sessions.close_kept()
             raise
@@ -429,8 +439,8 @@ class InputResults:
                 session.finish_copy(status)
             elif status == PGRES_FATAL_ERROR:
                 self.error = format_error(result, self.task["input"], session.error_message())
-                # (none: libpq's own error, the connection broke)
-                self.sqlstate = result.field(PG_DIAG_SQLSTATE) or LOST_RUN
+                # (none: libpq's own error, the connection broke; ended idle, if its words say so)
+                self.sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(session.error_message()) or LOST_RUN
 
     def too_large(self, session, exc):
         """The output passed pg_task_py.output_limit: cancel the input, drop what is left."""
