@@ -403,6 +403,10 @@ def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp
             left = db.insert("SELECT 'left'", delete=False)
             assert other.wait_done(other.insert("SELECT 3", delete=False))["output"] == "3"
             assert state_of(db, left) == "PLAN"  # nobody schedules it any more
+            assert re.search(r"test_\w+@\S+: run 2, grace 30s from now on", launcher.output()), launcher.output()
+            config.write_text(json.dumps([{"dsn": other.dsn, "grace": 3}]))  # (no run: unlimited, not 2147483647)
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "run unlimited, grace 3s from now on" in launcher.output(), 10, 0.05, "the change")
             assert launcher.stop() == 0, launcher.output()
     finally:
         launcher.kill()

@@ -116,4 +116,5 @@ class Databases:
             entry = dataclasses.replace(entry, standby=database.settings.standby)
         if entry != database.settings:
             database.scheduler.settings = entry
-            log.info("%s: run %d, grace %gs from now on", database.scheduler.name, entry.run, entry.grace)
+            run = "unlimited" if entry.run == Settings.run else entry.run  # (the default: no --run)
+            log.info("%s: run %s, grace %gs from now on", database.scheduler.name, run, entry.grace)
