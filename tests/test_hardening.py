@@ -196,6 +196,16 @@ def test_a_bad_role_running_limit_fails_only_that_roles_tasks(running, authors):
     assert running.wait_done(insert_as(authors["alice"], "SELECT 'fixed'"))["output"] == "fixed"
 
 
+def test_a_role_running_limit_of_ten_or_more_digits_is_a_whole_number(running, authors):
+    """Past integer's range it means no limit: it was taken for "not a whole number", and every
+    due task of the role ended FAIL."""
+    running.sql("ALTER ROLE alice SET pg_task_py.role_running_limit = '10000000000'")
+    try:
+        assert running.wait_done(insert_as(authors["alice"], "SELECT 'runs'"))["output"] == "runs"
+    finally:
+        running.sql("ALTER ROLE alice RESET pg_task_py.role_running_limit")
+
+
 @pytest.mark.parametrize("value", ["lots", "²"])  # (a digit to str.isdigit, not to int())
 def test_a_bad_output_limit_fails_the_databases_tasks_cleanly(running, value):
     running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = '{value}'")

@@ -560,6 +560,19 @@ def test_retention_by_state_and_keep_runs_under_a_workload(running):
             db.sql(f"ALTER DATABASE {db.name} RESET pg_task_py.{name}")
 
 
+def test_keep_runs_of_ten_or_more_digits_keeps_every_run_without_a_warning(db):
+    """A whole number past integer's range was ignored as "not a whole number of runs"."""
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.keep_runs = '10000000000'")
+    try:
+        with db.connect() as conn:
+            notices = []
+            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+            assert conn.execute("SELECT pgtaskpy.delete_surplus_runs(100)").fetchone() == (0,)
+            assert notices == []
+    finally:
+        db.sql(f"ALTER DATABASE {db.name} RESET pg_task_py.keep_runs")
+
+
 def test_bad_retention_settings_keep_rows_and_say_why(db):
     old = finished_rows(db, "DONE", "2 days", 3)
     db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_done = 'soon'")

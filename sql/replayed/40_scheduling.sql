@@ -552,8 +552,8 @@ DECLARE
 BEGIN
     IF setting IS NULL THEN
         RETURN NULL;
-    ELSIF setting ~ '^\s*[0-9]{1,9}\s*$' THEN
-        RETURN setting::integer;
+    ELSIF setting ~ '^\s*[0-9]+\s*$' THEN
+        RETURN least(setting::numeric, 2147483647)::integer;  -- (more than any server runs at once)
     END IF;
     RETURN 0;
 END

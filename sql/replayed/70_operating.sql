@@ -412,7 +412,7 @@ DECLARE
 BEGIN
     IF setting IS NULL OR batch <= 0 THEN
         RETURN 0;
-    ELSIF setting !~ '^\s*[0-9]{1,9}\s*$' THEN
+    ELSIF setting !~ '^\s*[0-9]+\s*$' THEN
         PERFORM pgtaskpy.warn_ignored_setting('pg_task_py.keep_runs', setting,
                                               'of ' || pgtaskpy.scheduler_setting_source('pg_task_py.keep_runs'),
                                               'not a whole number of runs');
@@ -446,7 +446,7 @@ BEGIN
                        AND (f.key IS NOT NULL OR f.repeat > interval '0' OR f.cron IS NOT NULL)
                        AND f.owner = series.owner
                        AND COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) = series.id
-                     ORDER BY f.stop DESC OFFSET setting::integer LIMIT batch - deleted
+                     ORDER BY f.stop DESC OFFSET least(setting::numeric, 2147483647)::integer LIMIT batch - deleted
                      FOR UPDATE SKIP LOCKED);
         IF cardinality(ids) > 0 THEN  -- (runs that other tables reference are kept: delete_finished)
             deleted := deleted + (pgtaskpy.delete_finished(ids)).deleted;
