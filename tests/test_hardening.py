@@ -153,6 +153,17 @@ def test_values_the_scheduler_cannot_compute_with_are_rejected(running, authors,
         running.sql(f'INSERT INTO task (input, "{column}") VALUES (\'SELECT 1\', %s)', [value])  # superusers too
 
 
+def test_a_null_group_is_refused_naming_the_group(running, authors):
+    """NOT NULL named the hash the group makes: 'null value in column "hash"'."""
+    match = 'null value in column "group" of relation "task" violates not-null constraint'
+    with pytest.raises(psycopg.errors.NotNullViolation, match=match) as caught:
+        insert_as(authors["alice"], "SELECT 1", group=None)
+    assert caught.value.diag.column_name == "group"
+    task_id = insert_as(authors["alice"], "SELECT 1", plan=running.value("SELECT now() + interval '1 day'"))
+    with pytest.raises(psycopg.errors.NotNullViolation, match=match):
+        authors["alice"].execute('UPDATE task SET "group" = NULL WHERE id = %s', [task_id])
+
+
 def test_the_bounds_themselves_run(running):
     task_id = running.insert("SELECT 1", max=-2147483647, timeout="2147483.647 s", active="1000 years",
                              delete=False)

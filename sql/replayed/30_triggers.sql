@@ -44,6 +44,12 @@ DECLARE
     violated text;
     problem text;
 BEGIN
+    -- Said here, naming the column set: NOT NULL, checked once the generated columns are
+    -- computed, named the hash that the group makes ('null value in column "hash"').
+    IF NEW."group" IS NULL THEN
+        RAISE EXCEPTION 'null value in column "group" of relation "%" violates not-null constraint', TG_TABLE_NAME
+            USING ERRCODE = 'not_null_violation', COLUMN = 'group', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
+    END IF;
     -- A cron task takes no repeat from pg_task.repeat: the column's default, not its author,
     -- set both (ALTER ROLE ... SET pg_task.repeat failed every cron insert of the role).
     IF TG_OP = 'INSERT' AND NEW.cron IS NOT NULL AND NEW.repeat > interval '0'
