@@ -763,6 +763,24 @@ def test_log_level_in_any_case(cluster, level):
     assert 'database "no_such_database" does not exist' in result.stderr
 
 
+def test_at_warning_the_log_shows_the_start_and_failures_with_control_characters_escaped(db):
+    """The starting line (SIGTERM stops cleanly from then on) shows at --log-level WARNING too; a
+    task's error is its author's text, whose escape sequences drove the log reader's terminal."""
+    launcher = Launcher(db.dsn, args=("--log-level", "WARNING")).start()
+    db.launchers.append(launcher)
+    wait_until(lambda: "pg_task_py" in launcher.output() and " starting: 1 database(s)" in launcher.output(),
+               message="the starting line")
+    failing = db.insert("DO $$ BEGIN RAISE EXCEPTION E'\\033]0;pwned\\007\\033[31mred'; END $$")
+    done = db.insert("SELECT 1")
+    db.wait_done(failing)
+    db.wait_done(done)
+    wait_until(lambda: lines_with(f"task {failing} FAIL", launcher.output()), message="the FAIL line")
+    output = launcher.output()
+    assert "\x1b" not in output and "\x07" not in output, output
+    assert lines_with("ERROR:  \\x1b]0;pwned\\x07\\x1b[31mred", output), output
+    assert not lines_with(f"task {done} DONE", output), output  # (INFO)
+
+
 def log_time(line):
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 

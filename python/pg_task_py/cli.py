@@ -21,6 +21,7 @@ from pg_task_py.databases import Databases
 from pg_task_py.launcher import Settings, SetupError, ascii_digits
 from pg_task_py.metrics import Metrics, serve
 from pg_task_py.status import StatusError, show_status
+from pg_task_py.text import escape_controls
 
 DESCRIPTION = """\
 Run the pg_task_py scheduler: start the tasks inserted into table `task` of
@@ -275,11 +276,30 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """One line an event, control characters escaped (escape_controls); not a traceback after it."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return escape_controls(super().formatMessage(record))
+
+
+class AtLevelOrAlways(logging.Filter):
+    """Records at the chosen level or above, and those marked `always` (the "starting" line, which
+    tells a supervisor that SIGTERM now stops cleanly, at --log-level WARNING too)."""
+
+    def __init__(self, level: str) -> None:
+        super().__init__()
+        self.level = logging.getLevelName(level)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or getattr(record, "always", False)
+
+
 def setup_logging(level: str, as_json: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else
-                         logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler])
+    handler.setFormatter(JsonFormatter() if as_json else TextFormatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(AtLevelOrAlways(level))
+    logging.basicConfig(level=min(logging.INFO, logging.getLevelName(level)), handlers=[handler])
     logging.getLogger("psycopg").setLevel(logging.WARNING)
 
 
@@ -305,7 +325,8 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
-    logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings))
+    logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings),
+                                         extra={"always": True})
     metrics = None
     if metrics_at is not None:
         metrics = Metrics()

@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import psycopg
 
+from pg_task_py.text import escape_controls
+
 COLUMNS = ("owner", "group", "running", "due", "late", "later", "done 1h", "fail 1h", "gone 1h", "paused",
            "last error")
 QUERY = """
@@ -63,7 +65,7 @@ def cell(value: object) -> str:
         return "PAUSED" if value else ""
     if isinstance(value, timedelta):
         return duration(value)
-    text = str(value)
+    text = escape_controls(str(value))  # (a role's group or error, shown to the superuser too)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -2,8 +2,10 @@
 
 import datetime
 import logging
+import sys
 
 import pytest
+from pg_task_py.cli import AtLevelOrAlways, TextFormatter
 from pg_task_py.launcher import describe, describe_end, display_name, is_older, log_event, version_tuple
 
 
@@ -117,3 +119,27 @@ def test_version_tuple(text, parts):
 def test_version_comparison_is_numeric(installed, older):
     assert is_older(installed, "1.3.0") is older
     assert is_older("1.9", "1.10.0")  # as numbers, not text
+
+
+def test_text_log_escapes_control_characters_but_not_a_traceback():
+    """A task's error is its author's text: an escape sequence in it drove the log reader's terminal."""
+    formatter = TextFormatter("%(levelname)s %(message)s")
+    record = logging.LogRecord("pg_task_py", logging.WARNING, __file__, 1, "task 7 FAIL: %s", ("\x1b]0;pwned\x07\nx",),
+                               None)
+    assert formatter.format(record) == "WARNING task 7 FAIL: \\x1b]0;pwned\\x07\\nx"
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("pg_task_py", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert "\nTraceback (most recent call last):\n" in formatter.format(record)
+
+
+def test_the_starting_line_shows_at_every_log_level():
+    """It tells a supervisor that SIGTERM now stops cleanly: --log-level WARNING hid it."""
+    at_warning = AtLevelOrAlways("WARNING")
+    started = logging.LogRecord("pg_task_py", logging.INFO, __file__, 1, "pg_task_py 1.3.0 starting", (), None)
+    started.always = True
+    done = logging.LogRecord("pg_task_py", logging.INFO, __file__, 1, "task 1 DONE", (), None)
+    failed = logging.LogRecord("pg_task_py", logging.WARNING, __file__, 1, "task 2 FAIL", (), None)
+    assert [at_warning.filter(r) for r in (started, done, failed)] == [True, False, True]
+    assert AtLevelOrAlways("INFO").filter(done)

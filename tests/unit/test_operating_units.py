@@ -82,6 +82,17 @@ def test_status_table_and_durations():
     assert table[2].split() == ["app", "mail", "2", "10", "5m00s", "0", "7", "1", "0", "PAUSED", "ERROR:", "boom"]
 
 
+def test_status_escapes_control_characters_of_a_roles_group_and_error():
+    """A role's group and error are shown to the superuser: an escape sequence in them cleared
+    the screen or retitled the terminal, a newline wrote a line that read as another role's row."""
+    table = render([("app", "evil\x1b[2J\nroot  fake", 0, 0, None, 0, 0, 1, 0, False,
+                     "ERROR:  \x1b]0;pwned\x07")])
+    assert "\x1b" not in table and "\x07" not in table
+    assert table.count("\n") == 3  # the heading, its rule and one row
+    assert "evil\\x1b[2J\\nroot  fake" in table
+    assert "ERROR:  \\x1b]0;pwned\\x07" in table
+
+
 def test_a_database_the_launcher_forgets_leaves_its_gauges_and_health():
     """A reload that removes a database: its gauges go and /health stops naming it; counters stay."""
     metrics = Metrics()

@@ -1,0 +1,16 @@
+"""Text from the database as a terminal shows it."""
+
+from __future__ import annotations
+
+import re
+
+CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """C0 and C1 control characters (newline and tab too) as Python writes them: \\n, \\x1b.
+
+    A task's group, error or output is its author's text: an escape sequence in it cleared the
+    screen or retitled the terminal of whoever read the launcher's log or `status`, and a
+    newline in it wrote a line of its own that read as another row."""
+    return CONTROLS.sub(lambda match: repr(match.group())[1:-1], text)
