@@ -191,6 +191,32 @@ def test_an_error_following_a_task_fails_that_task_only(running, authors):
         running.sql("DROP FUNCTION refuse_repeats()")
 
 
+@pytest.mark.parametrize("how", ["RENAME TO zed_renamed", "DROP"])
+def test_a_series_whose_owner_is_dropped_or_renamed_ends_with_a_clear_error(running, how):
+    """Each run failed to log in, and the series went on failing for ever; a role created later
+    with the old name would have run it."""
+    running.sql("CREATE ROLE zed LOGIN")
+    running.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON task TO zed")
+    running.sql("GRANT USAGE ON SEQUENCE task_id_seq TO zed")
+    try:
+        with running.connect("zed") as zed:
+            first = insert_as(zed, "SELECT 'ran'", repeat="1 s", delete=False)
+        assert running.wait_done(first)["output"] == "ran"
+        running.sql("DROP OWNED BY zed")  # (as a DBA would first: the grants)
+        running.sql(f"ALTER ROLE zed {how}" if how != "DROP" else "DROP ROLE zed")
+        failed = wait_until(lambda: running.value(
+            "SELECT id FROM task WHERE owner = 'zed' AND state = 'FAIL'"), 20, message="the series' run to FAIL")
+        row = running.task(failed)
+        assert row["error"].startswith("ERROR:  could not open the task's session: "), row["error"]
+        assert 'HINT:  No role is named "zed" any more (dropped, or renamed): the task ends' in row["error"]
+        assert row["repeat"] == timedelta(0)
+        assert running.value("SELECT count(*) FROM task WHERE owner = 'zed' AND state = 'PLAN'") == 0
+    finally:
+        running.sql("DELETE FROM task WHERE owner = 'zed'")
+        running.sql("DROP ROLE IF EXISTS zed_renamed")
+        running.sql("DROP ROLE IF EXISTS zed")
+
+
 # --- Settings that would break everything ----------------------------------------------------
 
 def test_a_bad_role_running_limit_fails_only_that_roles_tasks(running, authors):

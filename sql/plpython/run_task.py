@@ -43,8 +43,10 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
         claim_next_task,
+        end_series,
         finish_task,
         move_task_to_session,
+        owner_is_gone,
         owner_to_start_ahead,
         retry_of,
         start_task,
@@ -385,6 +387,12 @@ class WorkerCall:
             self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc), sqlstate=BAD_SETTING)
         elif task["remote"] is not None and is_bad_conninfo_value(str(exc)):
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=BAD_SETTING)
+        elif task["remote"] is None and owner_is_gone(self.ctx, task):
+            # Its owner was dropped or renamed: its series failed at every run, for ever, and a
+            # role created later with the old name would have run them.
+            end_series(self.ctx, task["id"])
+            self.fail_unstarted(task, f"could not open the task's session: {exc}", owner_gone_hint(task),
+                                sqlstate=NO_SESSION)
         else:
             self.fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task),
                                 sqlstate=NO_SESSION)
@@ -481,6 +489,11 @@ def connect_failure_hint(task):
         f'The task runs in a session logged in as its owner "{task["owner"]}" over the local socket: '
         "allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN."
     )
+
+
+def owner_gone_hint(task):
+    return (f'No role is named "{task["owner"]}" any more (dropped, or renamed): the task ends, and no next run '
+            "nor retry follows it. Insert it again as the role that should run it.")
 
 
 def moved_session_failed(task, exc):

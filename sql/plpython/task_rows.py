@@ -100,6 +100,18 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
             time.sleep(DEADLOCK_BACKOFF * attempt)
 
 
+def owner_is_gone(ctx, task):
+    """Whether no role has the task's owner's name any more (dropped, or renamed)."""
+    return ctx.run("owner_gone", "SELECT pg_catalog.to_regrole(pg_catalog.quote_ident($1)) IS NULL AS gone",
+                   ["name"], [task["owner"]])[0]["gone"]
+
+
+def end_series(ctx, task_id):
+    """No next run nor retry follows the task's end (its series ends with it)."""
+    ctx.run("end_series", "UPDATE {ext}.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = $1",
+            ["bigint"], [task_id])
+
+
 def retry_of(ctx, task_id):
     """Whether the failed task is tried again, for the launcher's log: the retry's number,
     of how many, and when ({"retry": None} when it is not tried again)."""
