@@ -724,6 +724,17 @@ def test_status_watch_into_a_pipe_that_closes_ends_quietly(running):
     assert watcher.stderr.read() == ""
 
 
+def test_status_reads_the_extensions_schema_off_the_search_path(db):
+    """It looked for task_stats on the search_path only: 'no view task_stats here'."""
+    db.sql("DROP EXTENSION pg_task_py CASCADE")
+    db.sql('CREATE SCHEMA "Odd Schema"')
+    db.sql('CREATE EXTENSION pg_task_py SCHEMA "Odd Schema" CASCADE')
+    db.sql('INSERT INTO "Odd Schema".task ("group", plan, input) VALUES (\'odd\', \'9999-01-01\', \'SELECT 1\')')
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[2].split()[:2] == ["postgres", "odd"], result.stdout
+
+
 def test_status_says_why_it_cannot_read(db):
     db.sql("DROP EXTENSION pg_task_py CASCADE")
     result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True, timeout=30)

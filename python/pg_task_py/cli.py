@@ -219,6 +219,8 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
     """One Settings per database, from --dsn flags and the --config file: each database once, with
     a conninfo libpq can use."""
     settings = [Settings(dsn=dsn, run=args.run, grace=args.grace, standby=args.standby) for dsn in args.dsn]
+    if not args.dsn and args.config is None:  # the libpq environment's database, checked as a --dsn is
+        settings = [Settings(dsn="", run=args.run, grace=args.grace, standby=args.standby)]
     if args.config is not None:
         try:
             entries = json.loads(args.config.read_text())
@@ -233,7 +235,8 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
                      for position, entry in enumerate(entries, 1)]
     for position, entry in enumerate(settings, 1):
         # (named by position among the --dsn flags, then the file's entries: a conninfo may hold a password)
-        where = (f"--dsn {position}" if position <= len(args.dsn)
+        where = ("the libpq environment's database" if not args.dsn and args.config is None
+                 else f"--dsn {position}" if position <= len(args.dsn)
                  else f"config file {args.config}: entry {position - len(args.dsn)}")
         problem = conninfo_problem(entry.dsn)
         if problem is not None:
@@ -244,7 +247,7 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
         if any(other.dsn == entry.dsn for other in settings[:position - 1]):
             # Two schedulers of one database, each with its own --run, shared one metrics label.
             raise SetupError(f"{where}: the same conninfo as a database before it")
-    return settings or [Settings(dsn="", run=args.run, grace=args.grace, standby=args.standby)]
+    return settings
 
 
 def config_entry(path: Path, position: int, entry: dict, args: argparse.Namespace) -> Settings:

@@ -7,6 +7,7 @@ import threading
 from datetime import timedelta
 
 import psycopg
+from psycopg import sql
 
 from pg_task_py.text import escape_controls
 
@@ -15,7 +16,7 @@ COLUMNS = ("owner", "group", "running", "due", "late", "later", "done 1h", "fail
 QUERY = """
 SELECT owner, "group", running, due, oldest_due_lateness, later, done_1h, fail_1h, gone_1h, paused,
        split_part(last_error, E'\\n', 1)
-FROM task_stats
+FROM {view}
 ORDER BY paused DESC, oldest_due_lateness DESC NULLS LAST, fail_1h DESC, owner, "group"
 """
 CLEAR = "\033[H\033[2J"  # cursor home, clear the screen
@@ -29,12 +30,19 @@ def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sy
     """Print task_stats once, or every `watch` seconds until `stopping` is set."""
     try:
         with psycopg.connect(dsn, autocommit=True, application_name="pg_task_py status") as conn:
-            if conn.execute("SELECT to_regclass('task_stats') IS NULL").fetchone()[0]:
+            # (in the extension's schema, whether or not that is on the search_path)
+            schema = conn.execute(
+                "SELECT n.nspname FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n"
+                " ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'").fetchone()
+            view = sql.Identifier(schema[0], "task_stats") if schema else None
+            if view is None or conn.execute(sql.SQL("SELECT pg_catalog.to_regclass({}) IS NULL").format(
+                    sql.Literal(view.as_string(conn)))).fetchone()[0]:
                 raise StatusError("no view task_stats here: is the extension pg_task_py 1.3 or later installed in "
-                                  "this database, and in the search_path? (ALTER EXTENSION pg_task_py UPDATE)")
+                                  "this database? (ALTER EXTENSION pg_task_py UPDATE)")
+            query = sql.SQL(QUERY).format(view=view)
             clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe gets the tables one after another)
             while True:
-                rows = conn.execute(QUERY).fetchall()
+                rows = conn.execute(query).fetchall()
                 out.write(clear + render(rows))
                 out.flush()
                 if watch is None or stopping.wait(watch):

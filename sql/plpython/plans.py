@@ -84,7 +84,10 @@ def replan_after_growth(ctx):
     them within half of it at a cost of a few replans over the table's life; a table that
     shrinks needs none (index scans suit a small table too).
     """
-    size = ctx.run("task_size", "SELECT pg_catalog.pg_relation_size('{ext}.task'::pg_catalog.regclass) AS b")[0]["b"]
+    # (NULL when the table was dropped under this turn, by a restore with --clean in one
+    # transaction: the turn's error is then the missing table's, not a TypeError here)
+    size = ctx.run("task_size", "SELECT coalesce(pg_catalog.pg_relation_size('{ext}.task'::pg_catalog.regclass), 0)"
+                   " AS b")[0]["b"]
     planned_at = ctx.GD.setdefault("pgtaskpy.plans_made_at_size", size)
     if size > max(2 * planned_at, REPLAN_LEAST_BYTES):
         ctx.plpy.execute("DISCARD PLANS")  # every plan of this backend, PL/Python's and PL/pgSQL's

@@ -106,6 +106,16 @@ def test_standby_flag_and_config_entry(tmp_path):
     assert parse_args(["run"]).standby is None
 
 
+@pytest.mark.parametrize("standby", ["sslmode=sometimes", "port=abc"])
+def test_a_standby_libpq_cannot_use_is_refused_without_dsn_too(standby):
+    """With the libpq environment's database (no --dsn, no --config) it went unchecked: the
+    launcher ran, and the tasks of target 'standby' ran on the primary without a word."""
+    with pytest.raises(SetupError, match="the libpq environment's database: the standby conninfo has an invalid"):
+        load_settings(parse_args(["run", "--standby", standby]))
+    assert [(s.dsn, s.standby) for s in load_settings(parse_args(["run", "--standby", "host=replica"]))] == [
+        ("", "host=replica")]
+
+
 def ended(*databases: tuple[str | None, bool]) -> Databases:
     """Databases whose schedulers have ended: (error, whether it came after the stop was asked)."""
     ending = Databases.__new__(Databases)  # (no scheduler threads: exit_status reads only `all`)
