@@ -462,6 +462,18 @@ def test_task_schedule_replaces_and_never_duplicates(db):
     assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 1
 
 
+def test_task_schedule_keeps_the_runs_that_return_nothing_when_asked(running):
+    """A series' runs that return nothing were deleted at their end (`delete`'s default), and
+    task_schedule could not say otherwise: a pg_cron user found no history of them."""
+    running.value("SELECT task_schedule('quiet', '1 seconds', 'SELECT 1 WHERE false', \"delete\" => false)")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE key = 'quiet' AND state = 'DONE'") >= 2, 20,
+               message="two runs kept")
+    # Replaced without the argument: the column's default again (delete), for the runs to come.
+    waiting = running.value("SELECT task_schedule('quiet', '1 seconds', 'SELECT 1 WHERE false')")
+    assert running.task(waiting)["delete"] is True
+    running.value("SELECT task_unschedule('quiet')")
+
+
 def test_series_run_side_by_side_each_in_a_group_of_its_own(running):
     """As pg_cron's jobs: task_schedule without a group puts the series in a group named by its
     key, so two series due at once run at once; one group given to both runs them in turn."""

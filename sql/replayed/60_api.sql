@@ -374,7 +374,7 @@ CREATE FUNCTION @extschema@.task_schedule(
     key text, cron text, input text, tz text DEFAULT NULL, "group" text DEFAULT NULL,
     max integer DEFAULT NULL, timeout interval DEFAULT NULL, remote text DEFAULT NULL,
     retry integer DEFAULT NULL, retry_delay interval DEFAULT NULL, retry_max interval DEFAULT NULL,
-    retry_on text[] DEFAULT NULL, retry_unsafe boolean DEFAULT NULL)
+    retry_on text[] DEFAULT NULL, retry_unsafe boolean DEFAULT NULL, "delete" boolean DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -392,6 +392,8 @@ DECLARE
                               CASE WHEN retry_max IS NULL THEN 'DEFAULT' ELSE '$11' END,
                               CASE WHEN retry_on IS NULL THEN 'DEFAULT' ELSE '$12' END,
                               CASE WHEN retry_unsafe IS NULL THEN 'DEFAULT' ELSE '$13' END);
+    -- (the same for delete, $14: false keeps the runs that return nothing, the series' history)
+    deletes text := CASE WHEN "delete" IS NULL THEN 'DEFAULT' ELSE '$14' END;
     task_id bigint;
 BEGIN
     IF key IS NULL OR cron IS NULL OR input IS NULL THEN
@@ -401,17 +403,18 @@ BEGIN
     PERFORM pgtaskpy.lock_series(current_user, key);  -- one change of a series at a time
     EXECUTE 'UPDATE @extschema@.task AS t SET cron = $2, tz = $4, input = $3, "group" = $5, max = $6, timeout = $7,'
             ' remote = $8, repeat = interval ''0'', (retry, retry_delay, retry_max, retry_on, retry_unsafe) = ROW('
-            || retries || ') WHERE t.owner = current_user AND t.key = $1 AND t.state = ''PLAN'' RETURNING t.id'
+            || retries || '), "delete" = ' || deletes
+            || ' WHERE t.owner = current_user AND t.key = $1 AND t.state = ''PLAN'' RETURNING t.id'
         INTO task_id
         USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
-              retry, retry_delay, retry_max, retry_on, retry_unsafe;
+              retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete";
     IF task_id IS NULL THEN
         EXECUTE 'INSERT INTO @extschema@.task AS t (key, cron, tz, input, "group", max, timeout, remote,'
-                ' retry, retry_delay, retry_max, retry_on, retry_unsafe)'
-                ' VALUES ($1, $2, $4, $3, $5, $6, $7, $8, ' || retries || ') RETURNING t.id'
+                ' retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete")'
+                ' VALUES ($1, $2, $4, $3, $5, $6, $7, $8, ' || retries || ', ' || deletes || ') RETURNING t.id'
             INTO task_id
             USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
-                  retry, retry_delay, retry_max, retry_on, retry_unsafe;
+                  retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete";
     END IF;
     RETURN task_id;
 END
@@ -565,6 +568,6 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.task_chain(text[], text, boolean, integer, interval, interval, text[], boolean),
     @extschema@.task_wait(bigint, interval), @extschema@.task_cancel(bigint, boolean), @extschema@.task_retry(bigint),
     @extschema@.task_schedule(text, text, text, text, text, integer, interval, text,
-                              integer, interval, interval, text[], boolean),
+                              integer, interval, interval, text[], boolean, boolean),
     @extschema@.task_unschedule(text) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_series TO pgtaskpy_user;
