@@ -474,6 +474,16 @@ def test_task_schedule_keeps_the_runs_that_return_nothing_when_asked(running):
     running.value("SELECT task_unschedule('quiet')")
 
 
+def test_pausing_a_series_group_pauses_that_series_and_task_series_says_so(db):
+    """pg_cron's cron.alter_job(job, active => false): task_pause of the series' own group."""
+    db.value("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1')")
+    db.value("SELECT task_schedule('hourly', '0 * * * *', 'SELECT 2')")
+    assert db.value("SELECT task_pause('nightly')") is True
+    assert db.sql("SELECT key, paused FROM task_series ORDER BY key") == [("hourly", False), ("nightly", True)]
+    assert db.value("SELECT task_resume('nightly')") is True
+    assert db.sql("SELECT key, paused FROM task_series ORDER BY key") == [("hourly", False), ("nightly", False)]
+
+
 def test_series_run_side_by_side_each_in_a_group_of_its_own(running):
     """As pg_cron's jobs: task_schedule without a group puts the series in a group named by its
     key, so two series due at once run at once; one group given to both runs them in turn."""

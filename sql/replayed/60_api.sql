@@ -519,7 +519,7 @@ CREATE FUNCTION pgtaskpy.repeating_series()
 RETURNS TABLE (
     key text, owner name, id bigint, state @extschema@.state, cron text, repeat interval, tz text,
     next_plan timestamptz, last_state @extschema@.state, last_start timestamptz, last_stop timestamptz,
-    "group" text, input text)
+    "group" text, input text, paused boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp SET jit = off SET max_parallel_workers_per_gather = 0
 AS $$
@@ -532,7 +532,9 @@ SELECT DISTINCT ON (t.owner, t.key, CASE WHEN t.key IS NULL THEN t.id END)
        CASE WHEN running.id IS NOT NULL THEN running.state ELSE previous.state END AS last_state,
        CASE WHEN running.id IS NOT NULL THEN running.start ELSE previous.start END AS last_start,
        CASE WHEN running.id IS NOT NULL THEN running.stop ELSE previous.stop END AS last_stop,
-       t."group", t.input
+       t."group", t.input,
+       -- (its group paused by task_pause: task_schedule puts each series in a group of its own)
+       EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group") AS paused
 FROM @extschema@.task AS t
 LEFT JOIN LATERAL (
     SELECT r.id, r.state, r.start, r.stop FROM @extschema@.task AS r
