@@ -781,6 +781,19 @@ def test_at_warning_the_log_shows_the_start_and_failures_with_control_characters
     assert not lines_with(f"task {done} DONE", output), output  # (INFO)
 
 
+def test_the_extension_dropped_and_created_again_under_the_launcher_says_so(running):
+    """The workers of the dropped extension's tasks failed with 'cache lookup failed for function',
+    logged as errors of the new table's tasks of the same ids."""
+    long_ones = [running.insert("SELECT pg_sleep(30)", group=f"g{i}") for i in range(2)]
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 2, 20, message="WORK")
+    running.sql("BEGIN; DROP EXTENSION pg_task_py CASCADE; CREATE EXTENSION pg_task_py CASCADE; COMMIT")
+    assert running.wait_done(running.insert("SELECT 'after'", delete=False))["output"] == "after"
+    output = running.launchers[0].output()
+    assert lines_with("the extension was dropped and created again: closed", output), output
+    assert "cache lookup failed" not in output, output
+    assert not lines_with(f"task {long_ones[0]}:", output), output
+
+
 def log_time(line):
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 

@@ -382,6 +382,9 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
     if kind == "spare_failed":
         return logging.ERROR, f"cannot open a worker backend: {event['message']}"
+    if kind == "extension_recreated":
+        return logging.WARNING, (f"the extension was dropped and created again: closed {event['workers']} worker(s)"
+                                 " of the dropped one's tasks (their ends went with its table)")
     if kind == "standby":
         return logging.INFO, "a standby (in recovery): running nothing"
     if kind == "recovered":

@@ -111,7 +111,7 @@ def worker_conninfo(ctx):
 POOL_LAYOUT = 4
 
 
-def state(ctx):
+def state(ctx, events):
     pool = ctx.GD.get("pgtaskpy.pool")
     if pool is not None and pool.get("layout") != POOL_LAYOUT:
         # ALTER EXTENSION ... UPDATE under a running launcher: close the old
@@ -119,10 +119,26 @@ def state(ctx):
         for name in list(pool["workers"]):
             disconnect(ctx, pool, name)
         pool = None
+    if pool is not None and "pgtaskpy.table_seen" not in ctx.SD and pool.setdefault(
+            "table", task_table_oid(ctx)) != task_table_oid(ctx):  # (a pool of 1.2's code has none)
+        # This code's first turn in the session, and the table is another than the pool's: the
+        # extension was dropped and created again under the launcher.  Its workers ran tasks of
+        # the dropped table, whose ids the new one gives again: closed, not collected (their
+        # calls' failures named the new table's tasks: 'task 1: cache lookup failed').
+        events.append({"event": "extension_recreated", "workers": len(pool["workers"])})
+        for name in list(pool["workers"]):
+            disconnect(ctx, pool, name)
+        pool = None
     if pool is None:
         pool = ctx.GD["pgtaskpy.pool"] = {"layout": POOL_LAYOUT, "workers": {}, "serial": 0, "housekeeping_at": 0.0,
-                                          "name": None, "pid": ctx.run("pid", "SELECT pg_backend_pid() AS p")[0]["p"]}
+                                          "name": None, "pid": ctx.run("pid", "SELECT pg_backend_pid() AS p")[0]["p"],
+                                          "table": task_table_oid(ctx)}
+    ctx.SD["pgtaskpy.table_seen"] = True
     return pool
+
+
+def task_table_oid(ctx):
+    return ctx.run("table_oid", "SELECT '{ext}.task'::pg_catalog.regclass::pg_catalog.oid AS o")[0]["o"]
 
 
 def set_session_name(ctx, pool, name):
@@ -578,8 +594,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         # claim, recover and start nothing here; look again soon for a promotion.
         return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
     replan_after_growth(ctx)
-    pool = state(ctx)
     events = []
+    pool = state(ctx, events)
     # Workers go on with their group's tasks only while their launcher's session
     # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
     set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))
