@@ -119,16 +119,18 @@ def state(ctx, events):
         for name in list(pool["workers"]):
             disconnect(ctx, pool, name)
         pool = None
-    if pool is not None and "pgtaskpy.table_seen" not in ctx.SD and pool.setdefault(
-            "table", task_table_oid(ctx)) != task_table_oid(ctx):  # (a pool of 1.2's code has none)
-        # This code's first turn in the session, and the table is another than the pool's: the
-        # extension was dropped and created again under the launcher.  Its workers ran tasks of
-        # the dropped table, whose ids the new one gives again: closed, not collected (their
-        # calls' failures named the new table's tasks: 'task 1: cache lookup failed').
-        events.append({"event": "extension_recreated", "workers": len(pool["workers"])})
-        for name in list(pool["workers"]):
-            disconnect(ctx, pool, name)
-        pool = None
+    if pool is not None and "pgtaskpy.table_seen" not in ctx.SD:
+        # This code's first turn in the session (CREATE EXTENSION or ALTER EXTENSION UPDATE made
+        # it).  A table other than the pool's: the extension was dropped and created again under
+        # the launcher.  Its workers ran tasks of the dropped table, whose ids the new one gives
+        # again: closed, not collected (their calls' failures named the new table's tasks:
+        # 'task 1: cache lookup failed').
+        table = task_table_oid(ctx)
+        if pool.setdefault("table", table) != table:  # (a pool of 1.2's code has none)
+            events.append({"event": "extension_recreated", "workers": len(pool["workers"])})
+            for name in list(pool["workers"]):
+                disconnect(ctx, pool, name)
+            pool = None
     if pool is None:
         pool = ctx.GD["pgtaskpy.pool"] = {"layout": POOL_LAYOUT, "workers": {}, "serial": 0, "housekeeping_at": 0.0,
                                           "name": None, "pid": ctx.run("pid", "SELECT pg_backend_pid() AS p")[0]["p"],
