@@ -108,8 +108,7 @@ def owner_is_gone(ctx, task):
 
 def end_series(ctx, task_id):
     """No next run nor retry follows the task's end (its series ends with it)."""
-    ctx.run("end_series", "UPDATE {ext}.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = $1",
-            ["bigint"], [task_id])
+    ctx.run("end_series", "SELECT pgtaskpy.end_series($1)", ["bigint"], [task_id])
 
 
 def retry_of(ctx, task_id):

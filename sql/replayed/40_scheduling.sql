@@ -763,6 +763,14 @@ AS $$
                     t.plan)  -- (the first attempt deleted meanwhile: keep the retry's beat)
 $$;
 
+-- No next run nor retry follows the end of task_id: its series ends with it
+-- (follow_task inserts a next run only while repeat > 0 or cron is set, a
+-- retry only while retry > 0).  task_cancel's stop_series; a worker's task
+-- whose owner role is gone (run_task.py).
+CREATE FUNCTION pgtaskpy.end_series(task_id bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ UPDATE @extschema@.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = task_id $$;
+
 -- What follows the end of task t: its retry, when it failed and retry_plan
 -- says so; else the next run of its series (repeat or cron), when the retry
 -- would not come before that run (a series never has two waiting runs; its
@@ -1279,6 +1287,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.move_task_to_session(bigint, integer) FROM PUBLI
 REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;

@@ -245,8 +245,8 @@ BEGIN
         UPDATE @extschema@.task SET state = 'STOP', worker = NULL WHERE id = task_id;
         RETURN true;
     END IF;
-    IF stop_series THEN  -- the run's end inserts the next run only while repeat > 0 or cron is set
-        UPDATE @extschema@.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = task_id;
+    IF stop_series THEN
+        PERFORM pgtaskpy.end_series(task_id);
     END IF;
     -- (A task of target 'standby' may run on the standby, whose pids are not this server's.)
     IF t.remote IS NULL AND t.target IS NULL AND EXISTS (
