@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -613,3 +615,29 @@ def test_a_backend_keeps_next_matches_as_cron_next_computes_them(db):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='cron field "hour": 25 is out of range 0-23'):
         db.sql("DO $$ DECLARE t task; BEGIN t.cron := '0 25 * * *'; t.plan := now();"
                " PERFORM pgtaskpy.next_plan(t); END $$")
+
+
+def test_task_schedule_and_task_cancel_of_its_waiting_run_side_by_side_do_not_deadlock(db):
+    """task_schedule locks the series, then its waiting run; task_cancel of that run locked the row,
+    then the series (to plan the next run): in turns from two clients, deadlock_detected (40P01)."""
+    db.value("SELECT task_schedule('raced', '0 3 * * *', 'SELECT 1')")
+    errors: list[str] = []
+    stop_at = time.monotonic() + 4.0
+
+    def loop(statement: str) -> None:
+        with db.connect() as conn:
+            while time.monotonic() < stop_at:
+                try:
+                    conn.execute(statement)
+                except psycopg.Error as exc:
+                    errors.append(f"{exc.sqlstate}: {exc}")
+
+    threads = [threading.Thread(target=loop, args=[statement]) for statement in (
+        "SELECT task_schedule('raced', '0 3 * * *', 'SELECT 1')",
+        "SELECT task_cancel(id) FROM task WHERE key = 'raced' AND state = 'PLAN'")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert db.value("SELECT count(*) FROM task WHERE key = 'raced' AND state = 'PLAN'") == 1  # the series goes on

@@ -7,7 +7,7 @@ import signal
 import statistics
 import subprocess
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -140,7 +140,8 @@ def test_a_session_that_idle_session_timeout_ends_before_the_input_moves_the_tas
         running.sql(f"ALTER ROLE {task_role} RESET idle_session_timeout")
     if every:
         assert row["state"] == "FAIL", row
-        assert "terminating connection due to idle-session timeout" in row["error"], row
+        # (FATAL, as the server log says: the server ended the session)
+        assert row["error"].startswith("FATAL:  terminating connection due to idle-session timeout\n"), row
         assert running.value("SELECT sqlstate FROM task WHERE id = %s", [row["id"]]) == "57P05"
         assert len(set(slow)) == 3 and row["pid"] == slow[-1], (slow, row)
     else:
@@ -846,3 +847,125 @@ def test_older_extension_is_one_warning_to_update_and_still_runs(cluster, db):
     finally:
         with cluster.connect() as admin:
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_a_databases_tiny_statement_timeout_and_read_only_default_do_not_stop_the_scheduler(db):
+    """The launcher's sessions set their timeouts and read-write transactions at login: a
+    database's statement_timeout of a millisecond cancelled its first statements (every turn
+    failed, for ever), and default_transaction_read_only failed every claim."""
+    db.sql(f"ALTER DATABASE {db.name} SET statement_timeout = '1ms'")
+    db.sql(f"ALTER DATABASE {db.name} SET default_transaction_read_only = on")
+    launcher = db.launcher()
+    row = db.wait_done(db.insert("SELECT 'ran', current_setting('transaction_read_only')", delete=False))
+    assert (row["state"], row["output"]) == ("DONE", "?column?\tcurrent_setting\nran\ton"), row  # (its own: read-only)
+    assert "scheduler error" not in launcher.output(), launcher.output()
+
+
+def test_a_sql_ascii_database_is_scheduled_and_a_task_its_worker_cannot_read_fails(cluster):
+    """psycopg reads a SQL_ASCII database's text as bytes: the launcher (and `status`) failed with
+    a TypeError, restarted in a loop.  A task whose input is not UTF-8 there cannot be read by its
+    worker (PL/Python reads text as UTF-8): claimed and given back for ever, it now ends FAIL."""
+    name = "ascii_db"
+    with cluster.connect() as admin:
+        admin.execute(f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    launcher = None
+    try:
+        with cluster.connect(name, client_encoding="UTF8") as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+            launcher = Launcher(cluster.dsn(name)).start()
+            launcher.wait_active()
+            fine = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''café''', false) RETURNING id"
+                                ).fetchone()[0]
+            conn.execute("SET client_encoding = 'LATIN1'")  # (no conversion into SQL_ASCII: the byte E9 is stored)
+            unreadable = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''café''', false)"
+                                      " RETURNING id").fetchone()[0]
+            conn.execute("SET client_encoding = 'UTF8'")
+            ended = "SELECT state::text FROM task WHERE id = %s AND state NOT IN ('PLAN', 'TAKE', 'WORK')"
+            assert wait_until(lambda: conn.execute(ended, [fine]).fetchone(), 20, 0.05, "the UTF-8 task") == ("DONE",)
+            assert wait_until(lambda: conn.execute(ended, [unreadable]).fetchone(), 30, 0.05, "the other") == ("FAIL",)
+            error = conn.execute("SELECT convert_from(convert_to(error, 'SQL_ASCII'), 'UTF8') FROM task WHERE id = %s",
+                                 [unreadable]).fetchone()[0]
+            assert error.startswith("ERROR:  pg_task_py worker failed 3 times before the task started: "), error
+        status = subprocess.run([str(LAUNCHER), "status", "--dsn", cluster.dsn(name)], capture_output=True, text=True,
+                                timeout=60)
+        assert status.returncode == 0 and "Traceback" not in status.stderr, status
+        assert "Traceback" not in launcher.output(), launcher.output()
+    finally:
+        if launcher is not None:
+            launcher.kill()
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_a_worker_backend_the_server_refuses_is_tried_again_once_a_second_saying_why(db):
+    """The launcher's role may not open a new worker (pg_hba.conf, NOLOGIN): a task waits, the
+    launcher tries once a second and logs the server's reason, where its turns claimed, failed and
+    gave the task back 10 ms apart (390 lines a second, and as many failed logins)."""
+    db.sql("CREATE ROLE launcher_su SUPERUSER LOGIN")
+    try:
+        launcher = Launcher(db.cluster.dsn(db.name, "launcher_su")).start()
+        db.launchers.append(launcher)
+        launcher.wait_active()
+        db.sql("ALTER ROLE launcher_su NOLOGIN")
+        # Three tasks side by side: the spare worker (if up) takes one, the others need new workers.
+        tasks = [db.insert("SELECT 'ran'", group=f"g{i}", delete=False) for i in range(3)]
+        wait_until(lambda: 'role "launcher_su" is not permitted to log in' in launcher.output(), 20, 0.05,
+                   "the server's reason in the launcher's log")
+        before = launcher.output().count("is not permitted to log in")
+        time.sleep(3.0)  # (the window whose log lines are counted)
+        assert launcher.output().count("is not permitted to log in") - before <= 8, launcher.output()[-3000:]
+        assert "PLAN" in {state_of(db, task_id) for task_id in tasks}
+        assert "tasks of dead backends" not in launcher.output()  # (those not started were given back)
+        db.sql("ALTER ROLE launcher_su LOGIN")
+        for task_id in tasks:
+            row = db.wait_done(task_id, 20)
+            assert (row["state"], row["output"]) == ("DONE", "ran"), row
+    finally:
+        for launcher in db.launchers:
+            launcher.kill()
+        db.sql("ALTER ROLE launcher_su LOGIN")
+        db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'launcher_su'")
+        wait_until(lambda: not db.value("SELECT count(*) FROM pg_stat_activity WHERE usename = 'launcher_su'"), 20,
+                   0.05, "the launcher's backends to end")
+        db.sql("DROP ROLE launcher_su")
+
+
+def test_a_role_at_its_connection_limit_holds_back_its_own_tasks_only(running, task_role):
+    """A role's CONNECTION LIMIT caps its running tasks, as role_running_limit does: its tasks
+    were claimed, refused their sessions (53300, as when the server is full) and claimed again,
+    and the launcher ran less at once for every database's tasks, other roles' stalled."""
+    running.sql(f"ALTER ROLE {task_role} CONNECTION LIMIT 0")
+    try:
+        limited = [running.insert("SELECT pg_sleep(0.2)", owner=task_role, group="limited", max=9, delete=False)
+                   for _ in range(10)]
+        other = running.wait_done(running.insert("SELECT 'other'", group="free", delete=False), 10)
+        assert (other["state"], other["output"]) == ("DONE", "other"), other
+        assert other["start"] - other["plan"] < timedelta(seconds=3), other
+        assert {state_of(running, task_id) for task_id in limited} == {"PLAN"}
+        running.sql(f"ALTER ROLE {task_role} CONNECTION LIMIT 2")
+        for task_id in limited:
+            assert running.wait_done(task_id, 30)["state"] == "DONE"
+        assert most_at_once(running.sql("SELECT start, stop FROM task WHERE id = ANY(%s)", [limited])) <= 2
+    finally:
+        running.sql(f"ALTER ROLE {task_role} CONNECTION LIMIT -1")
+
+
+def test_a_database_that_allows_no_connections_holds_its_tasks_until_it_does(running):
+    """ALTER DATABASE ... ALLOW_CONNECTIONS false (a DBA's maintenance): a task waits, as for a
+    full server, and runs once connections are allowed again (it failed 08001, with a hint about
+    pg_hba.conf)."""
+    running.wait_done(running.insert("SELECT 1", delete=False))  # (a worker is up)
+    with running.cluster.connect() as admin:  # (not from the database itself)
+        admin.execute(f"ALTER DATABASE {running.name} ALLOW_CONNECTIONS false")
+    try:
+        running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = pgtaskpy.name_of('task')")  # (sessions started ahead, connected)
+        task_id = running.insert("SELECT 'ran'", delete=False)
+        wait_until(lambda: f"task {task_id} waits" in running.launchers[-1].output(), 20, 0.05,
+                   "an attempt at its session, refused")
+        assert state_of(running, task_id) in ("PLAN", "TAKE")
+    finally:
+        with running.cluster.connect() as admin:
+            admin.execute(f"ALTER DATABASE {running.name} ALLOW_CONNECTIONS true")
+    row = running.wait_done(task_id, 20)
+    assert (row["state"], row["output"]) == ("DONE", "ran"), row

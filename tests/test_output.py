@@ -92,12 +92,43 @@ def test_failed_statement_rolls_back_the_implicit_transaction(shared):
     assert shared.value("SELECT count(*) FROM audit_rollback") == 0
 
 
-@pytest.mark.parametrize("input", ["COPY (SELECT 1) TO STDOUT", "CREATE TEMP TABLE c (i int); COPY c FROM STDIN"])
-def test_copy_to_or_from_the_client_fails_clearly(shared, input):
-    row = run(shared, input)
-    assert row["state"] == "FAIL"
-    direction = "FROM STDIN" if "STDIN" in input else "TO STDOUT"
-    assert row["error"].startswith(f"ERROR:  COPY {direction} is not supported\n")
+def test_copy_from_the_client_fails_and_rolls_back_the_input(shared):
+    shared.sql("CREATE TABLE copied_in (i int)")
+    row = run(shared, "INSERT INTO copied_in VALUES (1); COPY copied_in FROM STDIN; INSERT INTO copied_in VALUES (2)")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "0A000")
+    assert row["error"].startswith("ERROR:  COPY FROM STDIN is not supported\n")
+    assert shared.value("SELECT count(*) FROM copied_in") == 0  # the whole input failed, as its error says
+
+
+def test_copy_to_stdout_writes_its_rows_into_the_output(shared):
+    # The statements before and after it run, and the task says so: DONE, not a FAIL whose work was
+    # committed all the same (a retry then did it twice).
+    shared.sql("CREATE TABLE copied_out (i int, t text)")
+    row = run(shared, "INSERT INTO copied_out VALUES (1, 'a b'), (2, NULL);"
+                      " COPY copied_out TO STDOUT; COPY (SELECT 'x,y' AS v, 3 AS n) TO STDOUT (FORMAT csv, HEADER);"
+                      " INSERT INTO copied_out VALUES (3, 'c')")
+    assert row["state"] == "DONE"
+    assert row["output"] == "INSERT 0 2\n1\ta b\n2\t\\N\nCOPY 2\nv,n\n\"x,y\",3\nCOPY 1\nINSERT 0 1"
+    assert shared.value("SELECT count(*) FROM copied_out") == 3
+
+
+def test_copy_to_stdout_in_binary_is_hex(shared):
+    row = run(shared, "COPY (SELECT 1::int2) TO STDOUT (FORMAT binary)")
+    assert row["state"] == "DONE"
+    lines = row["output"].split("\n")
+    assert lines[-1] == "COPY 1" and all(line.startswith("\\x") for line in lines[:-1]), lines
+    assert bytes.fromhex("".join(line[2:] for line in lines[:-1])).startswith(b"PGCOPY\n\xff\r\n\x00")
+
+
+def test_copy_to_stdout_past_the_output_limit_is_cancelled_and_rolled_back(running):
+    running.sql("CREATE TABLE copied_big (i int)")
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 1000")
+    row = run(running, "INSERT INTO copied_big VALUES (1); COPY (SELECT generate_series(1, 10000000)) TO STDOUT")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "54000"), row
+    assert row["error"].startswith("ERROR:  task output exceeds 1000 characters\n"), row
+    assert running.value("SELECT count(*) FROM copied_big") == 0
+    after = run(running, "COPY (SELECT 'still here') TO STDOUT")  # the worker and its next session are fine
+    assert (after["state"], after["output"]) == ("DONE", "still here\nCOPY 1"), after
 
 
 def test_statements_that_cannot_run_in_a_transaction_block(shared):

@@ -2,6 +2,7 @@
 pauses, priority, worker reuse, STOP, and tasks of dead backends."""
 
 import signal
+import time
 from datetime import timedelta
 
 from pg_task_py_testing import wait_until
@@ -293,3 +294,35 @@ def test_tasks_that_an_open_transaction_references_by_a_foreign_key_start_all_th
         assert running.sql("SELECT state::text, count(*) FROM task GROUP BY 1") == [("DONE", 46)]
     in_group = running.sql("SELECT id FROM task WHERE \"group\" = 'one at a time' ORDER BY start")
     assert [row[0] for row in in_group] == sorted(row[0] for row in in_group)
+
+
+def test_a_waiting_task_a_client_holds_does_not_hold_back_other_groups(running):
+    """A client's lock on a due task's row (SELECT ... FOR UPDATE, or an open transaction's
+    UPDATE or task_schedule) holds back that task only: the launcher's claim skips the row,
+    where it waited for it holding the scheduling lock, and every group waited with it."""
+    held = running.insert("SELECT 'held'", plan=running.value("SELECT now() + interval '1 s'"), delete=False,
+                          group="held")
+    with running.connect() as client, client.transaction():
+        client.execute("SELECT id FROM task WHERE id = %s FOR UPDATE", [held])
+        wait_until(lambda: running.value("SELECT plan < now() - interval '0.3 s' FROM task WHERE id = %s", [held]),
+                   10, 0.02, "the held task to be due")
+        other = running.wait_done(running.insert("SELECT 'other'", delete=False, group="other"), 10)
+        assert (other["state"], other["output"]) == ("DONE", "other"), other
+        assert other["start"] - other["plan"] < timedelta(seconds=3), other
+        assert state_of(running, held) == "PLAN"  # its client still holds it
+    row = running.wait_done(held, 10)  # and it runs once the client lets go
+    assert (row["state"], row["output"]) == ("DONE", "held"), row
+
+
+def test_a_clients_open_update_of_a_running_tasks_data_does_not_move_its_stop(running):
+    task_id = running.insert("SELECT pg_sleep(0.5)", delete=False)
+    wait_until(lambda: state_of(running, task_id) == "WORK", 10, 0.01, "the task to run")
+    with running.connect() as client, client.transaction():
+        client.execute("UPDATE task SET data = 'progress' WHERE id = %s", [task_id])  # (open till the block ends)
+        wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                         " AND application_name = pgtaskpy.name_of('worker')"), 10, 0.02,
+                   "the task's end to wait for the client's lock")
+        time.sleep(2.0)  # (the client holds the row that long: what stop must not count)
+    row = running.wait_done(task_id)
+    assert row["state"] == "DONE" and row["data"] == "progress", row
+    assert row["stop"] - row["start"] < timedelta(seconds=1.5), row

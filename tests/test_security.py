@@ -1,5 +1,7 @@
 """Tasks run as their owner; each role sees and changes only its own tasks."""
 
+from datetime import timedelta
+
 import psycopg
 import pytest
 from pg_task_py_testing import Launcher, insert_as, most_at_once, wait_until
@@ -154,3 +156,24 @@ def test_one_grant_makes_a_task_author(running):
     finally:
         running.sql("DROP OWNED BY carol")
         running.sql("DROP ROLE carol")
+
+
+def test_a_task_holding_a_lock_on_the_table_can_still_be_cancelled(running):
+    """A task author's task that locks `task` (an UPDATE waits for the lock) is cancelled by
+    task_cancel at once, not after the task's own end (as only pg_cancel_backend could)."""
+    running.sql("CREATE ROLE erin LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("erin") as erin:
+            erin.autocommit = True
+            task_id = erin.execute("SELECT task_enqueue('BEGIN; LOCK TABLE task IN SHARE MODE; SELECT pg_sleep(60)')"
+                                   ).fetchone()[0]
+            wait_until(lambda: running.value("SELECT count(*) FROM pg_locks WHERE relation = 'task'::regclass"
+                                             " AND mode = 'ShareLock' AND granted") == 1, timeout=30)
+            erin.execute("SET statement_timeout = '20s'")
+            assert erin.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+            row = running.wait_done(task_id)
+            assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row
+            assert row["stop"] - row["start"] < timedelta(seconds=30), row
+    finally:
+        running.sql("DROP OWNED BY erin")
+        running.sql("DROP ROLE erin")

@@ -41,6 +41,12 @@ def test_notices_and_warnings_are_kept(shared):
     assert row["notice"] == "NOTICE:  hello\nWARNING:  careful\nHINT:  look"
 
 
+def test_a_notice_of_several_lines_continues_with_tabs(shared):
+    # as `error` and the server log write them: its lines cannot pass for notices of their own
+    row = run(shared, "DO $$BEGIN RAISE NOTICE E'multi\\nWARNING:  line' USING DETAIL = E'd1\\nd2'; END$$")
+    assert row["notice"] == "NOTICE:  multi\n\tWARNING:  line\nDETAIL:  d1\n\td2", row
+
+
 @pytest.mark.parametrize(
     ("input", "output"),
     [

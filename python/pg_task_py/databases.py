@@ -32,6 +32,10 @@ class Database:
             self.failed_stopping = self.stop.is_set()
             self.error = str(exc)
             log.error("%s", exc)
+        except Exception as exc:  # noqa: BLE001 (a fault of the launcher's: said once, not restarted in a loop)
+            self.failed_stopping = self.stop.is_set()
+            self.error = f"{self.scheduler.name}: stopped by an error of the launcher: {exc!r}"
+            log.exception("%s (please report it; a reload starts it again)", self.error)
 
     @property
     def settings(self) -> Settings:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import re
 import select
 import threading
@@ -26,6 +27,12 @@ LEGACY_CHANNEL = "pg_task_py"
 PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
 SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (with --metrics)
+# What the launcher's sessions set at login, before their first statement, whatever the database's
+# or role's defaults (dispatch() sets the rest of what a scheduler session needs itself:
+# sql/plpython/dispatch.py, SCHEDULER_SETTINGS): a database's statement_timeout of 30 ms cancelled
+# the first turn, for ever, and default_transaction_read_only failed every claim.
+SESSION_SETTINGS = ("statement_timeout=0", "lock_timeout=0", "idle_in_transaction_session_timeout=0",
+                    "idle_session_timeout=0", "default_transaction_read_only=off")
 # libpq's words when target_session_attrs refuses a standby (read-write; primary).
 STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode")
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
@@ -80,7 +87,7 @@ class Scheduler:
         while not self.stopping.is_set():
             try:
                 # (Each turn of dispatch() gives the session the name workers and recovery look for.)
-                conn = psycopg.connect(self.settings.dsn, autocommit=True, fallback_application_name="pg_task_py")
+                conn = connect(self.settings.dsn, "pg_task_py")
             except psycopg.Error as exc:
                 if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
@@ -261,10 +268,9 @@ class WakeListener:
     """
 
     def __init__(self, dsn: str, channel: str) -> None:
-        self.conn = psycopg.connect(dsn, autocommit=True, fallback_application_name="pg_task_py listener")
+        # (It idles between wakes: a database's or role's idle_session_timeout is for its clients.)
+        self.conn = connect(dsn, "pg_task_py listener")
         try:
-            # (It idles between wakes: a database's or role's idle_session_timeout is for its clients.)
-            self.conn.execute("SET idle_session_timeout = 0")
             self.conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
         except BaseException:
             self.conn.close()
@@ -299,6 +305,16 @@ class WakeListener:
         while self.pgconn.notifies() is not None:
             woken = True
         return woken
+
+
+def connect(dsn: str, application_name: str) -> psycopg.Connection:
+    """A session of the launcher's, with SESSION_SETTINGS after the conninfo's own options (or
+    PGOPTIONS', which an `options` given here would replace).  In UTF-8 whatever the database's
+    encoding: in a SQL_ASCII database psycopg reads text in no encoding, as bytes."""
+    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or os.environ.get("PGOPTIONS", "")
+    ours = " ".join(f"-c {setting}" for setting in SESSION_SETTINGS)
+    return psycopg.connect(dsn, autocommit=True, fallback_application_name=application_name,
+                           options=f"{options} {ours}".strip(), client_encoding="UTF8")
 
 
 def wake_channel(conn: psycopg.Connection) -> str:

@@ -29,7 +29,9 @@ class StatusError(Exception):
 def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sys.stdout) -> None:
     """Print task_stats once, or every `watch` seconds until `stopping` is set."""
     try:
-        with psycopg.connect(dsn, autocommit=True, application_name="pg_task_py status") as conn:
+        # (UTF-8: in a SQL_ASCII database psycopg would read text as bytes, as launcher.connect says)
+        with psycopg.connect(dsn, autocommit=True, application_name="pg_task_py status",
+                             client_encoding="UTF8") as conn:
             # (in the extension's schema, whether or not that is on the search_path)
             schema = conn.execute(
                 "SELECT n.nspname FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n"

@@ -40,13 +40,22 @@ NEW_WORKERS_A_TURN = 8
 # holds N task sessions and about N / TASKS_A_WORKER workers, and waits for as few connections.
 TASKS_A_WORKER = 100
 MOST_WARM = 1000  # most idle workers kept warm for tasks coming due
+# Seconds a launcher opens no new worker after one could not be opened (its role refused by
+# pg_hba.conf, say): turns that claimed a task, failed to connect and gave it back, 10 ms apart,
+# logged 390 lines a second and loaded the server with failed logins.
+CONNECT_RETRY_AFTER = 1.0
+# Worker calls that may fail before a task they were given starts (it waits again each time, as
+# if never claimed).  An error that comes back at every call (a task the worker cannot read)
+# would claim and give back the task for ever: at this many, it ends FAIL with that error.
+FAILED_STARTS = 3
 WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_workers)
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
 
 # What a scheduler backend (the launcher's session, a worker) sets for itself, whatever the
 # database's or role's defaults: no timeouts (the tasks' own are their sessions'; a worker's CALL
-# is one long statement, and the launcher idles up to a second between turns); READ COMMITTED,
+# is one long statement, and the launcher idles up to a second between turns); read-write
+# transactions (a database's default_transaction_read_only failed every claim); READ COMMITTED,
 # which the row locks assume (a worker that waits for the launcher's claim to commit then reads
 # the row as claimed); and no JIT, whose compiling costs milliseconds a statement of queries that
 # run in microseconds (with an analytics database's jit_above_cost = 0, a lone task started 3.3 s
@@ -58,6 +67,7 @@ SCHEDULER_SETTINGS = {
     "idle_in_transaction_session_timeout": "0",
     "idle_session_timeout": "0",
     "default_transaction_isolation": "read committed",
+    "default_transaction_read_only": "off",
     "jit": "off",
     "max_parallel_workers_per_gather": "0",
 }
@@ -173,6 +183,8 @@ def collect(ctx, pool, name, worker, events):
         error = without_traceback(str(exc))
     first_task, given = worker["task"], worker["tasks"]
     worker["task"], worker["tasks"] = None, []
+    if error and first_task != WARM_UP:
+        give_up_failing_starts(ctx, pool, given, error, events)
     worker["idle_since"] = time.monotonic()
     worker["key"] = report.get("key") if report else None
     worker["ahead"] = (report.get("ahead") if report else None) or 0  # sessions it has started ahead
@@ -196,6 +208,26 @@ def collect(ctx, pool, name, worker, events):
     elif error:
         disconnect(ctx, pool, name)
         worker_failed(ctx, worker, first_task, error, events)
+
+
+def give_up_failing_starts(ctx, pool, given, error, events):
+    """Count a failed call against the given tasks that had not started (still TAKE: they wait
+    again); those it fails for the FAILED_STARTS-th time end FAIL with its error instead."""
+    failures = pool.setdefault("failed_starts", {})
+    if len(failures) > 1000:  # (counts of tasks that started since: forgotten)
+        failures.clear()
+    unstarted = ctx.run("unstarted", "SELECT id FROM {ext}.task WHERE id = ANY($1) AND state = 'TAKE'",
+                        ["bigint[]"], [given])
+    for task_id in [row["id"] for row in unstarted]:
+        failures[task_id] = failures.get(task_id, 0) + 1
+        if failures[task_id] < FAILED_STARTS:
+            continue
+        del failures[task_id]
+        message = f"ERROR:  pg_task_py worker failed {FAILED_STARTS} times before the task started: {error}"
+        if ctx.run("give_up", "SELECT pgtaskpy.end_task_safely($1, 'FAIL', $2, '{TAKE}') AS ended",
+                   ["bigint", "text"], [task_id, message])[0]["ended"]:
+            events.append({"event": "end", "id": task_id, "state": "FAIL", "seconds": None,
+                           "error": message.split("\n", 1)[0]})
 
 
 def without_traceback(error):
@@ -282,8 +314,18 @@ def most_workers(ctx, pool):
 
 
 def new_worker_room(ctx, pool):
-    """How many new workers a turn may connect."""
+    """How many new workers a turn may connect: none for CONNECT_RETRY_AFTER after a failure."""
+    if time.monotonic() < pool.get("connect_retry_at", 0.0):
+        return 0
     return max(0, min(NEW_WORKERS_A_TURN, most_workers(ctx, pool) - len(pool["workers"])))
+
+
+def spi_message(exc):
+    """An SPIError's message with its DETAIL (PL/Python's `spidata`: sqlstate, detail, ...):
+    dblink_connect's says why the server refused."""
+    spidata = getattr(exc, "spidata", None) or ()
+    detail = spidata[1] if len(spidata) > 1 else None
+    return f"{exc}: {detail}" if detail else str(exc)
 
 
 def running_tasks(pool):
@@ -306,11 +348,22 @@ def limit_concurrency(ctx, pool):
     max_connections is shared with everyone else, so the limit is learnt
     rather than configured; housekeeping relaxes it by one a second.
     """
+    if not server_is_full(ctx):
+        return  # a role's or the database's CONNECTION LIMIT: that task waits, the others run on
     busy = running_tasks(pool)
     pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
     for name, worker in list(pool["workers"].items()):
         if worker["task"] is None:
             disconnect(ctx, pool, name)  # an idle worker holds a backend a task's session could use
+
+
+def server_is_full(ctx):
+    """Whether the server has (about) no connection left for a role that is not a superuser: a
+    refused session of a role or database at its CONNECTION LIMIT has the same SQLSTATE, and
+    holding every database's tasks back for it stalled the roles that had room."""
+    return ctx.run("full", "SELECT count(*) + 2 >= current_setting('max_connections')::integer"
+                   " - current_setting('superuser_reserved_connections')::integer AS full"
+                   " FROM pg_catalog.pg_stat_activity WHERE backend_type = 'client backend'")[0]["full"]
 
 
 def housekeeping(ctx, pool, events, run_limit):
@@ -390,7 +443,11 @@ def launcher_standby(ctx):
 def new_worker(ctx, pool):
     pool["serial"] += 1
     name = f"pg_task_py_w{pool['serial']}"
-    ctx.run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo(ctx)])
+    try:
+        ctx.run("connect", "SELECT dblink.dblink_connect($1, $2)", ["text", "text"], [name, worker_conninfo(ctx)])
+    except ctx.plpy.SPIError:
+        pool["connect_retry_at"] = time.monotonic() + CONNECT_RETRY_AFTER
+        raise
     # The worker learns the launcher's standby (--standby) with its pid: it opens the sessions
     # of tasks of target 'standby' there (sessions.py, open_standby).
     pid = ctx.run("worker_pid", "SELECT p FROM dblink.dblink($1, pg_catalog.format("
@@ -417,7 +474,7 @@ def start(ctx, pool, tasks, claimer, events):
                 [[t["id"] for t in tasks], claimer])
         limit_concurrency(ctx, pool)
         for t in tasks:
-            events.append({"event": "start_failed", "id": t["id"], "message": str(exc)})
+            events.append({"event": "start_failed", "id": t["id"], "message": spi_message(exc)})
         return False
     worker = pool["workers"][name]
     worker["task"], worker["tasks"] = task["id"], [t["id"] for t in tasks]
@@ -482,15 +539,23 @@ def start_claimed(ctx, pool, claimed, claimer, events):
     new_workers = 0
     for number, job in enumerate(jobs):
         if idle == 0 and new_workers >= most_new:
-            left = [t["id"] for later in jobs[number:] for t in later]
-            ctx.run("unclaim_left", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"], [left, claimer])
+            unclaim_jobs(ctx, jobs[number:], claimer)
             return
         if idle > 0:
             idle -= 1
         else:
             new_workers += 1
         if not start(ctx, pool, job, claimer, events):
-            return  # the server is short of connections: the rest wait for the next turn
+            # No backend to be had: the rest wait for the next turn too (left claimed, they waited
+            # for recovery's second and were logged as tasks of dead backends).
+            unclaim_jobs(ctx, jobs[number + 1:], claimer)
+            return
+
+
+def unclaim_jobs(ctx, jobs, claimer):
+    left = [t["id"] for job in jobs for t in job]
+    if left:
+        ctx.run("unclaim_left", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"], [left, claimer])
 
 
 def close_idle_workers(ctx, pool, keep_spare):
@@ -533,12 +598,12 @@ def warm_workers(ctx, pool, events, run_limit):
     for name in cold:
         if not warm_up(ctx, pool, name, events):
             return False
-    new = min(wanted - len(cold), NEW_WORKERS_A_TURN, room)
+    new = min(wanted - len(cold), new_worker_room(ctx, pool), room)
     for _ in range(new):
         try:
             name = new_worker(ctx, pool)
         except ctx.plpy.SPIError as exc:
-            events.append({"event": "spare_failed", "message": str(exc)})
+            events.append({"event": "spare_failed", "message": spi_message(exc)})
             return False
         if not warm_up(ctx, pool, name, events):
             return False

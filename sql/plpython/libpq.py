@@ -57,6 +57,7 @@ PQsetSingleRowMode = _fn("PQsetSingleRowMode", _I, _P)
 PQresultStatus = _fn("PQresultStatus", _I, _P)
 PQntuples = _fn("PQntuples", _I, _P)
 PQnfields = _fn("PQnfields", _I, _P)
+PQbinaryTuples = _fn("PQbinaryTuples", _I, _P)
 PQfname = _fn("PQfname", _P, _P, _I)
 PQftype = _fn("PQftype", ctypes.c_uint, _P, _I)
 PQgetvalue = _fn("PQgetvalue", _P, _P, _I, _I)
@@ -142,11 +143,13 @@ _CODECS = {
 
 class ConnectError(Exception):
     """The task's session could not be opened or used: libpq's message, and the server's
-    SQLSTATE when the server sent the error (None: libpq's own, the connection broke)."""
+    SQLSTATE and severity when the server sent the error (None: libpq's own, the connection
+    broke; its severity ERROR).  The server's end of a session is FATAL."""
 
-    def __init__(self, message, sqlstate=None):
+    def __init__(self, message, sqlstate=None, severity=None):
         super().__init__(message)
         self.sqlstate = sqlstate
+        self.severity = severity or "ERROR"
 
 
 def _without_sqlstate(message):
@@ -306,6 +309,11 @@ class Result:
     def command_tag(self):
         return _text(PQcmdStatus(self.handle), codec=self.codec) or ""
 
+    @property
+    def binary(self):
+        """Whether a COPY's data comes in its binary format."""
+        return bool(PQbinaryTuples(self.handle))
+
 
 class Session:
     """A libpq connection that runs one query at a time and yields its results."""
@@ -398,17 +406,20 @@ class Session:
         if notice.field(PG_DIAG_SEVERITY_NONLOCALIZED) in ("FATAL", "PANIC"):
             # The server's end of the session, come while no query ran: libpq passes an error
             # there to the notice receiver.  Raised by the next send, not a notice of a task.
-            self.ended = (notice.field(PG_DIAG_MESSAGE_PRIMARY), notice.field(PG_DIAG_SQLSTATE))
+            self.ended = (notice.field(PG_DIAG_MESSAGE_PRIMARY), notice.field(PG_DIAG_SQLSTATE),
+                          notice.field(PG_DIAG_SEVERITY))
             return
         if self.notice_room is not None and self.notice_room <= 0:
             return  # (past the limit: dropped, and said so once)
         # (escaped: read again once the query has ended, as its output is: output.settled)
+        # A line break inside a field continues on a line that starts with a tab, as in the server
+        # log and in `error` (output.with_tabs): a message's own lines cannot pass for more notices.
         lines = [f"{notice.field(PG_DIAG_SEVERITY) or 'NOTICE'}:  {notice.field(PG_DIAG_MESSAGE_PRIMARY, True)}"]
         for label, code in (("DETAIL", PG_DIAG_MESSAGE_DETAIL), ("HINT", PG_DIAG_MESSAGE_HINT)):
             value = notice.field(code, True)
             if value:
                 lines.append(f"{label}:  {value}")
-        text = "\n".join(lines)
+        text = "\n".join(line.replace("\n", "\n\t") for line in lines)
         if self.notice_room is not None:
             self.notice_room -= len(text) + 1
             if self.notice_room < 0:
@@ -559,14 +570,25 @@ class Session:
                 return
             yield Result(handle, codec)
 
-    def finish_copy(self, status):
-        """End a COPY the task started: refuse COPY FROM STDIN, drain COPY TO STDOUT."""
-        if status == PGRES_COPY_IN:
-            PQputCopyEnd(self.handle, b"COPY FROM STDIN is not supported")
-            return
+    def refuse_copy_in(self):
+        """End a COPY FROM STDIN the task started with an error: the server fails the COPY, and
+        the input's implicit transaction with it (a task has no client to stream from)."""
+        PQputCopyEnd(self.handle, b"COPY FROM STDIN is not supported")
+
+    def copy_data(self):
+        """Yield each row (bytes) of a COPY TO STDOUT in progress, until the COPY has ended; its
+        end, or its error, is the query's next result.  Waits in libpq: a COPY's rows come as
+        fast as the server reads them."""
         buffer = _P()
-        while PQgetCopyData(self.handle, ctypes.byref(buffer), 0) > 0:
-            PQfreemem(buffer)
+        while True:
+            size = PQgetCopyData(self.handle, ctypes.byref(buffer), 0)
+            if size < 0:  # -1: the COPY is done; -2: the connection failed (the next result says so)
+                return
+            try:
+                data = ctypes.string_at(buffer, size)
+            finally:
+                PQfreemem(buffer)
+            yield data
 
     def execute(self, query, params=None):
         """Run a query of the worker's own and raise on error; return the last rows."""
@@ -575,13 +597,14 @@ class Session:
 
     def collect(self):
         """The rows of the query sent last (by send); ConnectError if it failed."""
-        rows, error, sqlstate = [], None, None
+        rows, error, sqlstate, severity = [], None, None, None
         for result in self.results():
             with result:
                 if result.status == PGRES_FATAL_ERROR:
                     error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
                     sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(error)
+                    severity = result.field(PG_DIAG_SEVERITY)
                 rows.extend(result.rows())
         if error:
-            raise ConnectError(error, sqlstate)
+            raise ConnectError(error, sqlstate, severity)
         return rows

@@ -3,7 +3,8 @@
 Output: every statement that returns rows adds its rows (columns joined by
 `delimiter`, rows by newline, a header line of column names when `header` is
 set and the result has more than one column); a statement without rows adds its
-command tag (`DELETE 0`); NULL prints as `null`.  With a `quote`, values are
+command tag (`DELETE 0`); NULL prints as `null`.  `COPY ... TO STDOUT` adds its
+rows as the COPY formats them, then its tag (`COPY 2`), as psql prints them.  With a `quote`, values are
 quoted and `quote`/`escape` characters inside them are escaped; with `string`
 only string-typed values (type category S) are quoted, header names always.
 
@@ -89,6 +90,11 @@ class OutputWriter:
     def command(self, tag):
         self._add(tag)
 
+    def copy_row(self, data, codec, binary):
+        """A row of COPY ... TO STDOUT, as the COPY wrote it (psql prints it so), less its line
+        break; a row of COPY's binary format as bytea's hex text (`output` holds no zero byte)."""
+        self._add("\\x" + data.hex() if binary else data.decode(codec, "surrogateescape").removesuffix("\n"))
+
     def text(self):
         """The output column: None when the task produced nothing at all."""
         return "\n".join(self.lines) if self.lines else None
@@ -143,9 +149,10 @@ def format_error(result, statement, fallback=""):
     return "\n".join(lines)
 
 
-def format_message(message, statement, hint=None, detail=None):
-    """An error of the scheduler's own (no PGresult), in the same layout."""
-    lines = [f"ERROR:  {with_tabs(message.rstrip())}"]  # (libpq's messages end with a line break)
+def format_message(message, statement, hint=None, detail=None, severity="ERROR"):
+    """An error of the scheduler's own, or one of the server's without its PGresult (the server's
+    end of a session: FATAL), in the same layout."""
+    lines = [f"{severity}:  {with_tabs(message.rstrip())}"]  # (libpq's messages end with a line break)
     if detail:
         lines.append(f"DETAIL:  {with_tabs(detail.rstrip())}")
     if hint:

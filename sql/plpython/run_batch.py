@@ -22,7 +22,14 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
-    from libpq import PG_DIAG_MESSAGE_PRIMARY, PG_DIAG_SQLSTATE, PGRES_FATAL_ERROR, ConnectError, Session
+    from libpq import (
+        PG_DIAG_MESSAGE_PRIMARY,
+        PG_DIAG_SEVERITY,
+        PG_DIAG_SQLSTATE,
+        PGRES_FATAL_ERROR,
+        ConnectError,
+        Session,
+    )
     from output import OutputTooLarge, format_message
     from plans import Context, replan_after_growth, to_json
     from run_task import (
@@ -42,7 +49,8 @@ class Running:
     """One task of the batch and its session, on its way: connecting, then (unless it started
     with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
-    __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate", "sessions")
+    __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate", "severity",
+                 "sessions")
 
     def __init__(self, task, session, settings):
         self.task = task
@@ -51,7 +59,7 @@ class Running:
         self.preparing = False  # the answer to send_prepare is still to read
         self.reader = None  # InputResults, once the input is sent
         self.started = None  # monotonic time of its WORK
-        self.error = self.sqlstate = None  # the session's failure before the input ran
+        self.error = self.sqlstate = self.severity = None  # the session's failure before the input ran
         self.sessions = 1  # sessions it was given: see BatchCall.moved_on
 
 
@@ -116,7 +124,7 @@ class BatchCall:
         except ConnectError:
             return False
         entry.sessions += 1
-        entry.preparing, entry.reader, entry.error, entry.sqlstate = False, None, None, None
+        entry.preparing, entry.reader, entry.error, entry.sqlstate, entry.severity = False, None, None, None, None
         return True
 
     def run_side_by_side(self, running):
@@ -197,11 +205,12 @@ class BatchCall:
                 if result.status == PGRES_FATAL_ERROR and entry.error is None:
                     entry.error = result.field(PG_DIAG_MESSAGE_PRIMARY) or entry.session.error_message()
                     entry.sqlstate = result.field(PG_DIAG_SQLSTATE)
+                    entry.severity = result.field(PG_DIAG_SEVERITY)
         if not entry.session.answered:
             return
         if entry.error is not None:  # the session broke, or a cancel came before the input
             if not self.moved_on(entry, entry.sqlstate):
-                self.end(entry, None, format_message(entry.error, entry.task["input"]),
+                self.end(entry, None, format_message(entry.error, entry.task["input"], severity=entry.severity),
                          entry.sqlstate or LOST_RUN, None)
             return
         self.send_input(entry)
@@ -212,7 +221,8 @@ class BatchCall:
             entry.reader = self.call.send_query(entry.session, entry.task)
         except ConnectError as exc:
             if not self.moved_on(entry, exc.sqlstate):
-                self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
+                self.end(entry, None, format_message(str(exc), entry.task["input"], severity=exc.severity),
+                         exc.sqlstate or LOST_RUN, None)
 
     def read_input(self, entry):
         """What the input has returned so far; its end once it has returned everything."""
@@ -226,7 +236,8 @@ class BatchCall:
         try:
             self.end(entry, *entry.reader.end(entry.session))
         except ConnectError as exc:  # the COMMIT or ROLLBACK after the input
-            self.end(entry, None, format_message(str(exc), entry.task["input"]), exc.sqlstate or LOST_RUN, None)
+            self.end(entry, None, format_message(str(exc), entry.task["input"], severity=exc.severity),
+                     exc.sqlstate or LOST_RUN, None)
 
     def end(self, entry, output, error, sqlstate, notices):
         """The task's end, committed on its own; its session closes.

@@ -69,7 +69,7 @@ LOST_RUN = "08006"  # the session broke while the task ran: it may have done its
 NO_SESSION = "08001"  # the task's session could not be opened
 BAD_SETTING = "22023"  # a setting, or a remote conninfo, that cannot be used
 OUTPUT_TOO_LARGE = "54000"
-NOT_SUPPORTED = "0A000"  # COPY FROM STDIN / TO STDOUT
+NOT_SUPPORTED = "0A000"  # COPY FROM STDIN
 # The server ended the session for being idle (idle_session_timeout) before it read the input:
 # the task has not run there, and moves to a new session, up to SESSIONS_A_TASK in all.
 IDLE_ENDED = "57P05"
@@ -78,8 +78,11 @@ SESSIONS_A_TASK = 3
 # (too_many_connections, cannot_connect_now) for a session of this server, whatever the language
 # of its messages; the English messages for a remote one (connected by libpq's blocking call,
 # whose errors carry no SQLSTATE).
-BUSY_SQLSTATES = ("53300", "57P03")
-BUSY_SERVER = ("too many clients", "remaining connection slots are reserved", "the database system is starting up",
+# A database whose connections a DBA has turned off (ALTER DATABASE ... ALLOW_CONNECTIONS false,
+# 55000) waits too: its tasks run once they are allowed again.
+BUSY_SQLSTATES = ("53300", "57P03", "55000")
+BUSY_SERVER = ("too many clients", "too many connections", "remaining connection slots are reserved",
+               "is not currently accepting connections", "the database system is starting up",
                "the database system is shutting down", "the database system is not yet accepting connections",
                # (EAGAIN: the server's socket has more connections waiting to be accepted than its
                # listen queue holds, as in a burst of several launchers: the task has not started)
@@ -329,7 +332,7 @@ class WorkerCall:
             session.collect()  # the answer to send_prepare, if it was sent
             return self.send_input(session, task)
         except ConnectError as exc:  # the session broke, or a cancel came before the input
-            return None, format_message(str(exc), task["input"]), exc.sqlstate or LOST_RUN, None
+            return None, format_message(str(exc), task["input"], severity=exc.severity), exc.sqlstate or LOST_RUN, None
 
     def send_input(self, session, task):
         """Send the input as one top-level query; return (output, error, sqlstate, notices)."""
@@ -438,17 +441,38 @@ class InputResults:
                     self.writer.end_rows()
             elif status == PGRES_COMMAND_OK:
                 self.writer.command(result.command_tag())
-            elif status in (PGRES_COPY_OUT, PGRES_COPY_IN, PGRES_COPY_BOTH):
-                direction = "FROM STDIN" if status == PGRES_COPY_IN else "TO STDOUT"
+            elif status == PGRES_COPY_OUT:
+                self.copy_out(session, result.binary)
+            elif status in (PGRES_COPY_IN, PGRES_COPY_BOTH):
                 self.error = format_message(
-                    f"COPY {direction} is not supported", self.task["input"],
-                    hint="COPY to or from a server file works; a task has no client to stream to.")
+                    "COPY FROM STDIN is not supported", self.task["input"],
+                    hint="COPY from a server file works; a task has no client to stream from.")
                 self.sqlstate = NOT_SUPPORTED
-                session.finish_copy(status)
+                if status == PGRES_COPY_IN:
+                    session.refuse_copy_in()  # the server fails the COPY: the input's work is rolled back
+                else:  # (a replication session's: a task's session is none)
+                    session.cancel()
+                    for _ in session.copy_data():
+                        pass
             elif status == PGRES_FATAL_ERROR:
                 self.error = format_error(result, self.task["input"], session.error_message())
                 # (none: libpq's own error, the connection broke; ended idle, if its words say so)
                 self.sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(session.error_message()) or LOST_RUN
+
+    def copy_out(self, session, binary):
+        """The rows of a COPY ... TO STDOUT into the output.  Past the output's limit, the COPY
+        is cancelled and the rest of its rows dropped before OutputTooLarge goes on: the
+        session is then out of its COPY, with the cancel's error as its next result."""
+        codec = session.codec
+        rows = session.copy_data()
+        try:
+            for data in rows:
+                self.writer.copy_row(data, codec, binary)
+        except OutputTooLarge:
+            session.cancel()
+            for _ in rows:
+                pass
+            raise
 
     def too_large(self, session, exc):
         """The output passed pg_task_py.output_limit: cancel the input, drop what is left."""

@@ -301,9 +301,16 @@ BEGIN
         ), claimed AS (
             -- By id = ANY: a join to chosen, planned for the one row a table with
             -- few waiting tasks suggests, read the table once for each claimed task.
+            -- SKIP LOCKED: a row a client holds (SELECT ... FOR UPDATE, an open
+            -- transaction's UPDATE or task_schedule) waits for its next turn; the
+            -- claim waiting for it held the scheduling lock, and every role's
+            -- tasks in every group waited with it.
             UPDATE @extschema@.task AS t
             SET state = 'TAKE', worker = claimer
-            WHERE t.id = ANY (ARRAY(SELECT c.id FROM chosen AS c)) AND t.state = 'PLAN'
+            WHERE t.id = ANY (ARRAY(SELECT l.id FROM @extschema@.task AS l
+                                    WHERE l.id = ANY (ARRAY(SELECT c.id FROM chosen AS c)) AND l.state = 'PLAN'
+                                    FOR NO KEY UPDATE SKIP LOCKED))
+              AND t.state = 'PLAN'
             RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
         ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
             SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c HAVING limits
@@ -536,24 +543,31 @@ AS $$
 BEGIN
     RETURN EXISTS (SELECT FROM pg_catalog.pg_db_role_setting AS s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c
                    WHERE s.setrole OPERATOR(pg_catalog.<>) 0
-                     AND c OPERATOR(pg_catalog.~~) 'pg\_task\_py.role\_running\_limit=%');
+                     AND c OPERATOR(pg_catalog.~~) 'pg\_task\_py.role\_running\_limit=%')
+        OR EXISTS (SELECT FROM pg_catalog.pg_roles AS r  -- (a CONNECTION LIMIT: see role_running_limit)
+                   WHERE r.rolconnlimit OPERATOR(pg_catalog.>=) 0 AND NOT r.rolsuper);
 END
 $$;
 
 -- pg_task_py.role_running_limit: most tasks of one owner running at once (NULL:
 -- no limit).  A value that is not a whole number claims none of the owner's
 -- tasks: fail_misconfigured_tasks fails them with an error naming the setting
--- and the role, and nobody else's claims are disturbed.
+-- and the role, and nobody else's claims are disturbed.  The role's CONNECTION
+-- LIMIT (superusers have none) is one too, the lower one counts: each running
+-- task holds a session of its owner, and a task claimed past it was refused
+-- its session, claimed again and refused, turn after turn.
 CREATE FUNCTION pgtaskpy.role_running_limit(role name) RETURNS integer
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     setting text := pgtaskpy.role_running_limit_setting(role);
+    connections integer := (SELECT nullif(r.rolconnlimit, -1) FROM pg_roles AS r
+                            WHERE r.rolname = role AND NOT r.rolsuper);
 BEGIN
     IF setting IS NULL THEN
-        RETURN NULL;
+        RETURN connections;
     ELSIF setting ~ '^\s*[0-9]+\s*$' THEN
-        RETURN least(setting::numeric, 2147483647)::integer;  -- (more than any server runs at once)
+        RETURN least(setting::numeric, 2147483647, connections)::integer;  -- (more than any server runs at once)
     END IF;
     RETURN 0;
 END
@@ -575,7 +589,7 @@ BEGIN
               WHERE s.setrole <> 0 AND c LIKE 'pg\_task\_py.role\_running\_limit=%') AS w
         JOIN pg_roles AS r ON r.oid = w.setrole
     LOOP
-        CONTINUE WHEN pgtaskpy.role_running_limit(bad.rolname) IS DISTINCT FROM 0 OR bad.setting ~ '^\s*0+\s*$';
+        CONTINUE WHEN bad.setting IS NULL OR bad.setting ~ '^\s*[0-9]+\s*$';  -- (the whole numbers role_running_limit reads)
         failed := failed + pgtaskpy.fail_waiting_tasks(
             ARRAY(SELECT t.id FROM @extschema@.task AS t
                   WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.owner = bad.rolname AND t.plan <= now()
@@ -645,9 +659,12 @@ DECLARE
     retry_id bigint;
     failure text;
     failure_sqlstate text;
+    -- (read before the UPDATE: one that waits for a client's lock on the row, as an open
+    -- transaction's UPDATE of `data` holds it, would read the clock after that wait)
+    ended_at timestamptz := clock_timestamp();
 BEGIN
     UPDATE @extschema@.task AS task
-    SET state = end_state, stop = clock_timestamp(), output = task_output, error = task_error,
+    SET state = end_state, stop = ended_at, output = task_output, error = task_error,
         notice = task_notice, worker = NULL, sqlstate = CASE WHEN end_state = 'FAIL' THEN task_sqlstate END
     WHERE task.id = task_id AND task.state = ANY (from_states)
     RETURNING * INTO t;

@@ -422,7 +422,8 @@ BEGIN
                         AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
                         AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
                         AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
-                      ORDER BY e.max DESC, e.id LIMIT 1)
+                      ORDER BY e.max DESC, e.id LIMIT 1
+                      FOR NO KEY UPDATE SKIP LOCKED)  -- (a row a client holds: see claim_due_tasks)
           AND t.state = 'PLAN'
         RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
     ), noted AS (  -- the claim counts in its group's rate limit, as claim_due_tasks' do

@@ -183,7 +183,9 @@ COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return 
 -- after any run's end: a waiting run stopped is skipped; with stop_series, it
 -- gets no next run.  Returns whether there was something to stop.  The
 -- caller's own view of the table (row-level security) decides which tasks
--- are theirs.
+-- are theirs.  A running task is looked for first: its cancel updates no
+-- row of the table, so that a task holding a lock on it (LOCK TABLE task IN
+-- SHARE MODE, which an UPDATE waits for) can still be cancelled.
 CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -191,6 +193,13 @@ AS $$
 DECLARE
     series boolean;
 BEGIN
+    IF pgtaskpy.cancel_if_running(task_id, stop_series) THEN
+        RETURN true;
+    END IF;
+    -- A named series' waiting run: its series is locked before its row, as task_schedule
+    -- locks them (the other order deadlocked with a task_schedule of the series).
+    PERFORM pgtaskpy.lock_series(t.owner, t.key)
+    FROM @extschema@.task AS t WHERE t.id = task_id AND t.state = 'PLAN' AND t.key IS NOT NULL;
     UPDATE @extschema@.task AS t SET state = 'STOP' WHERE t.id = task_id AND t.state = 'PLAN'
     RETURNING t.repeat > interval '0' OR t.cron IS NOT NULL INTO series;
     IF FOUND THEN
@@ -199,11 +208,19 @@ BEGIN
         END IF;
         RETURN true;
     END IF;
+    -- (claimed meanwhile: the UPDATE waited for the claim's row lock, then found it TAKE)
+    RETURN pgtaskpy.cancel_if_running(task_id, stop_series);
+END
+$$;
+
+-- task_cancel's half for a task that is TAKE or WORK in the caller's view of
+-- the table: false when it is not (or no longer) running.
+CREATE FUNCTION pgtaskpy.cancel_if_running(task_id bigint, stop_series boolean) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
     PERFORM FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    RETURN pgtaskpy.cancel_running_task(task_id, stop_series);
+    RETURN FOUND AND pgtaskpy.cancel_running_task(task_id, stop_series);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';

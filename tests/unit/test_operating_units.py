@@ -106,3 +106,25 @@ def test_a_database_the_launcher_forgets_leaves_its_gauges_and_health():
     assert 'pg_task_py_due_tasks{database="gone@/run:5432"' not in text
     assert 'pg_task_py_tasks_ended_total{database="gone@/run:5432",state="DONE"} 1.0' in text
     assert metrics.stale() == []
+
+
+def test_a_schedulers_unexpected_error_is_logged_once_and_not_restarted(monkeypatch, caplog):
+    """A fault of the launcher's own in one database's thread (a TypeError, say) ends that
+    database with its traceback, once: it was restarted at once, 2,659 tracebacks in 10 s."""
+    from pg_task_py import databases
+    from pg_task_py.launcher import Scheduler, Settings
+
+    calls = []
+
+    def fails(self):
+        calls.append(1)
+        raise TypeError("a bytes-like object is required, not 'str'")
+
+    monkeypatch.setattr(Scheduler, "run", fails)
+    every = databases.Databases([Settings(dsn="dbname=nowhere")], None)
+    for _ in range(5):
+        every.join(0.1)
+    assert calls == [1]
+    assert not every.running() and every.exit_status(stop_asked=False) == 1
+    assert "stopped by an error of the launcher: TypeError" in every.all[0].error
+    assert caplog.text.count("Traceback") == 1
