@@ -936,6 +936,8 @@ $$;
 CREATE FUNCTION pgtaskpy.lost_session_ended(t @extschema@.task) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    old_level text := current_setting('client_min_messages');
 BEGIN
     IF t.state <> 'WORK' OR pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
         RETURN false;
@@ -947,7 +949,11 @@ BEGIN
           AND a.backend_start <= t.start) THEN
         RETURN true;
     END IF;
+    -- (a session that ends between the look and the signal makes the signal warn "PID ... is
+    -- not a PostgreSQL backend process", which the launcher logs: it ended, as was wanted)
+    PERFORM set_config('client_min_messages', 'error', true);
     PERFORM pg_terminate_backend(t.pid);
+    PERFORM set_config('client_min_messages', old_level, true);
     RETURN false;
 END
 $$;
