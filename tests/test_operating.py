@@ -332,7 +332,11 @@ def test_who_may_pause_whose_group(running, authors):
         bob.execute("SELECT task_pause('work', 'ops_alice')")
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="the group must not be NULL"):
         bob.execute("SELECT task_pause(NULL)")
+    for call in ("task_pause(repeat('g', 1001))", "task_limit(repeat('g', 1001), 1)"):  # (no task's group is)
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="the group must not be over 1000 bytes"):
+            bob.execute(f"SELECT {call}")
     assert running.value("SELECT count(*) FROM pgtaskpy.group_pause") == 0
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 0
     # A superuser (or a member of pgtaskpy_admin) pauses another owner's group; it holds only that owner's tasks.
     running.sql("SELECT task_pause('work', 'ops_alice')")
     alices = insert_as(alice, "SELECT 1", group="work", delete=False)

@@ -92,7 +92,7 @@ BEGIN
                      AND (s.cron IS NOT NULL OR s.repeat > interval '0'))
        AND NOT EXISTS (SELECT FROM @extschema@.task AS w
                        WHERE w.owner = NEW.owner AND w.key = NEW.key AND w.state = 'PLAN') THEN
-        RAISE EXCEPTION 'key "%" is a series'' of %: a task without cron or repeat cannot take it', NEW.key, NEW.owner
+        RAISE EXCEPTION 'key "%" names a series of %: a task without cron or repeat cannot take it', NEW.key, NEW.owner
             USING ERRCODE = 'unique_violation',
                   HINT = 'Give the task another key; run the series now with UPDATE task SET plan = now() '
                          'WHERE key = ... AND state = ''PLAN''.';

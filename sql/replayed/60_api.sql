@@ -62,12 +62,13 @@ BEGIN
         conflict := ' ON CONFLICT (owner, key) WHERE state = ''PLAN'' AND key IS NOT NULL'
                     ' DO UPDATE SET input = EXCLUDED.input, plan = EXCLUDED.plan, data = EXCLUDED.data';
     END IF;
-    -- ('replace' gave a series' waiting run this call's input: each later run ran it)
-    IF key IS NOT NULL AND on_conflict = 'replace' AND (task_enqueue.repeat IS NULL OR task_enqueue.repeat = interval '0')
+    -- ('replace' gave a series' waiting run this call's input: each later run ran it.  Whatever
+    -- this call's repeat: the update changes input, plan and data only.)
+    IF key IS NOT NULL AND on_conflict = 'replace'
        AND EXISTS (SELECT FROM @extschema@.task AS w
                    WHERE w.owner = current_user AND w.key = task_enqueue.key AND w.state = 'PLAN'
                      AND (w.cron IS NOT NULL OR w.repeat > interval '0')) THEN
-        RAISE EXCEPTION 'key "%" is a series'': on_conflict => ''replace'' would change what each of its runs does',
+        RAISE EXCEPTION 'key "%" names a series: on_conflict => ''replace'' would change what each of its runs does',
             task_enqueue.key USING ERRCODE = 'unique_violation',
             HINT = 'Change a series with task_schedule; run it now with UPDATE task SET plan = now() '
                    'WHERE key = ... AND state = ''PLAN''.';

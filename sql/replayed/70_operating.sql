@@ -224,6 +224,8 @@ AS $$
 BEGIN
     IF task_group IS NULL THEN
         RAISE EXCEPTION '%: the group must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
+    ELSIF octet_length(task_group) > 1000 THEN  -- (no task's group is: a pause or limit of it would hold nothing)
+        RAISE EXCEPTION '%: the group must not be over 1000 bytes', what USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF task_owner IS NOT NULL AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = task_owner) THEN
         RAISE EXCEPTION '%: role "%" does not exist', what, task_owner USING ERRCODE = 'undefined_object';
