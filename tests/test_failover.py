@@ -360,8 +360,13 @@ def test_target_is_null_or_standby(db):
 
 
 def test_target_standby_without_a_standby_runs_on_the_primary(running):
-    """A launcher without --standby: a task of target 'standby' runs where its table is."""
+    """A launcher without --standby: a task of target 'standby' runs where its table is, read-only
+    as on a standby (a write there succeeded whenever the standby was down or behind)."""
     assert running.wait_done(running.insert(WHERE, target="standby"))["output"] == "f"
+    running.sql("CREATE TABLE written (i int)")
+    write = running.wait_done(running.insert("INSERT INTO written VALUES (1)", target="standby", delete=False))
+    assert write["error"].startswith("ERROR:  cannot execute INSERT in a read-only transaction"), write
+    assert running.value("SELECT count(*) FROM written") == 0
 
 
 def test_a_claim_from_the_old_primary_with_a_pid_alive_here_runs(running):

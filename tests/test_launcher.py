@@ -969,3 +969,16 @@ def test_a_database_that_allows_no_connections_holds_its_tasks_until_it_does(run
             admin.execute(f"ALTER DATABASE {running.name} ALLOW_CONNECTIONS true")
     row = running.wait_done(task_id, 20)
     assert (row["state"], row["output"]) == ("DONE", "ran"), row
+
+
+def test_a_tasks_settings_reach_a_session_started_ahead_whatever_the_databases_statement_timeout(db):
+    """A session started ahead of knowing its task gets the task's settings by a statement, which
+    ran under the database's statement_timeout: with 20 ms and JIT for every query, it was cancelled,
+    and a task of timeout 0 ended FAIL (57014) before its input ran."""
+    db.sql(f"ALTER DATABASE {db.name} SET statement_timeout = '20ms'")
+    db.sql(f"ALTER DATABASE {db.name} SET jit_above_cost = 0")
+    db.launcher()
+    for _ in range(3):
+        wait_until(lambda: sessions_ahead(db, "postgres"), 20, 0.02, "a session started ahead")
+        row = db.wait_done(db.insert("SELECT 'ran', current_setting('statement_timeout')", delete=False))
+        assert (row["state"], row["output"]) == ("DONE", "?column?\tcurrent_setting\nran\t0"), row

@@ -2,6 +2,7 @@
 
 import socket
 import threading
+import time
 
 import psycopg
 import pytest
@@ -193,3 +194,25 @@ def test_stopping_the_launcher_takes_back_a_task_whose_remote_server_never_answe
     assert launcher.stop(timeout=20) == 0, launcher.output()
     assert db.task(task_id)["state"] == "PLAN"
     assert silent_server.closed_by_client.wait(10), "the worker kept waiting for the silent server"
+
+
+def test_a_remote_that_refuses_for_lack_of_connections_is_tried_again_once_a_second(running, remote):
+    """A remote database that takes no connection now (here ALLOW_CONNECTIONS false; a role's or the
+    server's limit alike) holds the task back for a second each time: claimed again at once, it was
+    tried 380 times a second, and 'started' as often in the log, for as long as the refusal lasted."""
+    with remote.connect() as conn:
+        conn.execute("ALTER DATABASE remotedb ALLOW_CONNECTIONS false")
+    try:
+        task_id = running.insert("SELECT 'ran'", remote=conninfo(remote), delete=False)
+        launcher = running.launchers[-1]
+        wait_until(lambda: f"task {task_id} waits: no free connection" in launcher.output(), 20, 0.05,
+                   "a refused session")
+        before = launcher.output().count(f"task {task_id} started")
+        time.sleep(3.0)  # (the window whose attempts are counted)
+        assert launcher.output().count(f"task {task_id} started") - before <= 6, launcher.output()[-3000:]
+        assert running.value("SELECT state::text FROM task WHERE id = %s", [task_id]) in ("PLAN", "TAKE")
+    finally:
+        with remote.connect() as conn:
+            conn.execute("ALTER DATABASE remotedb ALLOW_CONNECTIONS true")
+    row = running.wait_done(task_id, 20)
+    assert (row["state"], row["output"]) == ("DONE", "ran"), row

@@ -57,6 +57,14 @@ class Metrics:
         """A database this launcher schedules: unhealthy until its first turn."""
         with self.lock:
             self.turns.setdefault(database, float("-inf"))
+        self._start_counters(database)
+
+    def _start_counters(self, database: str) -> None:
+        """The database's counters, at 0: an alert on their rate has a series before the first event."""
+        self.reconnects.labels(database)
+        self.started.labels(database)
+        for state in ("DONE", "FAIL", "GONE", "STOP"):
+            self.ended.labels(database, state)
 
     def rename(self, old: str, new: str) -> None:
         """The launcher names a database by its conninfo until it has connected, then by the server
@@ -66,6 +74,7 @@ class Metrics:
         with self.lock:
             self.turns[new] = self.turns.pop(old, float("-inf"))
         self._remove_gauges(old)
+        self._start_counters(new)
 
     def forget(self, database: str) -> None:
         """A database the launcher no longer schedules (a reload removed it): its gauges go, and

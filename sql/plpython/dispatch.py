@@ -48,6 +48,10 @@ CONNECT_RETRY_AFTER = 1.0
 # if never claimed).  An error that comes back at every call (a task the worker cannot read)
 # would claim and give back the task for ever: at this many, it ends FAIL with that error.
 FAILED_STARTS = 3
+# Seconds a task whose session the server refused (no free connection, a role's or database's
+# CONNECTION LIMIT, connections not allowed) is left out of this launcher's claims: claimed again
+# at once, a remote server's refusal was tried 380 times a second for as long as it lasted.
+HOLD_POSTPONED = 1.0
 WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_workers)
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
 
@@ -200,6 +204,7 @@ def collect(ctx, pool, name, worker, events):
         if report.get("claim_error"):  # (the task before it ended as it ended; a launcher claims the next)
             events.append({"event": "claim_error", "message": report["claim_error"], "worker": name})
         for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
+            pool.setdefault("held", {})[task_id] = time.monotonic() + HOLD_POSTPONED
             limit_concurrency(ctx, pool)
             events.append({"event": "postponed", "id": task_id})
     if error and first_task == WARM_UP:
@@ -491,7 +496,16 @@ def may_share_a_worker(task):
     return task["remote"] is None and not task["reuse"]
 
 
-def claim_for_workers(ctx, room, workers, claimer):
+def held_tasks(pool):
+    """The tasks this launcher leaves out of its claims for now (HOLD_POSTPONED)."""
+    held = pool.setdefault("held", {})
+    now = time.monotonic()
+    for task_id in [task_id for task_id, until in held.items() if until <= now]:
+        del held[task_id]
+    return list(held)
+
+
+def claim_for_workers(ctx, pool, room, workers, claimer):
     """Claim up to `room` due tasks for the `workers` this turn may use (idle and new ones).
 
     First as many as those workers take one each.  When they are all claimed and some of them
@@ -502,9 +516,11 @@ def claim_for_workers(ctx, room, workers, claimer):
     to unclaim all but the few the workers could take: 3 to 8 row updates a task where 2 or 3
     do (bench/RESULTS.md).
     """
+    held = held_tasks(pool)
+
     def claim(limit):
-        return list(ctx.run("claim", "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2)", ["integer", "integer"],
-                            [limit, claimer])) if limit > 0 else []
+        return list(ctx.run("claim", "SELECT * FROM pgtaskpy.claim_due_tasks($1, $2, $3)",
+                            ["integer", "integer", "bigint[]"], [limit, claimer, held])) if limit > 0 else []
 
     first = min(room, workers)
     claimed = claim(first)
@@ -680,7 +696,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
-    claimed = claim_for_workers(ctx, max(0, limit - busy), idle + new_worker_room(ctx, pool), claimer)
+    claimed = claim_for_workers(ctx, pool, max(0, limit - busy), idle + new_worker_room(ctx, pool), claimer)
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.

@@ -51,6 +51,14 @@ TASK_CLIENT_ENCODING = "UTF8"
 TASK_SETTINGS = ("pg_task.id", "pg_task.group", "pg_task.schema", "pg_task.table", "pg_task.oid", "statement_timeout")
 PREPARE_QUERY = "SELECT " + ", ".join(
     f"pg_catalog.set_config('{name}', ${number}, false)" for number, name in enumerate(TASK_SETTINGS, 1))
+# The startup options of a session not started with a task's settings: PREPARE_QUERY, and a kept
+# session's reset, run without the database's or role's statement_timeout (20 ms, and a JIT
+# threshold of 0, failed a task of timeout 0 before its input ran); the task's own timeout is
+# set by PREPARE_QUERY, and DISCARD ALL goes back to this.
+PLAIN_SESSION_OPTIONS = "-c statement_timeout=0"
+# A task of target 'standby' that runs here (no standby at hand) is read-only as there: a write
+# that fails on the standby succeeded on the primary whenever the standby was down or behind.
+STANDBY_FALLBACK_OPTIONS = PLAIN_SESSION_OPTIONS + " -c default_transaction_read_only=on"
 
 # Longest a worker waits for the session started ahead for its group's next task to connect,
 # before that task's claim: a session ready at the claim takes the task straight to WORK, in the
@@ -301,7 +309,7 @@ class TaskSessions:
         if task["remote"] is not None:
             session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
-            session = self.open_standby(task["owner"]) or self.open_local(task["owner"])
+            session = self.open_standby(task["owner"]) or self.open_local(task["owner"], STANDBY_FALLBACK_OPTIONS)
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
             session, settings = choice.ahead.session, choice.ahead.settings
@@ -467,8 +475,7 @@ class TaskSessions:
             "application_name": self.ctx.name_of("task"),
             "client_encoding": TASK_CLIENT_ENCODING,
         }
-        if options:
-            keywords["options"] = options
+        keywords["options"] = options or PLAIN_SESSION_OPTIONS
         return keywords
 
     def open_standby(self, owner):

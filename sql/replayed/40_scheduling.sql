@@ -99,7 +99,7 @@ AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 -- were left unread does the second pass look at every group with due tasks:
 -- those of the due tasks when fewer than 1,000 are due, else one index probe
 -- a group with waiting tasks (a skip scan).
-CREATE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer)
+CREATE FUNCTION pgtaskpy.claim_due_tasks(claim_limit integer, claimer integer, held bigint[] DEFAULT '{}')
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
 -- A generic plan, made once per backend: planning this query again on every
 -- claim costs more than running it.  enable_sort off: the reads in priority
@@ -259,6 +259,7 @@ BEGIN
                   AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
                   AND (last_id IS NULL OR t.max > last_max OR (t.max = last_max AND t.id <= last_id))
                   AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
+                  AND t.id <> ALL (coalesce(held, '{}'))  -- (refused a session lately: dispatch.py, HOLD_POSTPONED)
                   AND NOT (pauses AND pgtaskpy.group_paused(t.owner, t."group"))  -- (70_operating.sql)
                   -- A task of a named series starts only while no other run of
                   -- the series (owner, key) is claimed or running: its runs never
@@ -1293,7 +1294,7 @@ END
 $$;
 
 -- Only the launcher (a superuser) schedules.
-REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer, bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.warn_ignored_setting(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.groups_due_soon(double precision, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.owner_to_start_ahead(double precision) FROM PUBLIC;

@@ -61,6 +61,9 @@ COMMENT ON COLUMN @extschema@.task.retry IS 'most further attempts after a failu
 COMMENT ON COLUMN @extschema@.task.attempt IS '1 for a first run, n + 1 for the retry of attempt n (set by the scheduler)';
 COMMENT ON COLUMN @extschema@.task.sqlstate IS 'the SQLSTATE of a FAIL''s error';
 
+-- claim_due_tasks leaves out the tasks its launcher holds back (`held`: their sessions were
+-- refused a moment ago).
+DROP FUNCTION pgtaskpy.claim_due_tasks(integer, integer);
 -- finish_task takes the error's SQLSTATE.
 DROP FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean);
 -- claim_next_task takes the task whose settings the offered session started

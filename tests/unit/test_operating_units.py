@@ -128,3 +128,14 @@ def test_a_schedulers_unexpected_error_is_logged_once_and_not_restarted(monkeypa
     assert not every.running() and every.exit_status(stop_asked=False) == 1
     assert "stopped by an error of the launcher: TypeError" in every.all[0].error
     assert caplog.text.count("Traceback") == 1
+
+
+def test_a_databases_counters_are_served_at_zero_before_their_first_event():
+    metrics = Metrics()
+    metrics.expect("app@/run:5432")
+    metrics.rename("app@/run:5432", "app@/run:5433")
+    text = generate_latest(metrics.registry).decode()
+    for name in ("app@/run:5432", "app@/run:5433"):
+        assert f'pg_task_py_reconnects_total{{database="{name}"}} 0.0' in text
+        assert f'pg_task_py_tasks_started_total{{database="{name}"}} 0.0' in text
+        assert f'pg_task_py_tasks_ended_total{{database="{name}",state="FAIL"}} 0.0' in text
