@@ -177,3 +177,21 @@ def test_a_task_holding_a_lock_on_the_table_can_still_be_cancelled(running):
     finally:
         running.sql("DROP OWNED BY erin")
         running.sql("DROP ROLE erin")
+
+
+def test_a_member_of_pgtaskpy_admin_alone_sees_and_steers_every_roles_tasks(running):
+    """README: members of pgtaskpy_admin see all; granted that role alone, one could steer groups
+    but got `permission denied for table task` and for task_stats."""
+    running.sql("CREATE ROLE ops_admin LOGIN IN ROLE pgtaskpy_admin")
+    running.sql("CREATE ROLE ops_author LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("ops_author") as author:
+            task_id = author.execute("SELECT task_enqueue('SELECT 1', now() + interval '1 hour')").fetchone()[0]
+        with running.connect("ops_admin") as admin:
+            assert admin.execute("SELECT owner FROM task WHERE id = %s", [task_id]).fetchone() == ("ops_author",)
+            assert admin.execute("SELECT count(*) FROM task_stats WHERE owner = 'ops_author'").fetchone() == (1,)
+            assert admin.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY ops_admin, ops_author")
+        running.sql("DROP ROLE ops_admin, ops_author")

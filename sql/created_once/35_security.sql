@@ -22,6 +22,16 @@ $$;
 GRANT USAGE ON SCHEMA @extschema@ TO pgtaskpy_user;
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.task TO pgtaskpy_user;
 GRANT USAGE ON SEQUENCE @extschema@.task_id_seq TO pgtaskpy_user;
+-- An admin is a task author too: granted pgtaskpy_admin alone, a role could steer everyone's
+-- groups but not read the table or task_stats.  (Once: roles are cluster-wide, and a second
+-- grant says so in a NOTICE.)
+DO $$
+BEGIN
+    IF NOT pg_catalog.pg_has_role('pgtaskpy_admin', 'pgtaskpy_user', 'MEMBER') THEN
+        GRANT pgtaskpy_user TO pgtaskpy_admin;
+    END IF;
+END
+$$;
 
 ALTER TABLE @extschema@.task ENABLE ROW LEVEL SECURITY;
 

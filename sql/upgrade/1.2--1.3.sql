@@ -27,6 +27,13 @@ $$;
 GRANT USAGE ON SCHEMA @extschema@ TO pgtaskpy_user;
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.task TO pgtaskpy_user;
 GRANT USAGE ON SEQUENCE @extschema@.task_id_seq TO pgtaskpy_user;
+DO $$
+BEGIN
+    IF NOT pg_catalog.pg_has_role('pgtaskpy_admin', 'pgtaskpy_user', 'MEMBER') THEN
+        GRANT pgtaskpy_user TO pgtaskpy_admin;  -- (sql/created_once/35_security.sql)
+    END IF;
+END
+$$;
 
 -- Cron schedules and named series: columns cron, tz, key and their indexes
 -- (sql/created_once/20_table.sql).  Existing tasks get no cron, tz UTC and no key.
