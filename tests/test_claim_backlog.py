@@ -156,4 +156,6 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     for _ in range(5):
         row = db.wait_done(db.insert("SELECT 1", delete=False))
         delays.append((row["start"] - row["plan"]).total_seconds())
-    assert statistics.median(delays) < 0.03, delays
+    # (alone: 2.5-10 ms; beside the other test process on 2 cores, a median of 31 ms was seen once;
+    # the plans that read the load through the wrong index took 45-60 ms a start, every start)
+    assert statistics.median(delays) < 0.04, delays

@@ -326,3 +326,20 @@ def test_a_clients_open_update_of_a_running_tasks_data_does_not_move_its_stop(ru
     row = running.wait_done(task_id)
     assert row["state"] == "DONE" and row["data"] == "progress", row
     assert row["stop"] - row["start"] < timedelta(seconds=1.5), row
+
+
+def test_a_claimed_task_a_client_holds_does_not_hold_back_recovery(running):
+    """A TAKE task whose claimer died, its row held by a client (SELECT ... FOR UPDATE): recovery's
+    unclaim waited for the row in the launcher's turn, holding the scheduling lock, and no task of
+    any role started until the client let go."""
+    held = running.insert("SELECT 'held'", plan=running.value("SELECT now() + interval '1 hour'"), delete=False)
+    running.sql("UPDATE task SET state = 'TAKE', worker = 1 WHERE id = %s", [held])  # (claimed by no backend)
+    with running.connect() as client, client.transaction():
+        client.execute("SELECT id FROM task WHERE id = %s FOR UPDATE", [held])
+        other = running.wait_done(running.insert("SELECT 'other'", delete=False, group="other"), 10)
+        assert (other["state"], other["output"]) == ("DONE", "other"), other
+        time.sleep(1.5)  # (a housekeeping second: recovery skips the held row, and comes back to it)
+        assert state_of(running, held) == "TAKE"
+        later = running.wait_done(running.insert("SELECT 'later'", delete=False, group="other"), 10)
+        assert (later["state"], later["output"]) == ("DONE", "later"), later
+    wait_until(lambda: state_of(running, held) == "PLAN", 10, 0.05, "recovery to take the task back")

@@ -390,8 +390,12 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"could not cancel task {event['id']}"
     if kind == "start_failed":
         return logging.WARNING, f"task {event['id']} waits: no worker backend ({event['message']})"
-    if kind == "worker_error":
-        return logging.ERROR, f"task {event['id']}: {event['message']}"
+    if kind == "worker_error":  # (the error's first line: the rest is PL/Python's CONTEXT)
+        error = str(event.get("message") or "").strip().split("\n", 1)[0]
+        if event.get("failed"):
+            return logging.ERROR, f"task {event['id']} FAIL: its worker failed: {error}"
+        return logging.WARNING, (f"task {event['id']}: its worker failed ({error}); the task waits again if it had"
+                                 " not started, else it ends FAIL once its session has ended")
     if kind == "claim_error":
         return logging.ERROR, f"a worker could not claim its group's next task: {event['message']}"
     if kind == "postponed":

@@ -448,7 +448,11 @@ $$;
 -- TAKE -> PLAN: claimed tasks that were not started wait again, those of
 -- `task_ids` (NULL: any) claimed by `claimer` (NULL: anyone).  A launcher
 -- takes back a task its worker did not take, a worker one whose session
--- found no free connection, recovery those of dead claimers.
+-- found no free connection, recovery those of dead claimers.  A row a
+-- client holds (SELECT ... FOR UPDATE) is skipped, not waited for, as the
+-- claims skip it: the launcher's turn that waited held the scheduling lock,
+-- and every role's tasks with it.  It stays TAKE, and housekeeping takes it
+-- back in a later second (recover_orphaned_tasks, unclaim_strays).
 CREATE FUNCTION pgtaskpy.unclaim_tasks(task_ids bigint[], claimer integer) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -459,8 +463,11 @@ BEGIN
         RAISE EXCEPTION 'unclaim_tasks needs the tasks or their claimer';
     END IF;
     UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL
-    WHERE t.state = 'TAKE' AND (task_ids IS NULL OR t.id = ANY (task_ids))
-      AND (claimer IS NULL OR t.worker = claimer);
+    WHERE t.id = ANY (ARRAY(SELECT l.id FROM @extschema@.task AS l
+                            WHERE l.state = 'TAKE' AND (task_ids IS NULL OR l.id = ANY (task_ids))
+                              AND (claimer IS NULL OR l.worker = claimer)
+                            FOR NO KEY UPDATE SKIP LOCKED))
+      AND t.state = 'TAKE';
     GET DIAGNOSTICS unclaimed = ROW_COUNT;
     RETURN unclaimed;
 END

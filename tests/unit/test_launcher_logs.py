@@ -56,8 +56,11 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
     ({"event": "start", "id": 1}, logging.INFO, "task 1 started"),
     ({"event": "start_failed", "id": 2, "message": "too many clients"}, logging.WARNING,
      "task 2 waits: no worker backend (too many clients)"),
-    ({"event": "worker_error", "id": 3, "message": "server closed the connection"}, logging.ERROR,
-     "task 3: server closed the connection"),
+    ({"event": "worker_error", "id": 3, "message": "server closed the connection\nCONTEXT:  ...", "failed": True},
+     logging.ERROR, "task 3 FAIL: its worker failed: server closed the connection"),
+    ({"event": "worker_error", "id": 3, "message": "FATAL:  terminating connection", "failed": False},
+     logging.WARNING, "task 3: its worker failed (FATAL:  terminating connection); the task waits again if it"
+     " had not started, else it ends FAIL once its session has ended"),
     ({"event": "postponed", "id": 4}, logging.WARNING, "task 4 waits: no free connection for its session"),
     ({"event": "claim_error", "message": "boom", "worker": "w1"}, logging.ERROR,
      "a worker could not claim its group's next task: boom"),
