@@ -331,3 +331,21 @@ def test_a_dependent_waits_for_its_prerequisites_retry(running):
     last = wait_attempts(running, hopeless, 2)[-1]
     row = running.wait_done(after_hopeless)
     assert (row["state"], row["error"]) == ("STOP", f"ERROR:  prerequisite task {last['id']} ended FAIL")
+
+
+def test_a_series_given_a_new_schedule_while_a_retry_waits_starts_again_with_attempt_one(running):
+    """The waiting retry (attempt 2) took the new cron in place and kept its attempt: the new
+    definition's first run had fewer retries than it says."""
+    failing = "DO $$BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = '40001'; END$$"
+    first = running.value("SELECT task_schedule('rt', '0 0 1 1 *', %s, retry => 1, retry_delay => '1 hour')",
+                          [failing])
+    running.sql("UPDATE task SET plan = now() WHERE id = %s", [first])
+    retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2 AND state = 'PLAN'",
+                                             [first]), 20, 0.05, "the retry to wait")
+    new = running.value("SELECT task_schedule('rt', '0 0 2 1 *', %s, retry => 1)", [failing])
+    assert new != retry
+    assert running.value("SELECT state::text FROM task WHERE id = %s", [retry]) == "STOP"
+    assert running.sql("SELECT cron, attempt, retry FROM task WHERE key = 'rt' AND state = 'PLAN'") == [
+        ("0 0 2 1 *", 1, 1)]
+    same = running.value("SELECT task_schedule('rt', '0 0 2 1 *', 'SELECT 2', retry => 1)")  # (no new schedule)
+    assert same == new

@@ -419,6 +419,13 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM pgtaskpy.lock_series(current_user, key);  -- one change of a series at a time
+    -- A retry of the series' last run waiting (attempt > 1) when the schedule changes: the new
+    -- definition's first run is a regular run at its first match, with its own retries, not that
+    -- retry moved there (which kept its attempt, and so fewer retries).  The retry stops (a
+    -- user's STOP: no next run follows it), and the new run is inserted below.
+    UPDATE @extschema@.task AS t SET state = 'STOP'
+    WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN' AND t.attempt > 1
+      AND (t.cron IS DISTINCT FROM task_schedule.cron OR t.tz IS DISTINCT FROM zone);
     EXECUTE 'UPDATE @extschema@.task AS t SET cron = $2, tz = $4, input = $3, "group" = $5, max = $6, timeout = $7,'
             ' remote = $8, repeat = interval ''0'', (retry, retry_delay, retry_max, retry_on, retry_unsafe) = ROW('
             || retries || '), "delete" = ' || deletes
