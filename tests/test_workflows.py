@@ -155,6 +155,30 @@ def test_a_prerequisite_that_ends_before_the_insert_commits_counts_at_the_commit
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_prerequisite_retried_before_the_insert_commits_hands_it_on_to_the_retry(running):
+    """A prerequisite that fails, and is retried, while the dependents' INSERT is open: they wait
+    for the retry, as those committed before the failure do (they were stopped, and one with
+    after_any ran before the retry did)."""
+    flaky = ("DO $$ BEGIN PERFORM pg_sleep(0.3); IF (SELECT attempt FROM task WHERE id ="
+             " current_setting('pg_task.id')::bigint) = 1 THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001';"
+             " END IF; END $$")
+    prerequisite = running.insert(flaky, retry=2, retry_delay="1 s", delete=False)
+    wait_until(lambda: running.task(prerequisite)["state"] == "WORK", 20, 0.01, "the prerequisite running")
+    with running.connect() as author:
+        with author.transaction():
+            dependent, either = [author.execute(
+                "INSERT INTO task (input, after, after_any, delete) VALUES ('SELECT 1', %s, %s, false) RETURNING id",
+                [[prerequisite], after_any]).fetchone()[0] for after_any in (False, True)]
+            retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2",
+                                                     [prerequisite]), 20, 0.02, "the failure and its retry")
+    assert running.task(dependent)["after"] == [retry] and running.task(either)["after"] == [retry]
+    retried = running.wait_done(retry)
+    for task_id in (dependent, either):
+        row = running.wait_done(task_id)
+        assert row["state"] == "DONE" and row["start"] >= retried["stop"], (row, retried)
+    assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_done_prerequisite_deleted_at_its_end_releases_dependents(running):
     """delete = true and no output: the scheduler deletes the row at its end, after its dependents
     have counted it as DONE."""

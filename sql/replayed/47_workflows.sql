@@ -141,9 +141,12 @@ $$;
 -- whose ends could not see its edges, count as their ends would have counted
 -- them: one that ended FAIL, GONE or STOP stops the task (unless after_any),
 -- and the others no longer count in waiting_for, which releases the task
--- when none is left.  The lock on each prerequisite's id (shared) is held
--- from here to the commit: an end under way finishes first, and a later one
--- sees the edges (see the top of this file).  SECURITY DEFINER, as
+-- when none is left.  A prerequisite that failed and handed its dependents
+-- on to its retry (pass_dependents_on, which could not see this task's
+-- edges) is followed to the retry first, as the dependent would have been
+-- had it been committed first.  The lock on each prerequisite's id (shared)
+-- is held from here to the commit: an end under way finishes first, and a
+-- later one sees the edges (see the top of this file).  SECURITY DEFINER, as
 -- record_prerequisites; it changes only the task just inserted (and, if it
 -- stops it, what waits for it in this transaction).
 CREATE FUNCTION pgtaskpy.settle_prerequisites() RETURNS trigger
@@ -151,6 +154,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enab
 AS $$
 DECLARE
     ended record;
+    handed record;
+    prerequisites bigint[] := NEW.after;
     waiting integer;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -162,9 +167,24 @@ BEGIN
     IF NOT EXISTS (SELECT FROM @extschema@.task AS d WHERE d.id = NEW.id AND d.state = 'PLAN' AND d.waiting_for > 0) THEN
         RETURN NULL;  -- deleted, stopped or released since, in this transaction
     END IF;
+    LOOP  -- (a retry that failed and was retried in turn: followed again)
+        SELECT p.id AS failed, r.id AS retry INTO handed
+        FROM @extschema@.task AS p JOIN @extschema@.task AS r ON r.parent = p.id AND r.attempt = p.attempt + 1
+        WHERE p.id = ANY (prerequisites) AND p.state = 'FAIL'
+        ORDER BY p.id LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        PERFORM pgtaskpy.lock_prerequisite_shared(handed.retry);
+        prerequisites := array_replace(prerequisites, handed.failed, handed.retry);
+        UPDATE @extschema@.task AS d SET after = prerequisites WHERE d.id = NEW.id;
+        UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = handed.retry
+        WHERE e.dependent = NEW.id AND e.prerequisite = handed.failed AND NOT EXISTS (
+            SELECT FROM pgtaskpy.pending_prerequisite AS k WHERE k.prerequisite = handed.retry AND k.dependent = NEW.id);
+        DELETE FROM pgtaskpy.pending_prerequisite AS e  -- (it listed the retry itself already)
+        WHERE e.dependent = NEW.id AND e.prerequisite = handed.failed;
+    END LOOP;
     IF NOT NEW.after_any THEN
         SELECT p.id, p.state INTO ended FROM @extschema@.task AS p
-        WHERE p.id = ANY (NEW.after) AND p.state IN ('FAIL', 'GONE', 'STOP')
+        WHERE p.id = ANY (prerequisites) AND p.state IN ('FAIL', 'GONE', 'STOP')
         ORDER BY p.id LIMIT 1;
         IF FOUND THEN
             DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = NEW.id;
