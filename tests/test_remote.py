@@ -209,7 +209,8 @@ def test_a_remote_that_refuses_for_lack_of_connections_is_tried_again_once_a_sec
                    "a refused session")
         before = launcher.output().count(f"task {task_id} started")
         time.sleep(3.0)  # (the window whose attempts are counted)
-        assert launcher.output().count(f"task {task_id} started") - before <= 6, launcher.output()[-3000:]
+        # (one hand-out a refusal and a second; two, before the launcher held the task itself)
+        assert launcher.output().count(f"task {task_id} started") - before <= 4, launcher.output()[-3000:]
         assert running.value("SELECT state::text FROM task WHERE id = %s", [task_id]) in ("PLAN", "TAKE")
     finally:
         with remote.connect() as conn:

@@ -333,13 +333,23 @@ def test_a_claimed_task_a_client_holds_does_not_hold_back_recovery(running):
     unclaim waited for the row in the launcher's turn, holding the scheduling lock, and no task of
     any role started until the client let go."""
     held = running.insert("SELECT 'held'", plan=running.value("SELECT now() + interval '1 hour'"), delete=False)
-    running.sql("UPDATE task SET state = 'TAKE', worker = 1 WHERE id = %s", [held])  # (claimed by no backend)
-    with running.connect() as client, client.transaction():
-        client.execute("SELECT id FROM task WHERE id = %s FOR UPDATE", [held])
+    with running.connect() as client:
+        client.autocommit = False
+
+        def claimed_and_held() -> bool:
+            # (recovery may take it back between the two statements: then again)
+            running.sql("UPDATE task SET state = 'TAKE', worker = 1 WHERE id = %s", [held])  # (claimed by no backend)
+            if client.execute("SELECT state::text FROM task WHERE id = %s FOR UPDATE", [held]).fetchone()[0] == "TAKE":
+                return True
+            client.rollback()
+            return False
+
+        wait_until(claimed_and_held, 10, 0.01, "the claimed task held by the client")
         other = running.wait_done(running.insert("SELECT 'other'", delete=False, group="other"), 10)
         assert (other["state"], other["output"]) == ("DONE", "other"), other
         time.sleep(1.5)  # (a housekeeping second: recovery skips the held row, and comes back to it)
         assert state_of(running, held) == "TAKE"
         later = running.wait_done(running.insert("SELECT 'later'", delete=False, group="other"), 10)
         assert (later["state"], later["output"]) == ("DONE", "later"), later
+        client.rollback()
     wait_until(lambda: state_of(running, held) == "PLAN", 10, 0.05, "recovery to take the task back")

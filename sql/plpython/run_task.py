@@ -382,7 +382,12 @@ class WorkerCall:
         slot when the server is full, else it fails with the reason (committed; no next task)."""
         self.sessions.close_kept()
         if exc.sqlstate in BUSY_SQLSTATES or any(reason in str(exc) for reason in BUSY_SERVER):
-            unclaim_task(self.ctx, task["id"])  # it never started: it waits for a connection slot, not FAIL
+            # It never started: it waits for a connection slot, not FAIL.  One its launcher claimed
+            # stays claimed until the launcher collects this call, gives it back and holds it for a
+            # second (dispatch.py, HOLD_POSTPONED): given back here, it was claimed again at once by
+            # the launcher's next turn, which claims before it collects.
+            if task["worker"] != self.claimer:
+                unclaim_task(self.ctx, task["id"])
             wake_launchers(self.ctx)
             self.ctx.commit()
             self.report["postponed"].append(task["id"])
