@@ -203,10 +203,11 @@ def collect(ctx, pool, name, worker, events):
             events.append({"event": "end", **ended})
         if report.get("claim_error"):  # (the task before it ended as it ended; a launcher claims the next)
             events.append({"event": "claim_error", "message": report["claim_error"], "worker": name})
-        for task_id in report["postponed"]:  # its session found no free connection: run fewer at once
+        for task_id in report["postponed"]:  # its session found no free connection
             pool.setdefault("held", {})[task_id] = time.monotonic() + HOLD_POSTPONED
-            limit_concurrency(ctx, pool)
             events.append({"event": "postponed", "id": task_id})
+        if report["postponed"]:  # (once for the call: a burst's worker may report a hundred)
+            limit_concurrency(ctx, pool)
     if error and first_task == WARM_UP:
         disconnect(ctx, pool, name)
         events.append({"event": "spare_failed", "message": error})
