@@ -950,17 +950,18 @@ def test_a_role_at_its_connection_limit_holds_back_its_own_tasks_only(running, t
         running.sql(f"ALTER ROLE {task_role} CONNECTION LIMIT -1")
 
 
-def test_a_database_that_allows_no_connections_holds_its_tasks_until_it_does(running):
+def test_a_database_that_allows_no_connections_holds_its_tasks_until_it_does(running, task_role):
     """ALTER DATABASE ... ALLOW_CONNECTIONS false (a DBA's maintenance): a task waits, as for a
     full server, and runs once connections are allowed again (it failed 08001, with a hint about
-    pg_hba.conf)."""
+    pg_hba.conf). The task is another role's, so no session started ahead for postgres can take it:
+    one that was still logging in when the database closed could (the test once failed so)."""
     running.wait_done(running.insert("SELECT 1", delete=False))  # (a worker is up)
     with running.cluster.connect() as admin:  # (not from the database itself)
         admin.execute(f"ALTER DATABASE {running.name} ALLOW_CONNECTIONS false")
     try:
         running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE application_name = pgtaskpy.name_of('task')")  # (sessions started ahead, connected)
-        task_id = running.insert("SELECT 'ran'", delete=False)
+        task_id = running.insert("SELECT 'ran'", owner=task_role, delete=False)
         wait_until(lambda: f"task {task_id} waits" in running.launchers[-1].output(), 20, 0.05,
                    "an attempt at its session, refused")
         assert state_of(running, task_id) in ("PLAN", "TAKE")
