@@ -6,6 +6,7 @@ its own.  Each task behaves as it does alone."""
 import contextlib
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
@@ -155,6 +156,31 @@ def test_a_burst_worker_that_dies_fails_its_running_tasks_and_runs_none_twice(ru
     # At most once: no input ran twice (a lost run may have done its work, as its error says).
     assert running.value("SELECT count(*) - count(DISTINCT i) FROM ran") == 0
     assert running.value("SELECT count(*) FROM task") == 30
+
+
+def test_a_clients_lock_on_one_task_of_a_burst_holds_back_no_other(running):
+    """20 tasks in 20 groups run side by side in a burst's worker.  A client holds one running
+    task's row in an open transaction (SELECT ... FOR UPDATE, as an application reading its own
+    task's progress might): the worker waited for it to write that task's end, and the ends of
+    the 19 others, of any role, waited as long as the client's transaction.  Now they are
+    written as they come, that one once the row is free, with the time its input ended."""
+    running.sql("INSERT INTO task (\"group\", input, delete) SELECT 'g' || i,"
+                " CASE WHEN i = 1 THEN 'SELECT pg_sleep(1)' ELSE 'SELECT pg_sleep(2)' END, false"
+                " FROM generate_series(1, 20) AS i")
+    held = running.value("SELECT id FROM task WHERE \"group\" = 'g1'")
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [held]) == "WORK", 20, 0.01,
+               "the task to be held running")
+    assert running.value("SELECT count(DISTINCT worker) FROM task WHERE worker IS NOT NULL") <= 2  # a burst's
+    with running.connect() as client, client.transaction():
+        client.execute("SELECT id FROM task WHERE id = %s FOR UPDATE", [held])
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 19, 20, 0.05,
+                   "the other 19 tasks to end while the client holds one")
+        assert running.value("SELECT state::text FROM task WHERE id = %s", [held]) == "WORK"
+    row = running.wait_done(held, 20)
+    assert row["state"] == "DONE", row
+    assert timedelta(seconds=1) <= row["stop"] - row["start"] < timedelta(seconds=1.8), row  # not the client's end
+    others = running.sql("SELECT stop - start FROM task WHERE id <> %s", [held])
+    assert all(timedelta(seconds=2) <= took < timedelta(seconds=5) for (took,) in others), others
 
 
 def test_a_launcher_holds_no_more_workers_than_its_files_allow():

@@ -14,6 +14,12 @@ committed with its session's pid before its input is sent, the input sent as
 one top-level query, its end committed as soon as
 its last result is read, in a transaction of its own.  It does not go on with
 its group's next task: its end wakes the launchers, which claim it.
+
+A task whose row another transaction holds (a client's SELECT ... FOR UPDATE or
+open UPDATE of its own task) is not waited for: its take, start or end is
+written once the row is free, and the others go on meanwhile.  Waited for, one
+client's lock held back the starts and ends of up to a hundred tasks of any
+role, for as long as its transaction lasted.
 """
 
 import select
@@ -42,7 +48,7 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
         moved_session_failed,
     )
     from sessions import TaskSessions, send_prepare, settings_at_start
-    from task_rows import move_task_to_session, start_task, take_tasks, wake_launchers
+    from task_rows import HELD, move_task_to_session, start_task, take_tasks, wake_launchers
 
 
 class Running:
@@ -50,7 +56,7 @@ class Running:
     with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
     __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate", "severity",
-                 "sessions")
+                 "sessions", "held")
 
     def __init__(self, task, session, settings):
         self.task = task
@@ -61,6 +67,7 @@ class Running:
         self.started = None  # monotonic time of its WORK
         self.error = self.sqlstate = self.severity = None  # the session's failure before the input ran
         self.sessions = 1  # sessions it was given: see BatchCall.moved_on
+        self.held = False  # connected, its start waits for its row (another transaction holds it)
 
 
 class BatchCall:
@@ -76,20 +83,18 @@ class BatchCall:
         # Sessions of its own, not the worker's in GD: a batch keeps no session, and leaves those
         # of run_task's code (another procedure's) alone.
         self.call = WorkerCall(ctx, claimer, TaskSessions(ctx))
+        self.untaken = []  # ids of given tasks whose rows were held when taken: taken once free
+        self.unwritten = []  # ends whose rows were held when written: (entry, end_args), written once free
 
     def run(self, task_ids):
-        tasks = take_tasks(self.ctx, task_ids, self.claimer)
+        tasks, self.untaken = take_tasks(self.ctx, task_ids, self.claimer)
         if not tasks:
-            return self.call.report
+            return self.call.report  # (any held: the launcher gives them back as the call returns)
         if not self.call.read_output_limit(tasks):
             return self.call.report
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
         running = []
-        for task in tasks:
-            try:
-                running.append(Running(task, *self.new_session(task)))
-            except ConnectError as exc:
-                self.call.session_failed(task, exc)
+        self.open_sessions(tasks, running)
         try:
             self.run_side_by_side(running)
         except self.ctx.plpy.SPIError:
@@ -103,6 +108,20 @@ class BatchCall:
         wake_launchers(self.ctx)  # this worker is free
         self.ctx.commit()
         return self.call.report
+
+    def open_sessions(self, tasks, running):
+        """Start the tasks' sessions; they join `running` (a refused one waits or fails)."""
+        for task in tasks:
+            try:
+                running.append(Running(task, *self.new_session(task)))
+            except ConnectError as exc:
+                self.call.session_failed(task, exc)
+
+    def take_untaken(self, running):
+        """Take the given tasks whose rows were held, those now free; they join `running`."""
+        tasks, self.untaken = take_tasks(self.ctx, self.untaken, self.claimer)
+        self.ctx.commit()
+        self.open_sessions(tasks, running)
 
     def new_session(self, task):
         """A new session of the task's owner, started (not waited for) with the task's settings;
@@ -128,9 +147,11 @@ class BatchCall:
         return True
 
     def run_side_by_side(self, running):
-        """Take every task on as its session allows, until all have ended."""
+        """Take every task on as its session allows, until all have ended and their ends are
+        written.  Rows that were held are tried again each INTERRUPT_EVERY; given tasks still
+        untaken when nothing else runs are left to the launcher, which gives them back."""
         served = time.monotonic()
-        while running:
+        while running or self.unwritten:
             connected = [entry for entry in self.ready(running) if self.step(entry)]
             if connected:
                 self.start_connected(connected)
@@ -138,13 +159,28 @@ class BatchCall:
                 running.remove(entry)  # ended, or never started
             if time.monotonic() >= served + INTERRUPT_EVERY:
                 self.call.serve_interrupts(*(entry.session for entry in running))
+                self.retry_held(running)
                 served = time.monotonic()
 
+    def retry_held(self, running):
+        """Take, start and end what waited for a row another transaction held, if it is free."""
+        if self.untaken and running:
+            self.take_untaken(running)
+        held = [entry for entry in running if entry.held]
+        if held:
+            self.start_connected(held)
+        unwritten, self.unwritten = self.unwritten, []
+        for entry, end in unwritten:
+            self.write_end(entry, *end)
+
     def ready(self, running):
-        """The tasks whose session has something to read (or, connecting, to write)."""
+        """The tasks whose session has something to read (or, connecting, to write); not those
+        whose start waits for their row (an idle session has nothing to say)."""
         by_socket = {}
         poller = select.poll()  # (select's sockets must be numbered below 1024; a backend's may not be)
         for entry in running:
+            if entry.held:
+                continue
             socket, for_writing = entry.session.socket
             by_socket[socket] = entry
             poller.register(socket, select.POLLOUT if for_writing else select.POLLIN)
@@ -178,9 +214,12 @@ class BatchCall:
         started ended FAIL though they ran (test_burst.py)."""
         for entry in connected:
             if entry.sessions == 1:
-                started = start_task(self.ctx, entry.task, entry.session.pid)
+                started = start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
             else:
                 started = move_task_to_session(self.ctx, entry.task, entry.session.pid)
+            entry.held = started == HELD
+            if entry.held:
+                continue  # started once its row is free (retry_held)
             if not started:
                 entry.session.close()  # stopped meanwhile: not this worker's to run any more
                 continue
@@ -245,9 +284,17 @@ class BatchCall:
         Not with the other ends of the moment: each end locks its task's key of the prerequisite
         locks (pgtaskpy.lock_prerequisite), and ends written together took several keys in no
         order another worker's shared; two workers deadlocked, and the tasks of the loser's call,
-        which had run, ended FAIL (656 of 1,000 ending together; test_burst.py)."""
+        which had run, ended FAIL (656 of 1,000 ending together; test_burst.py).  Its stop is
+        now, whenever it is written (write_end)."""
         entry.session.close()
-        self.call.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True)
+        self.write_end(entry, time.time(), output, error, sqlstate, notices)
+
+    def write_end(self, entry, stop, output, error, sqlstate, notices):
+        """The end committed, unless another transaction holds the row: then written later."""
+        end = (stop, output, error, sqlstate, notices)
+        if self.call.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True, stop=stop,
+                               unless_held=True) == HELD:
+            self.unwritten.append((entry, end))
         self.ctx.commit()
 
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
     from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
+        HELD,
         claim_next_task,
         end_series,
         finish_task,
@@ -209,12 +210,12 @@ class WorkerCall:
         self.sessions.settle_reset()
         return ended
 
-    def write_end(self, task, started, output, error, sqlstate, notices, wake):
+    def write_end(self, task, started, output, error, sqlstate, notices, wake, stop=None, unless_held=False):
         """finish_task, not committed, and the end in the report; the end state, or None if
-        the task had ended already."""
+        the task had ended already (HELD, unless_held: see finish_task)."""
         ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
-                            sqlstate=sqlstate)
-        if ended is not None:
+                            sqlstate=sqlstate, stop=stop, unless_held=unless_held)
+        if ended is not None and ended != HELD:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])
             self.record_end(task, ended, round(time.monotonic() - started, 6), error, sqlstate)

@@ -10,6 +10,7 @@ DEADLOCK_ATTEMPTS = 5  # most tries of a task's end that the server fails to bre
 # Seconds a worker waits before trying a task's end again, times the attempt: time for the other
 # transaction's backend to take what the failed end let go of (see finish_task).
 DEADLOCK_BACKOFF = 0.02
+HELD = "held"  # what start_task and finish_task return, unless_held, when a client holds the row
 
 # What a worker reads of the task it runs, from the row it took or claimed.
 TASK_COLUMNS = (
@@ -37,13 +38,30 @@ def take_task(ctx, task_id, claimer):
 
 def take_tasks(ctx, task_ids, claimer):
     """take_task for a burst's tasks, in one statement (one a task cost a burst's worker 5 ms
-    before its first session's connect): those still claimed by `claimer`, locked in id order
-    (as any other locker of several tasks would), returned in the order of `task_ids`."""
+    before its first session's connect): those still claimed by `claimer`, in the order of
+    `task_ids`; and the ids of those another transaction holds, not waited for (held_rows).
+
+    The launcher's claim holds the scheduling lock until its turn commits: the shared take of it
+    waits for that commit, after which the claimed rows are free unless a client holds one (a
+    SELECT ... FOR UPDATE or an open UPDATE of its own task).  Waited for, such a row held back
+    every task of the burst; and the rows, locked in any order, deadlocked with a client locking
+    several, which failed the worker's call (chaos, a client locking tasks newest first)."""
+    ctx.run("take_all_after_claim", "SELECT pgtaskpy.lock_scheduling_shared()")
     rows = ctx.run("take_all",
-                   f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+                   f"SELECT {TASK_COLUMNS} FROM {{ext}}.task WHERE id = ANY($1) FOR NO KEY UPDATE SKIP LOCKED",
                    ["bigint[]"], [task_ids])
-    taken = {row["id"]: row for row in rows if row["state"] == "TAKE" and row["worker"] == claimer}
-    return [taken[task_id] for task_id in task_ids if task_id in taken]
+    found = {row["id"]: row for row in rows}
+    taken = [found[task_id] for task_id in task_ids
+             if task_id in found and found[task_id]["state"] == "TAKE" and found[task_id]["worker"] == claimer]
+    return taken, held_rows(ctx, [task_id for task_id in task_ids if task_id not in found])
+
+
+def held_rows(ctx, task_ids):
+    """Of tasks a SKIP LOCKED read did not return, those that exist: their rows are held."""
+    if not task_ids:
+        return []
+    return ctx.run("held", "SELECT coalesce(array_agg(id), '{}') AS ids FROM {ext}.task WHERE id = ANY($1)",
+                   ["bigint[]"], [task_ids])[0]["ids"]
 
 
 def still_claimed(ctx, task):
@@ -54,14 +72,25 @@ def still_claimed(ctx, task):
     return bool(rows and rows[0]["c"])
 
 
-def start_task(ctx, task, session_pid):
+def start_task(ctx, task, session_pid, unless_held=False):
     """TAKE -> WORK in the session whose backend is `session_pid`; False if the task is no
     longer this worker's claim (stopped, or taken over by a launcher, while its session
-    opened outside the claim's transaction)."""
-    return ctx.run(
-        "work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"],
-        [task["id"], task["worker"], session_pid],
-    )[0]["id"] is not None
+    opened outside the claim's transaction).  unless_held: HELD, and nothing written, when
+    another transaction holds the row (a burst's worker starts it later: take_tasks)."""
+    if not unless_held:
+        return ctx.run(
+            "work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"],
+            [task["id"], task["worker"], session_pid],
+        )[0]["id"] is not None
+    rows = ctx.run(
+        "work_unless_held",
+        "SELECT (pgtaskpy.start_task(l.id, $2, $3)).id AS id"
+        " FROM (SELECT id FROM {ext}.task WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED) AS l",
+        ["bigint", "integer", "integer"], [task["id"], task["worker"], session_pid],
+    )
+    if not rows:
+        return HELD if held_rows(ctx, [task["id"]]) else False
+    return rows[0]["id"] is not None
 
 
 def move_task_to_session(ctx, task, session_pid):
@@ -71,10 +100,12 @@ def move_task_to_session(ctx, task, session_pid):
                    [task["id"], session_pid])[0]["m"]
 
 
-def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None):
+def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None, stop=None,
+                unless_held=False):
     """Record the task's end (its retry or next run follows in the same transaction); its end
     state (FAIL when what follows it failed), or None if it had ended already (recovered by a
-    launcher).
+    launcher).  `stop`: when it ended (time.time()), if not now.  unless_held: HELD, and nothing
+    written, when another transaction holds the row (a burst's worker writes it later).
 
     Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
     then its key of the prerequisite locks (and, for a named series, the series' lock), and a
@@ -85,19 +116,26 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     which had run.  Not at once: the other backend, woken when the row was let go, must run to
     take it, and on busy cores an end tried again at once took the row back first, and lost the
     same deadlock three times in a row (three runs in six under a CPU load)."""
+    call = ("pgtaskpy.finish_task({id}, $2::{{ext}}.state, $3, $4, task_notice => $5, wake => $6,"
+            " task_sqlstate => $7, task_stop => pg_catalog.to_timestamp($8))::text AS s")
+    if unless_held:
+        name, query = "finish_unless_held", (f"SELECT {call.format(id='l.id')}"
+                                             " FROM (SELECT id FROM {ext}.task WHERE id = $1"
+                                             " FOR NO KEY UPDATE SKIP LOCKED) AS l")
+    else:
+        name, query = "finish", f"SELECT {call.format(id='$1')}"
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
-            return ctx.run(
-                "finish",
-                "SELECT pgtaskpy.finish_task($1, $2::{ext}.state, $3, $4, task_notice => $5, wake => $6,"
-                " task_sqlstate => $7)::text AS s",
-                ["bigint", "text", "text", "text", "text", "boolean", "text"],
-                [task_id, state, output, error, notices, wake, sqlstate],
-            )[0]["s"]
+            rows = ctx.run(name, query, ["bigint", "text", "text", "text", "text", "boolean", "text", "float8"],
+                           [task_id, state, output, error, notices, wake, sqlstate, stop])
         except ctx.plpy.spiexceptions.DeadlockDetected:
             if attempt == DEADLOCK_ATTEMPTS:
                 raise
             time.sleep(DEADLOCK_BACKOFF * attempt)
+            continue
+        if rows:
+            return rows[0]["s"]
+        return HELD if held_rows(ctx, [task_id]) else None
 
 
 def owner_is_gone(ctx, task):

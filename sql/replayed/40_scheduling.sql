@@ -658,7 +658,7 @@ $$;
 CREATE FUNCTION pgtaskpy.finish_task(
     task_id bigint, end_state @extschema@.state, task_output text, task_error text,
     from_states @extschema@.state[] DEFAULT '{TAKE,WORK}', task_notice text DEFAULT NULL,
-    wake boolean DEFAULT true, task_sqlstate text DEFAULT NULL)
+    wake boolean DEFAULT true, task_sqlstate text DEFAULT NULL, task_stop timestamptz DEFAULT NULL)
 RETURNS @extschema@.state
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -668,8 +668,10 @@ DECLARE
     failure text;
     failure_sqlstate text;
     -- (read before the UPDATE: one that waits for a client's lock on the row, as an open
-    -- transaction's UPDATE of `data` holds it, would read the clock after that wait)
-    ended_at timestamptz := clock_timestamp();
+    -- transaction's UPDATE of `data` holds it, would read the clock after that wait; a burst's
+    -- worker, which writes such an end once the client lets the row go, gives the time its
+    -- task ended as task_stop)
+    ended_at timestamptz := coalesce(task_stop, clock_timestamp());
 BEGIN
     UPDATE @extschema@.task AS task
     SET state = end_state, stop = ended_at, output = task_output, error = task_error,
@@ -1315,7 +1317,8 @@ REVOKE ALL ON FUNCTION pgtaskpy.upcoming_in_group(integer, integer, bigint) FROM
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.move_task_to_session(bigint, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text)
+REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, text, @extschema@.state[], text, boolean, text,
+                                         timestamptz)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
