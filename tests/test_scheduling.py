@@ -328,6 +328,27 @@ def test_a_clients_open_update_of_a_running_tasks_data_does_not_move_its_stop(ru
     assert row["stop"] - row["start"] < timedelta(seconds=1.5), row
 
 
+def test_a_lost_task_a_client_holds_does_not_hold_back_other_tasks(running):
+    """A worker and its task's session die together (terminated) while a client holds the task's
+    row (SELECT ... FOR UPDATE).  The launcher ending the lost task FAIL as it collected the failed
+    call waited for the row in its turn, and no task of any role started until the client let
+    go; now recovery ends it once the client has."""
+    lost = running.insert("SELECT pg_sleep(60)", delete=False, group="lost")
+    wait_until(lambda: state_of(running, lost) == "WORK", 10, 0.01, "the task to run")
+    worker, session = running.sql("SELECT worker, pid FROM task WHERE id = %s", [lost])[0]
+    with running.connect() as client, client.transaction():
+        client.execute("SELECT id FROM task WHERE id = %s FOR UPDATE", [lost])
+        running.sql("SELECT pg_terminate_backend(%s), pg_terminate_backend(%s)", [session, worker])
+        wait_until(lambda: running.value("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid IN (%s, %s)",
+                                         [session, worker]), 10, 0.01, "the worker and the session gone")
+        other = running.wait_done(running.insert("SELECT 'other'", delete=False, group="other"), 10)
+        assert (other["state"], other["output"]) == ("DONE", "other"), other
+        assert other["start"] - other["plan"] < timedelta(seconds=3), other
+        assert state_of(running, lost) == "WORK"  # its client still holds it
+    row = running.wait_done(lost, 10)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
+
+
 def test_a_claimed_task_a_client_holds_does_not_hold_back_recovery(running):
     """A TAKE task whose claimer died, its row held by a client (SELECT ... FOR UPDATE): recovery's
     unclaim waited for the row in the launcher's turn, holding the scheduling lock, and no task of

@@ -230,8 +230,11 @@ def give_up_failing_starts(ctx, pool, given, error, events):
             continue
         del failures[task_id]
         message = f"ERROR:  pg_task_py worker failed {FAILED_STARTS} times before the task started: {error}"
-        if ctx.run("give_up", "SELECT pgtaskpy.end_task_safely($1, 'FAIL', $2, '{TAKE}') AS ended",
-                   ["bigint", "text"], [task_id, message])[0]["ended"]:
+        # (not a row a client holds: the launcher's turn would wait for it, and every task with it)
+        ended = ctx.run("give_up", "SELECT pgtaskpy.end_task_safely(l.id, 'FAIL', $2, '{TAKE}') AS ended"
+                        " FROM (SELECT id FROM {ext}.task WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED) AS l",
+                        ["bigint", "text"], [task_id, message])
+        if ended and ended[0]["ended"]:
             events.append({"event": "end", "id": task_id, "state": "FAIL", "seconds": None,
                            "error": message.split("\n", 1)[0]})
 
@@ -251,11 +254,15 @@ def without_traceback(error):
 def worker_failed(ctx, worker, first_task, error, events):
     """The worker's CALL failed (its backend was terminated, say): the task it was
     running ends FAIL (it may have run in part) once its session has ended (else
-    recover_orphaned_tasks ends it later), tasks it had only claimed wait again."""
+    recover_orphaned_tasks ends it later), tasks it had only claimed wait again.
+    A row a client holds is left to recover_orphaned_tasks too: waited for here, in the
+    launcher's turn, no task of any role started until the client let go."""
     ctx.run("unclaim_failed", "SELECT pgtaskpy.unclaim_tasks(NULL, $1)", ["integer"], [worker["pid"]])
     failed = ctx.run(
         "worker_failed",
-        "SELECT t.id FROM {ext}.task AS t WHERE t.state = 'WORK' AND t.worker = $1"
+        "SELECT t.id FROM {ext}.task AS t"
+        " WHERE t.id = ANY (ARRAY(SELECT l.id FROM {ext}.task AS l WHERE l.state = 'WORK' AND l.worker = $1"
+        "                         FOR NO KEY UPDATE SKIP LOCKED))"
         " AND pgtaskpy.lost_session_ended(t)"
         " AND pgtaskpy.end_task_safely(t.id, 'FAIL', $2, '{WORK}', pgtaskpy.lost_run_sqlstate())",
         ["integer", "text"],
