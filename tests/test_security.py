@@ -195,3 +195,66 @@ def test_a_member_of_pgtaskpy_admin_alone_sees_and_steers_every_roles_tasks(runn
         running.sql("DELETE FROM task")
         running.sql("DROP OWNED BY ops_admin, ops_author")
         running.sql("DROP ROLE ops_admin, ops_author")
+
+
+def test_a_task_authors_security_definer_function_called_by_a_superuser_keeps_the_authors_rules(running):
+    """A superuser's session calls a task author's SECURITY DEFINER function.  The triggers decided
+    with is_superuser, which is the session's: the author's code skipped every rule, inserted an
+    exclusive task (the scheduler's mark for its own next runs set), and set its ended task back
+    to PLAN, which ran again."""
+    running.sql("CREATE ROLE svc LOGIN IN ROLE pgtaskpy_user")
+    try:
+        running.sql("CREATE FUNCTION svc_exclusive() RETURNS bigint LANGUAGE sql SECURITY DEFINER"
+                    " AS $$ SELECT set_config('pgtaskpy.next_run', 'on', true);"
+                    "       INSERT INTO task (input, exclusive) VALUES ('SELECT 1', true) RETURNING id $$")
+        running.sql("CREATE FUNCTION svc_again(task_id bigint) RETURNS void LANGUAGE sql SECURITY DEFINER"
+                    " AS $$ UPDATE task SET state = 'PLAN', start = NULL, stop = NULL, output = NULL"
+                    "       WHERE id = task_id $$")
+        running.sql("CREATE FUNCTION svc_delete(task_id bigint) RETURNS void LANGUAGE sql SECURITY DEFINER"
+                    " AS $$ DELETE FROM task WHERE id = task_id $$")
+        running.sql("ALTER FUNCTION svc_exclusive() OWNER TO svc")
+        running.sql("ALTER FUNCTION svc_again(bigint) OWNER TO svc")
+        running.sql("ALTER FUNCTION svc_delete(bigint) OWNER TO svc")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
+            running.sql("SELECT svc_exclusive()")
+        with running.connect("svc") as svc:
+            ran = svc.execute("INSERT INTO task (input, delete) VALUES ('SELECT pg_sleep(60)', false)"
+                              " RETURNING id").fetchone()[0]
+        wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [ran]) == "WORK", 20, 0.02,
+                   "svc's task to run")
+        with pytest.raises(psycopg.errors.ObjectInUse, match="is running: it cannot be deleted"):
+            running.sql("SELECT svc_delete(%s)", [ran])
+        running.sql("SELECT task_cancel(%s)", [ran])
+        assert running.wait_done(ran)["state"] == "FAIL"
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="set task.state to PLAN"):
+            running.sql("SELECT svc_again(%s)", [ran])
+        assert running.value("SELECT state::text FROM task WHERE id = %s", [ran]) == "FAIL"
+        assert running.value("SELECT count(*) FROM task WHERE exclusive") == 0
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY svc")
+        running.sql("DROP ROLE svc")
+
+
+def test_a_member_of_a_role_names_it_as_owner_by_set_role_and_is_told_so(running):
+    """README: a role writes only its own tasks.  A member of a team role that named the team as
+    owner got row-level security's `new row violates row-level security policy`, which says
+    nothing of why; SET ROLE first makes the team's task."""
+    running.sql("CREATE ROLE team LOGIN IN ROLE pgtaskpy_user")
+    running.sql("CREATE ROLE member LOGIN IN ROLE pgtaskpy_user, team")
+    try:
+        with running.connect("member") as member:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match='set task.owner to "team"') as raised:
+                insert_as(member, "SELECT current_user", owner="team")
+            assert "SET ROLE" in raised.value.diag.message_hint
+            member.execute("SET ROLE team")
+            task_id = insert_as(member, "SELECT current_user", delete=False)
+        row = running.wait_done(task_id)
+        assert (row["owner"], row["state"], row["output"]) == ("team", "DONE", "team"), row
+        running.sql("GRANT pgtaskpy_admin TO member")  # an admin who is a member of the role may name it
+        with running.connect("member") as member:
+            assert running.wait_done(insert_as(member, "SELECT 1", owner="team", delete=False))["state"] == "DONE"
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY member, team")
+        running.sql("DROP ROLE member, team")

@@ -153,14 +153,18 @@ BEGIN
     IF TG_OP = 'UPDATE' AND NEW.owner IS NOT DISTINCT FROM OLD.owner THEN
         RETURN NEW;
     END IF;
-    -- A task runs as its owner, so naming another role would borrow its privileges.
+    -- A task runs as its owner, so naming another role would borrow its privileges; and
+    -- row-level security lets a role write only its own tasks, unless it is an admin.  (Said
+    -- here: the policy's own error does not say why.)
     IF NEW.owner IS DISTINCT FROM current_user
        AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-       AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = NEW.owner)
+       AND NOT (pg_has_role('pgtaskpy_admin', 'MEMBER')
+                AND EXISTS (SELECT FROM pg_roles WHERE rolname = NEW.owner)
                 AND pg_has_role(current_user, NEW.owner, 'MEMBER')) THEN
         RAISE EXCEPTION 'permission denied to set task.owner to "%"', NEW.owner
             USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Leave owner at its default (current_user), or be a member of that role.';
+                  HINT = 'Leave owner at its default (current_user), or SET ROLE to that role first. Only '
+                         'superusers, and members of pgtaskpy_admin who are members of that role, may name another.';
     END IF;
     IF TG_OP = 'UPDATE' AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
         RAISE EXCEPTION 'permission denied to change task.owner'
@@ -173,13 +177,18 @@ $$;
 -- The next run or retry the scheduler inserts (follow_task marks its insert
 -- with pgtaskpy.next_run) copies a row that passed these checks, with a plan
 -- of its own computing: it skips them (a cron expression is parsed again by
--- every check).  Only in a superuser's session: anyone can set the mark.
+-- every check).  Only in a superuser's session, as that superuser: anyone can
+-- set the mark.  (is_superuser is the session's, or its SET ROLE's: inside a
+-- SECURITY DEFINER function it is the caller's.  A function of a task author
+-- that a superuser called skipped every check: it inserted an exclusive task,
+-- and set its author's ended task back to PLAN to run it again.  Wherever
+-- current_user is not session_user, the checks run and read current_user's rights.)
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
         cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group"
     ON @extschema@.task
     FOR EACH ROW
-    WHEN (pg_catalog.current_setting('is_superuser') <> 'on'
+    WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS NULL
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) OPERATOR(pg_catalog.=) 'off')
     EXECUTE FUNCTION pgtaskpy.check_task();
@@ -256,8 +265,9 @@ $$;
 
 -- Inserts with only user columns (the scheduler's repeats, most users' rows)
 -- and the scheduler's own updates (superuser sessions) skip the call.  (Inside
--- a SECURITY DEFINER function is_superuser is the caller's: the function then
--- runs and finds the definer's rights itself.)
+-- a SECURITY DEFINER function is_superuser is the caller's: wherever current_user
+-- is not session_user, the function runs and finds current_user's rights itself;
+-- see task_check.)
 CREATE TRIGGER task_guard_insert
     BEFORE INSERT ON @extschema@.task
     FOR EACH ROW
@@ -269,13 +279,15 @@ CREATE TRIGGER task_guard_insert
 CREATE TRIGGER task_guard_update
     BEFORE UPDATE ON @extschema@.task
     FOR EACH ROW
-    WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR (NEW.state = 'STOP' AND NEW.stop IS NULL))
+    WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
+          OR (NEW.state = 'STOP' AND NEW.stop IS NULL))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 CREATE TRIGGER task_guard_delete
     BEFORE DELETE ON @extschema@.task
     FOR EACH ROW
-    WHEN (OLD.state IN ('TAKE', 'WORK') AND pg_catalog.current_setting('is_superuser') <> 'on')
+    WHEN (OLD.state IN ('TAKE', 'WORK')
+          AND (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once
