@@ -4,6 +4,7 @@ to a few workers, up to 100 a worker (dispatch.py, TASKS_A_WORKER), which run th
 its own.  Each task behaves as it does alone."""
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -179,8 +180,54 @@ def test_a_clients_lock_on_one_task_of_a_burst_holds_back_no_other(running):
     row = running.wait_done(held, 20)
     assert row["state"] == "DONE", row
     assert timedelta(seconds=1) <= row["stop"] - row["start"] < timedelta(seconds=1.8), row  # not the client's end
+    logged = wait_until(lambda: re.search(rf"task {held} DONE in ([0-9.]+)s", running.launchers[-1].output()), 20,
+                        0.05, "the held task's end in the launcher's log")
+    assert 1.0 <= float(logged[1]) < 1.8, logged[0]  # (it counted the client's hold too)
     others = running.sql("SELECT stop - start FROM task WHERE id <> %s", [held])
     assert all(timedelta(seconds=2) <= took < timedelta(seconds=5) for (took,) in others), others
+
+
+# A task of a burst's running call (CALL pgtaskpy.run_tasks(ARRAY[...]), ...) that its worker has
+# taken (another task of the call runs: it started after the call took them all) and not started:
+# the call's last, whose session connects last.  The one whose start a client can hold.
+TAKEN_IN_A_BURST = (
+    "WITH burst AS (SELECT pid, unnest(regexp_split_to_array(substring(query FROM 'ARRAY\\[([0-9, ]*)\\]'), ', ')"
+    "                                   ::bigint[]) AS id"
+    "               FROM pg_stat_activity WHERE query LIKE 'CALL pgtaskpy.run_tasks%%' AND state = 'active'),"
+    "      taken AS (SELECT b.id FROM burst AS b WHERE b.pid IN (SELECT c.pid FROM burst AS c JOIN task AS w"
+    "                                                            ON w.id = c.id AND w.state = 'WORK'))"
+    " SELECT id FROM task WHERE state = 'TAKE' AND id IN (SELECT id FROM taken)"
+    " ORDER BY id DESC LIMIT 1 FOR UPDATE SKIP LOCKED")
+
+
+def test_a_burst_task_stopped_while_a_client_held_its_start_fails_no_other():
+    """A client holds a task of a burst that its worker has taken but not started (its start
+    waits for the row), then stops it with task_cancel.  The worker closed the task's session
+    when it found it stopped, then polled that closed session's socket (-1): `ValueError: file
+    descriptor cannot be a negative integer`, its call failed, and the ~100 tasks it ran ended
+    FAIL (a probe).  The stopped task ends STOP, and every other task DONE."""
+    with launcher_on_cluster_of({"max_connections": "300"}, "stopped") as (_, conn):
+        conn.execute("INSERT INTO task (\"group\", input, delete)"
+                     " SELECT 'g' || i, 'SELECT pg_sleep(2)', false FROM generate_series(1, 150) AS i")
+        with psycopg.connect(conn.info.dsn, autocommit=True) as client:
+
+            def hold_a_start_and_stop_it() -> int | None:
+                with client.transaction():
+                    row = client.execute(TAKEN_IN_A_BURST).fetchone()
+                    if row is None:
+                        return None
+                    time.sleep(0.3)  # (its worker's start comes meanwhile, and finds the row held)
+                    client.execute("SELECT task_cancel(%s)", [row[0]])
+                    return row[0]
+
+            stopped = wait_until(hold_a_start_and_stop_it, 30, 0.005, "a taken task of the burst, held")
+        wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM task"
+                                        " WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0],
+                   60, 0.1, "the 150 tasks ended")
+        ended = conn.execute("SELECT state::text, count(*), min(error) FROM task WHERE id <> %s GROUP BY 1",
+                             [stopped]).fetchall()
+        assert ended == [("DONE", 149, None)], ended
+        assert conn.execute("SELECT state::text FROM task WHERE id = %s", [stopped]).fetchone() == ("STOP",)
 
 
 def test_a_launcher_holds_no_more_workers_than_its_files_allow():

@@ -436,6 +436,24 @@ def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
 
 
+def test_graceful_stop_past_grace_does_not_wait_for_a_client_holding_a_running_task(db):
+    """Past --grace the launcher cancels what still runs; a client holding a running task's row
+    (SELECT ... FOR SHARE) made that cancel wait in the launcher's turn, holding the scheduling
+    lock, and the stop lasted as long as the client's transaction.  The held task is not
+    cancelled (it ends on its own), and the launcher stops."""
+    launcher = db.launcher("--grace", "0.5")
+    task_id = db.insert("SELECT pg_sleep(60)", delete=False)
+    wait_until(lambda: state_of(db, task_id) == "WORK", message="WORK")
+    with db.connect() as client, client.transaction():
+        client.execute("SELECT id FROM task WHERE id = %s FOR SHARE", [task_id])
+        launcher.signal(signal.SIGTERM)
+        assert launcher.process.wait(20) == 0
+        assert f"could not cancel task {task_id}" in launcher.output()
+        assert state_of(db, task_id) == "WORK"
+    db.sql("SELECT task_cancel(%s)", [task_id])  # (it ran on: its worker writes its end)
+    assert db.wait_done(task_id)["state"] == "FAIL"
+
+
 def test_launcher_reconnects_after_server_restart(db, cluster):
     launcher = db.launcher()
     db.wait_done(db.insert("SELECT 1", delete=False))

@@ -5,7 +5,9 @@ import signal
 import time
 from datetime import timedelta
 
-from pg_task_py_testing import wait_until
+import psycopg
+import pytest
+from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
 
 
 def state_of(db, task_id):
@@ -374,3 +376,35 @@ def test_a_claimed_task_a_client_holds_does_not_hold_back_recovery(running):
         assert (later["state"], later["output"]) == ("DONE", "later"), later
         client.rollback()
     wait_until(lambda: state_of(running, held) == "PLAN", 10, 0.05, "recovery to take the task back")
+
+
+def test_a_task_inserted_in_a_prepared_transaction_runs_after_commit_prepared():
+    """Two-phase commit (XA, JTA): a transaction that has sent NOTIFY cannot PREPARE, and every
+    insert of a task sent one to wake the launchers.  With pg_task_py.wake off, it sends none,
+    and the task starts at the launcher's next look, within a second or so of COMMIT PREPARED."""
+    with throwaway_cluster({"max_prepared_transactions": "2"}) as cluster:
+        cluster.create_database("xa")
+        launcher = Launcher(cluster.dsn("xa")).start()
+        try:
+            launcher.wait_active()
+            with cluster.connect("xa") as conn:  # (autocommit: the statements say where transactions go)
+                conn.execute("BEGIN")
+                conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
+                with pytest.raises(psycopg.errors.FeatureNotSupported, match="NOTIFY"):
+                    conn.execute("PREPARE TRANSACTION 'woken'")
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN")
+                conn.execute("SET LOCAL pg_task_py.wake = off")
+                task_id = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                                       ["SELECT 'prepared'"]).fetchone()[0]
+                conn.execute("PREPARE TRANSACTION 'quiet'")
+                conn.execute("COMMIT PREPARED 'quiet'")
+                committed = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+                done = "SELECT state = 'DONE' FROM task WHERE id = %s"
+                wait_until(lambda: conn.execute(done, [task_id]).fetchone()[0], 10, 0.02,
+                           "the prepared transaction's task to run")
+                output, start = conn.execute("SELECT output, start FROM task WHERE id = %s", [task_id]).fetchone()
+                assert output == "prepared"
+                assert start - committed < timedelta(seconds=3)
+        finally:
+            assert launcher.stop() == 0

@@ -74,6 +74,7 @@ SCHEDULER_SETTINGS = {
     "default_transaction_read_only": "off",
     "jit": "off",
     "max_parallel_workers_per_gather": "0",
+    "pg_task_py.wake": "on",  # (a database's off would leave the launchers their once-a-second look)
 }
 
 
@@ -656,10 +657,16 @@ def cancel_running_tasks(ctx, pool, events):
     given = given_tasks(pool)
     ctx.run("unclaim_unstarted", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"],
             [given, pool["pid"]])
+    # Not a row a client holds (a SELECT ... FOR SHARE of its task): task_cancel waited for it in
+    # this turn, which holds the scheduling lock, and the stop took as long as the client's
+    # transaction.  Such a task is not cancelled; it ends on its own.
     for row in ctx.run(
         "cancel",
-        "SELECT id, {ext}.task_cancel(id) AS cancelled FROM {ext}.task"
-        " WHERE worker = ANY($1) AND state = 'WORK'",
+        "SELECT t.id, CASE WHEN t.id = ANY (l.ids) THEN {ext}.task_cancel(t.id) ELSE false END AS cancelled"
+        " FROM {ext}.task AS t,"
+        "      (SELECT ARRAY(SELECT id FROM {ext}.task WHERE worker = ANY($1) AND state = 'WORK'"
+        "                    FOR NO KEY UPDATE SKIP LOCKED) AS ids) AS l"
+        " WHERE t.worker = ANY($1) AND t.state = 'WORK'",
         ["integer[]"],
         [pids],
     ):

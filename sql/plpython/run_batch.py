@@ -155,12 +155,14 @@ class BatchCall:
             connected = [entry for entry in self.ready(running) if self.step(entry)]
             if connected:
                 self.start_connected(connected)
-            for entry in [entry for entry in running if entry.session.handle is None]:
-                running.remove(entry)  # ended, or never started
             if time.monotonic() >= served + INTERRUPT_EVERY:
                 self.call.serve_interrupts(*(entry.session for entry in running))
                 self.retry_held(running)
                 served = time.monotonic()
+            # (after retry_held too: a held task stopped meanwhile has its session closed there, and
+            # the poll of a closed session's socket, -1, failed the call and every task in it)
+            for entry in [entry for entry in running if entry.session.handle is None]:
+                running.remove(entry)  # ended, or never started
 
     def retry_held(self, running):
         """Take, start and end what waited for a row another transaction held, if it is free."""

@@ -212,13 +212,15 @@ class WorkerCall:
 
     def write_end(self, task, started, output, error, sqlstate, notices, wake, stop=None, unless_held=False):
         """finish_task, not committed, and the end in the report; the end state, or None if
-        the task had ended already (HELD, unless_held: see finish_task)."""
+        the task had ended already (HELD, unless_held: see finish_task).  `stop`: when it ended
+        (time.time()), if not now: its seconds in the report end then too."""
         ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
                             sqlstate=sqlstate, stop=stop, unless_held=unless_held)
         if ended is not None and ended != HELD:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])
-            self.record_end(task, ended, round(time.monotonic() - started, 6), error, sqlstate)
+            late = time.time() - stop if stop is not None else 0.0
+            self.record_end(task, ended, round(time.monotonic() - late - started, 6), error, sqlstate)
         return ended
 
     def start_in_session(self, task):

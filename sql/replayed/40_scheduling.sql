@@ -27,10 +27,15 @@ $$;
 
 -- Wake the launchers (they LISTEN on the channel): a task was inserted or
 -- re-planned, or a slot of a group freed.  Identical notifications of one
--- transaction are delivered once.
+-- transaction are delivered once.  Not with pg_task_py.wake off: a
+-- transaction that NOTIFYs cannot PREPARE TRANSACTION (two-phase commit), and
+-- the launchers find its tasks at their next look, within a second.  (The
+-- scheduler's own sessions set it on: SCHEDULER_SETTINGS, dispatch.py.)
 CREATE FUNCTION pgtaskpy.wake_launchers() RETURNS void
 LANGUAGE sql VOLATILE
-AS $$ SELECT pg_catalog.pg_notify(pgtaskpy.name_of('channel'), '') $$;
+AS $$ SELECT pg_catalog.pg_notify(pgtaskpy.name_of('channel'), '')
+      WHERE pg_catalog.lower(pg_catalog.current_setting('pg_task_py.wake', true)) IS DISTINCT FROM 'off'
+        AND pg_catalog.lower(pg_catalog.current_setting('pg_task_py.wake', true)) IS DISTINCT FROM 'false' $$;
 
 -- The lock that serializes the scheduling of a database: every launcher takes
 -- it first thing in its turn, before any row, so that no turn holds rows while
