@@ -258,3 +258,44 @@ def test_a_member_of_a_role_names_it_as_owner_by_set_role_and_is_told_so(running
         running.sql("DELETE FROM task")
         running.sql("DROP OWNED BY member, team")
         running.sql("DROP ROLE member, team")
+
+
+@pytest.mark.parametrize("function", ["record_prerequisites", "settle_prerequisites", "prerequisite_stopped",
+                                      "prerequisite_deleted", "count_finished_task", "uncount_deleted_tasks"])
+def test_an_author_cannot_attach_the_schedulers_trigger_functions_to_a_table_of_its_own(running, function):
+    """The workflow triggers' functions run as the extension's owner (SECURITY DEFINER) and were
+    executable by anyone: attached to an author's own table, fed another role's task ids, they
+    stopped that role's dependents, or let one run before its prerequisite (a probe)."""
+    running.sql("CREATE ROLE mallory LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("mallory") as mallory:
+            mallory.execute("CREATE TABLE pg_temp.fed (id bigint, after bigint[])")
+            try:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"function pgtaskpy.{function}"):
+                    mallory.execute(f"CREATE TRIGGER fed AFTER DELETE ON fed FOR EACH ROW"
+                                    f" EXECUTE FUNCTION pgtaskpy.{function}()")
+            finally:
+                mallory.execute("DROP TABLE pg_temp.fed")
+    finally:
+        running.sql("DROP ROLE mallory")
+
+
+def test_an_admin_steers_another_roles_tasks_but_cannot_change_what_they_run(running):
+    """A member of pgtaskpy_admin who is not a member of a role rewrote the input of that role's
+    waiting task (a superuser's: ALTER ROLE ... SUPERUSER), which then ran as that role (a probe).
+    It may still stop, plan and repair such a task; not change its input, remote or target."""
+    running.sql("CREATE ROLE ops LOGIN IN ROLE pgtaskpy_admin")
+    try:
+        waiting = running.insert("SELECT 'mine'", plan=running.value("SELECT now() + interval '1 hour'"),
+                                 delete=False)
+        with running.connect("ops") as ops:
+            for change in ("input = 'ALTER ROLE ops SUPERUSER'", "remote = 'dbname=postgres'",
+                           "target = 'standby'"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="change what task .* runs"):
+                    ops.execute(f"UPDATE task SET {change} WHERE id = %s", [waiting])
+            ops.execute("UPDATE task SET plan = now() WHERE id = %s", [waiting])
+        row = running.wait_done(waiting)
+        assert (row["state"], row["output"]) == ("DONE", "mine"), row
+        assert running.value("SELECT rolsuper FROM pg_roles WHERE rolname = 'ops'") is False
+    finally:
+        running.sql("DROP ROLE ops")

@@ -150,6 +150,19 @@ BEGIN
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
                          'pgtaskpy_admin may insert one.';
     END IF;
+    -- A task runs as its owner: an admin who is not a member of that role steers its tasks
+    -- but may not change what they run, which would then run as that role (an admin made
+    -- a superuser's waiting task ALTER ROLE ... SUPERUSER, and it ran).
+    IF TG_OP = 'UPDATE' AND OLD.owner IS DISTINCT FROM current_user
+       AND (NEW.input, NEW.remote, NEW.target) IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target)
+       AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = OLD.owner)
+                AND pg_has_role(current_user, OLD.owner, 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied to change what task % of role "%" runs', OLD.id, OLD.owner
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A task runs as its owner: only superusers and members of that role may change its '
+                         'input, remote or target.';
+    END IF;
     IF TG_OP = 'UPDATE' AND NEW.owner IS NOT DISTINCT FROM OLD.owner THEN
         RETURN NEW;
     END IF;

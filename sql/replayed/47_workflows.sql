@@ -453,6 +453,15 @@ BEGIN
 END
 $$;
 
+-- The trigger functions too: firing a trigger checks no EXECUTE right, but attaching
+-- one does, and a SECURITY DEFINER one attached to an author's own table was fed any
+-- task id (it stopped another role's dependents, or let one run before its prerequisite).
+REVOKE ALL ON FUNCTION pgtaskpy.check_prerequisites() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.record_prerequisites() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.settle_prerequisites() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.keep_prerequisites() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_stopped() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_deleted() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite_shared(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
