@@ -462,8 +462,10 @@ def test_task_cancel_of_a_waiting_run_skips_it_and_its_series_goes_on(running, a
                                 " JOIN task AS s ON s.id = n.parent WHERE s.id = %s", [skipped])
         assert [(state, gap) for _, state, gap in following] == [("PLAN", step)], following
         assert states(running, [skipped]) == ["STOP"]
-        # Called again, the scheduler's half inserts no second run.
-        assert alice.execute("SELECT pgtaskpy.follow_skipped_run(%s)", [skipped]).fetchone() == (None,)
+        # Called again, with the proof its public half gives it, the scheduler's half inserts no second run.
+        with alice.transaction():
+            alice.execute("INSERT INTO pgtaskpy.steering_proof (task_id) VALUES (%s)", [skipped])
+            assert alice.execute("SELECT pgtaskpy.follow_skipped_run(%s)", [skipped]).fetchone() == (None,)
         ended = following[0][0]
         assert alice.execute("SELECT task_cancel(%s, true)", [ended]).fetchone() == (True,)
         assert running.value("SELECT count(*) FROM task WHERE parent = %s", [ended]) == 0

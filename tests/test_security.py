@@ -299,3 +299,56 @@ def test_an_admin_steers_another_roles_tasks_but_cannot_change_what_they_run(run
         assert running.value("SELECT rolsuper FROM pg_roles WHERE rolname = 'ops'") is False
     finally:
         running.sql("DROP ROLE ops")
+
+
+def test_an_authors_security_definer_function_a_superuser_calls_acts_on_no_other_roles_tasks(running):
+    """The privileged halves of task_cancel and task_unschedule checked the session's user: a
+    task author's SECURITY DEFINER function calling them directly, called by a superuser,
+    cancelled another role's running task and ended its series (a probe).  They now check the
+    calling role's proof (pgtaskpy.steering_proof); and an author's own wrapper of task_cancel or
+    task_unschedule, which another role calls, acts on the author's tasks (it was refused)."""
+    running.sql("CREATE ROLE alice_d LOGIN IN ROLE pgtaskpy_user")
+    running.sql("CREATE ROLE bob_d LOGIN IN ROLE pgtaskpy_user")
+    running.sql("CREATE SCHEMA alice_d AUTHORIZATION alice_d")
+    try:
+        with running.connect("bob_d") as bob:
+            bobs = bob.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT pg_sleep(60)', 'b')"
+                               " RETURNING id").fetchone()[0]
+            bob.execute("INSERT INTO task (input, key, repeat) VALUES ('SELECT 1', 'bk', '1 hour')")
+        with running.connect("alice_d") as alice:
+            alice.execute("CREATE FUNCTION alice_d.cancel(id bigint) RETURNS boolean LANGUAGE sql SECURITY DEFINER"
+                          " AS $$ SELECT pgtaskpy.cancel_running_task(id, false) $$")
+            alice.execute("CREATE FUNCTION alice_d.end_series(o name, k text) RETURNS text LANGUAGE sql"
+                          " SECURITY DEFINER AS $$ SELECT pgtaskpy.end_series(o, k)::text $$")
+            alice.execute("CREATE FUNCTION alice_d.unschedule(k text) RETURNS boolean LANGUAGE sql SECURITY DEFINER"
+                          " AS $$ SELECT task_unschedule(k) $$")
+            alice.execute("CREATE FUNCTION alice_d.cancel_mine(id bigint) RETURNS boolean LANGUAGE sql"
+                          " SECURITY DEFINER AS $$ SELECT task_cancel(id) $$")
+            alice.execute("GRANT USAGE ON SCHEMA alice_d TO bob_d")
+            mine = alice.execute("INSERT INTO task (input, \"group\", delete) VALUES ('SELECT pg_sleep(60)', 'a',"
+                                 " false) RETURNING id").fetchone()[0]
+            alice.execute("INSERT INTO task (input, key, repeat) VALUES ('SELECT 1', 'ak', '1 hour')")
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id IN (%s, %s) AND state = 'WORK'",
+                                         [bobs, mine]) == 2, 20, 0.02, "both tasks running")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"cancel task {bobs}"):
+            running.sql("SELECT alice_d.cancel(%s)", [bobs])  # (called by a superuser)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match='end the series "bk"'):
+            running.sql("SELECT alice_d.end_series('bob_d', 'bk')")
+        assert running.value("SELECT state::text FROM task WHERE id = %s", [bobs]) == "WORK"
+        assert running.value("SELECT repeat FROM task WHERE key = 'bk'") == timedelta(hours=1)
+        with running.connect("bob_d") as bob:
+            assert bob.execute("SELECT alice_d.cancel_mine(%s)", [mine]).fetchone() == (True,)
+            assert bob.execute("SELECT alice_d.unschedule('ak')").fetchone() == (True,)
+            assert bob.execute("SELECT alice_d.unschedule('no such key')").fetchone() == (False,)
+            assert bob.execute("SELECT alice_d.cancel_mine(%s)", [bobs]).fetchone() == (False,)  # (not alice's)
+        assert running.wait_done(mine)["state"] == "FAIL"
+        assert running.value("SELECT state::text FROM task WHERE key = 'ak' AND state = 'PLAN'") is None
+        assert running.value("SELECT count(*) FROM pgtaskpy.steering_proof") == 0
+    finally:
+        running.sql("SELECT task_cancel(id) FROM task WHERE state IN ('TAKE', 'WORK')")
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0, 20,
+                   0.05, "the running tasks cancelled")
+        running.sql("DELETE FROM task")
+        running.sql("DROP SCHEMA alice_d CASCADE")
+        running.sql("DROP OWNED BY alice_d, bob_d")
+        running.sql("DROP ROLE alice_d, bob_d")

@@ -38,3 +38,22 @@ ALTER TABLE @extschema@.task ENABLE ROW LEVEL SECURITY;
 CREATE POLICY task_owner_or_admin ON @extschema@.task
     USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'))
     WITH CHECK (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+
+-- The caller's right to a task, for the privileged (SECURITY DEFINER) halves of task_cancel,
+-- task_unschedule and a stopped series' next run.  There, current_user is their owner, and
+-- session_user may be a superuser's session that called a task author's SECURITY DEFINER
+-- function (which then acted on any role's tasks): neither is the calling role.  The public
+-- half inserts a row here in the same transaction, which row-level security lets through
+-- only for a task the calling role sees, or for that role's own name; the privileged half
+-- takes it (pgtaskpy.take_steering_proof).  Nobody but the scheduler reads or deletes one.
+CREATE TABLE pgtaskpy.steering_proof (
+    xact xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    task_id bigint,
+    owner name
+);
+ALTER TABLE pgtaskpy.steering_proof ENABLE ROW LEVEL SECURITY;
+CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
+    WITH CHECK (xact = pg_catalog.pg_current_xact_id()
+                AND (task_id IS NULL OR EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = task_id))
+                AND (owner IS NULL OR owner = current_user));
+GRANT INSERT ON pgtaskpy.steering_proof TO pgtaskpy_user;

@@ -392,6 +392,9 @@ def housekeeping(ctx, pool, events, run_limit):
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = delete_finished_tasks(ctx, pool, events)
     ctx.run("counts", "SELECT pgtaskpy.fold_group_counts()")  # task_stats' counters (70_operating.sql)
+    # (proofs of committed transactions that no privileged half took: a role may insert its own)
+    ctx.run("proofs", "DELETE FROM pgtaskpy.steering_proof"
+                      " WHERE xact < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())")
     if misconfigured:
         events.append({"event": "misconfigured", "count": misconfigured})
     if deleted:

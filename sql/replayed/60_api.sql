@@ -205,6 +205,7 @@ BEGIN
     RETURNING t.repeat > interval '0' OR t.cron IS NOT NULL INTO series;
     IF FOUND THEN
         IF series AND stop_series IS NOT TRUE THEN  -- (NULL: the default, as for a running task)
+            INSERT INTO pgtaskpy.steering_proof (task_id) VALUES (task_id);
             PERFORM pgtaskpy.follow_skipped_run(task_id);
         END IF;
         RETURN true;
@@ -221,18 +222,32 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK');
-    RETURN FOUND AND pgtaskpy.cancel_running_task(task_id, stop_series);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgtaskpy.steering_proof (task_id) VALUES (task_id);
+    RETURN pgtaskpy.cancel_running_task(task_id, stop_series);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.task_cancel IS 'STOP a waiting task or cancel a running one';
 
--- Whether the session's user may act on the tasks of `task_owner`: as a
--- member of that role, or of pgtaskpy_admin.  What the SECURITY DEFINER
--- halves of task_cancel and task_unschedule check, where row-level security
--- (current_user: their definer) no longer does.
-CREATE FUNCTION pgtaskpy.session_user_steers(task_owner name) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_has_role(session_user, task_owner, 'MEMBER') OR pg_has_role(session_user, 'pgtaskpy_admin', 'MEMBER') $$;
+-- Whether the calling role may act on the task (or the series of the role
+-- `series_owner`): the proof its public half inserted in this transaction
+-- (pgtaskpy.steering_proof, sql/created_once/35_security.sql), taken.  What
+-- the SECURITY DEFINER halves of task_cancel and task_unschedule check, where
+-- row-level security (current_user: their definer) no longer does, and
+-- session_user is not the caller when a superuser's session calls a task
+-- author's SECURITY DEFINER function.
+CREATE FUNCTION pgtaskpy.take_steering_proof(proof_task bigint, proof_owner name) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH taken AS (
+        DELETE FROM pgtaskpy.steering_proof AS p
+        WHERE p.xact = pg_current_xact_id()
+          AND p.task_id IS NOT DISTINCT FROM proof_task AND p.owner IS NOT DISTINCT FROM proof_owner
+        RETURNING 1)
+    SELECT EXISTS (SELECT FROM taken)
+$$;
 
 -- The privileged half of task_cancel: a claimed task is stopped before it
 -- starts; a running one is cancelled through the backend that really runs
@@ -242,7 +257,7 @@ AS $$ SELECT pg_has_role(session_user, task_owner, 'MEMBER') OR pg_has_role(sess
 -- or one of a target, its worker (a worker backend of this database, started before the task).
 -- SECURITY DEFINER, since those backends are not the caller's (a remote
 -- task's worker belongs to the launcher's role); so the caller's right to the
--- task is checked here again, for its session user, as task_cancel's own
+-- task is checked here again (take_steering_proof), as task_cancel's own
 -- check cannot be relied on by a direct call.
 CREATE FUNCTION pgtaskpy.cancel_running_task(task_id bigint, stop_series boolean) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -250,12 +265,14 @@ AS $$
 DECLARE
     t @extschema@.task;
 BEGIN
+    -- (taken first: a proof left over would be there for the rest of the transaction)
+    IF NOT pgtaskpy.take_steering_proof(task_id, NULL) THEN
+        RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Cancel it with task_cancel(id), as a role that sees it.';
+    END IF;
     SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN false;
-    END IF;
-    IF NOT pgtaskpy.session_user_steers(t.owner) THEN
-        RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege';
     END IF;
     IF t.state = 'TAKE' THEN
         -- Claimed, not started: the worker that would start it finds it STOP
@@ -300,7 +317,7 @@ $$;
 -- that run's end would have inserted it (follow_task); its id, or NULL when
 -- the task is no stopped run of a series, or has a next run already (a second
 -- call inserts none).  SECURITY DEFINER, as follow_task is the scheduler's; so
--- the caller's right to the task is checked here again, for its session user,
+-- the caller's right to the task is checked here again (take_steering_proof),
 -- as cancel_running_task does.
 CREATE FUNCTION pgtaskpy.follow_skipped_run(task_id bigint) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -308,6 +325,10 @@ AS $$
 DECLARE
     t @extschema@.task;
 BEGIN
+    IF NOT pgtaskpy.take_steering_proof(task_id, NULL) THEN  -- (first, as cancel_running_task's)
+        RAISE EXCEPTION 'permission denied to go on with the series of task %', task_id
+            USING ERRCODE = 'insufficient_privilege', HINT = 'Stop its run with task_cancel(id), as a role that sees it.';
+    END IF;
     SELECT * INTO t FROM @extschema@.task AS s
     WHERE s.id = task_id AND s.state = 'STOP' AND (s.repeat > interval '0' OR s.cron IS NOT NULL)
     FOR NO KEY UPDATE;
@@ -317,10 +338,6 @@ BEGIN
                             WHERE n.parent = task_id AND n.owner = t.owner
                               AND (n.repeat > interval '0' OR n.cron IS NOT NULL)) THEN
         RETURN NULL;
-    END IF;
-    IF NOT pgtaskpy.session_user_steers(t.owner) THEN
-        RAISE EXCEPTION 'permission denied to go on with the series of task %', task_id
-            USING ERRCODE = 'insufficient_privilege';
     END IF;
     t.max := greatest(t.max, 0);  -- (a negative max pushes the group back after a run, not a skipped one)
     PERFORM pgtaskpy.follow_task(t);
@@ -452,14 +469,14 @@ COMMENT ON FUNCTION @extschema@.task_schedule IS 'create or replace the named cr
 -- ending it) is left alone and counted in `busy`: the caller looks again once
 -- that end has committed, with the next run it may have inserted.  SECURITY
 -- DEFINER, since a task author may not write a running task; so the
--- caller's right to the series is checked here, for its session user.
+-- caller's right to the series is checked here (take_steering_proof).
 CREATE FUNCTION pgtaskpy.end_series(series_owner name, series_key text, OUT ended integer, OUT busy integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT pgtaskpy.session_user_steers(series_owner) THEN
+    IF NOT pgtaskpy.take_steering_proof(NULL, series_owner) THEN
         RAISE EXCEPTION 'permission denied to end the series "%" of role "%"', series_key, series_owner
-            USING ERRCODE = 'insufficient_privilege';
+            USING ERRCODE = 'insufficient_privilege', HINT = 'End it with task_unschedule(key), as that role.';
     END IF;
     WITH marked AS (
         UPDATE @extschema@.task AS t SET cron = NULL, repeat = interval '0', retry = 0
@@ -494,6 +511,7 @@ BEGIN
     -- insert the next run as its end commits, and a waiting run may start
     -- between two of these statements.
     LOOP
+        INSERT INTO pgtaskpy.steering_proof (owner) VALUES (current_user);
         SELECT e.ended, e.busy INTO ended, busy FROM pgtaskpy.end_series(current_user, key) AS e;
         UPDATE @extschema@.task AS t SET state = 'STOP'
         WHERE t.owner = current_user AND t.key = task_unschedule.key AND t.state = 'PLAN';
@@ -598,3 +616,5 @@ GRANT EXECUTE ON FUNCTION
                               integer, interval, interval, text[], boolean, boolean),
     @extschema@.task_unschedule(text) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_series TO pgtaskpy_user;
+
+REVOKE ALL ON FUNCTION pgtaskpy.take_steering_proof(bigint, name) FROM PUBLIC;

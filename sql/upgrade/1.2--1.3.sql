@@ -225,3 +225,22 @@ COMMENT ON COLUMN @extschema@.task.target IS 'where the task runs: NULL here, ''
 -- takes its active without it.
 ALTER TABLE @extschema@.task ADD COLUMN paused interval NOT NULL DEFAULT interval '0';
 COMMENT ON COLUMN @extschema@.task.paused IS 'how long task_pause held the waiting task: added to its active, not to its next run''s';
+
+-- The proof of the caller's right to a task (sql/created_once/35_security.sql).
+-- task_unschedule and a stopped series' next run.  There, current_user is their owner, and
+-- session_user may be a superuser's session that called a task author's SECURITY DEFINER
+-- function (which then acted on any role's tasks): neither is the calling role.  The public
+-- half inserts a row here in the same transaction, which row-level security lets through
+-- only for a task the calling role sees, or for that role's own name; the privileged half
+-- takes it (pgtaskpy.take_steering_proof).  Nobody but the scheduler reads or deletes one.
+CREATE TABLE pgtaskpy.steering_proof (
+    xact xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    task_id bigint,
+    owner name
+);
+ALTER TABLE pgtaskpy.steering_proof ENABLE ROW LEVEL SECURITY;
+CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
+    WITH CHECK (xact = pg_catalog.pg_current_xact_id()
+                AND (task_id IS NULL OR EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = task_id))
+                AND (owner IS NULL OR owner = current_user));
+GRANT INSERT ON pgtaskpy.steering_proof TO pgtaskpy_user;
