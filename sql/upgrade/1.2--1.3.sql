@@ -243,4 +243,4 @@ CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
     WITH CHECK (xact = pg_catalog.pg_current_xact_id()
                 AND (task_id IS NULL OR EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = task_id))
                 AND (owner IS NULL OR owner = current_user));
-GRANT INSERT ON pgtaskpy.steering_proof TO pgtaskpy_user;
+GRANT INSERT ON pgtaskpy.steering_proof TO PUBLIC;  -- (task_cancel is any task author's, granted by hand too)
