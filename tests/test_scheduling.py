@@ -1,6 +1,7 @@
 """pg_task's time and group rules through the real launcher: repeat, drift, active, timeout,
 pauses, priority, worker reuse, STOP, and tasks of dead backends."""
 
+import re
 import signal
 import time
 from datetime import timedelta
@@ -328,6 +329,9 @@ def test_a_clients_open_update_of_a_running_tasks_data_does_not_move_its_stop(ru
     row = running.wait_done(task_id)
     assert row["state"] == "DONE" and row["data"] == "progress", row
     assert row["stop"] - row["start"] < timedelta(seconds=1.5), row
+    logged = wait_until(lambda: re.search(rf"task {task_id} DONE in ([0-9.]+)s", running.launchers[-1].output()),
+                        10, 0.05, "the task's end in the launcher's log")
+    assert float(logged[1]) < 1.5, logged[0]  # (nor the seconds the launcher logs, which counted the hold)
 
 
 def test_a_lost_task_a_client_holds_does_not_hold_back_other_tasks(running):

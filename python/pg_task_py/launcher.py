@@ -407,6 +407,8 @@ def describe(event: dict) -> tuple[int, str]:
                                  " of the dropped one's tasks (their ends went with its table)")
     if kind == "standby":
         return logging.INFO, "a standby (in recovery): running nothing"
+    if kind == "unclaimed":
+        return logging.INFO, f"took back {event['count']} claimed task(s) that no worker started: they wait again"
     if kind == "recovered":
         return logging.WARNING, f"recovered {event['count']} task(s) of dead backends"
     if kind == "deleted_old":

@@ -387,7 +387,7 @@ def housekeeping(ctx, pool, events, run_limit):
         if pool["cap"] >= run_limit:
             pool["cap"] = None
     recovered = ctx.run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
-    recovered += unclaim_strays(ctx, pool)
+    strays = unclaim_strays(ctx, pool)
     expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = delete_finished_tasks(ctx, pool, events)
@@ -401,6 +401,8 @@ def housekeeping(ctx, pool, events, run_limit):
         events.append({"event": "deleted_old", "count": deleted})
     if recovered:
         events.append({"event": "recovered", "count": recovered})
+    if strays:  # (no backend died: a row a client held when its claim was given back, say)
+        events.append({"event": "unclaimed", "count": strays})
     if expired:
         events.append({"event": "expired", "count": expired})
 

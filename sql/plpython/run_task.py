@@ -203,10 +203,12 @@ class WorkerCall:
 
     def end_task(self, task, started, output, error, sqlstate, notices):
         """Write the task's end, not committed yet (the claim of the group's next task joins
-        the transaction); return its end state, or None if it had ended already."""
+        the transaction); return its end state, or None if it had ended already.  Its stop,
+        and its seconds in the report, are now: not after a wait for a client's lock on the row."""
+        stop = time.time()
         self.sessions.release(task)  # a kept session's reset runs while the end is written
         self.sessions.advance_ahead()
-        ended = self.write_end(task, started, output, error, sqlstate, notices, wake=False)
+        ended = self.write_end(task, started, output, error, sqlstate, notices, wake=False, stop=stop)
         self.sessions.settle_reset()
         return ended
 

@@ -66,6 +66,8 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
      "a worker could not claim its group's next task: boom"),
     ({"event": "spare_failed", "message": "no"}, logging.ERROR, "cannot open a worker backend: no"),
     ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
+    ({"event": "unclaimed", "count": 2}, logging.INFO,
+     "took back 2 claimed task(s) that no worker started: they wait again"),
     ({"event": "deleted_old", "count": 5}, logging.INFO,
      "deleted 5 finished task(s) past their retention (pg_task_py.retention*, keep_runs)"),
     ({"event": "expired", "count": 1}, logging.INFO, "1 task(s) not started within active: GONE"),
