@@ -5,6 +5,7 @@ its own.  Each task behaves as it does alone."""
 
 import contextlib
 import re
+import signal
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -228,6 +229,53 @@ def test_a_burst_task_stopped_while_a_client_held_its_start_fails_no_other():
                              [stopped]).fetchall()
         assert ended == [("DONE", 149, None)], ended
         assert conn.execute("SELECT state::text FROM task WHERE id = %s", [stopped]).fetchone() == ("STOP",)
+
+
+def test_a_burst_worker_starts_no_held_task_once_its_launcher_has_stopped():
+    """A client holds a task a burst's worker has taken and not started; another holds the running
+    tasks, whose ends the worker then waits to write.  The launcher stops (SIGTERM, --grace 0.5).
+    The worker, still waiting for those ends, started the held task once its client let go, after
+    its launcher had stopped (a probe).  It now leaves it claimed, and the next launcher runs it."""
+    with throwaway_cluster({"max_connections": "300"}) as cluster:
+        cluster.create_database("stops")
+        launcher = Launcher(cluster.dsn("stops"), args=("--grace", "0.5")).start()
+        with cluster.connect("stops") as conn, cluster.connect("stops") as start_holder, \
+                cluster.connect("stops") as end_holder:
+            launcher.wait_active()
+            conn.execute("INSERT INTO task (\"group\", input, delete)"
+                         " SELECT 'g' || i, 'SELECT pg_sleep(2)', false FROM generate_series(1, 150) AS i")
+
+            def hold_a_taken_task() -> tuple | None:
+                # (a transaction a look: pg_stat_activity stays as a transaction first read it)
+                start_holder.execute("BEGIN")
+                row = start_holder.execute(TAKEN_IN_A_BURST).fetchone()
+                if row is None:
+                    start_holder.execute("ROLLBACK")
+                return row
+
+            held = wait_until(hold_a_taken_task, 30, 0.005, "a taken task of the burst, held")[0]
+            with end_holder.transaction():
+                end_holder.execute("SELECT id FROM task WHERE state = 'WORK' FOR SHARE")
+                launcher.signal(signal.SIGTERM)
+                assert launcher.process.wait(30) == 0
+                start_holder.execute("COMMIT")
+            # (both let go: the worker writes the ends it waited for, and its call returns)
+            wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM pg_stat_activity"
+                                            " WHERE application_name = 'pg_task_py worker'").fetchone()[0],
+                       30, 0.05, "the stopped launcher's workers gone")
+            assert conn.execute("SELECT state::text, start FROM task WHERE id = %s", [held]).fetchone() == \
+                ("TAKE", None)
+            later = Launcher(cluster.dsn("stops")).start()
+            try:
+                later.wait_active()
+                wait_until(lambda: conn.execute("SELECT state = 'DONE' FROM task WHERE id = %s",
+                                                [held]).fetchone()[0], 30, 0.05, "the next launcher to run it")
+                # (the others ran, or were cancelled past the grace period)
+                wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM task"
+                                                " WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0],
+                           30, 0.05, "every task ended")
+            finally:
+                assert later.stop() == 0
 
 
 def test_a_launcher_holds_no_more_workers_than_its_files_allow():

@@ -48,7 +48,14 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
         moved_session_failed,
     )
     from sessions import TaskSessions, send_prepare, settings_at_start
-    from task_rows import HELD, move_task_to_session, start_task, take_tasks, wake_launchers
+    from task_rows import (
+        HELD,
+        launcher_accepts,
+        move_task_to_session,
+        start_task,
+        take_tasks,
+        wake_launchers,
+    )
 
 
 class Running:
@@ -165,10 +172,18 @@ class BatchCall:
                 running.remove(entry)  # ended, or never started
 
     def retry_held(self, running):
-        """Take, start and end what waited for a row another transaction held, if it is free."""
+        """Take, start and end what waited for a row another transaction held, if it is free.
+        Start nothing once the launcher stops or is gone: it gives those back, or the next one's
+        recovery does (this worker, waiting for a held end, started a task after its launcher
+        had stopped)."""
+        held = [entry for entry in running if entry.held]
+        if (self.untaken or held) and not launcher_accepts(self.ctx, self.claimer):
+            self.untaken, held = [], []
+            for entry in running:
+                if entry.held:
+                    entry.session.close()  # (its row stays TAKE, its launcher's claim)
         if self.untaken and running:
             self.take_untaken(running)
-        held = [entry for entry in running if entry.held]
         if held:
             self.start_connected(held)
         unwritten, self.unwritten = self.unwritten, []

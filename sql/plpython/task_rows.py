@@ -56,6 +56,14 @@ def take_tasks(ctx, task_ids, claimer):
     return taken, held_rows(ctx, [task_id for task_id in task_ids if task_id not in found])
 
 
+def launcher_accepts(ctx, launcher):
+    """Whether the launcher whose session's pid is `launcher` still gives out work (not gone, nor
+    stopping: pgtaskpy.claim_next_task looks the same way)."""
+    return ctx.run("accepts", "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity($1) AS a"
+                              " WHERE a.application_name = pgtaskpy.name_of('launcher')) AS a",
+                   ["integer"], [launcher])[0]["a"]
+
+
 def held_rows(ctx, task_ids):
     """Of tasks a SKIP LOCKED read did not return, those that exist: their rows are held."""
     if not task_ids:
