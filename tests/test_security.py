@@ -352,3 +352,44 @@ def test_an_authors_security_definer_function_a_superuser_calls_acts_on_no_other
         running.sql("DROP SCHEMA alice_d CASCADE")
         running.sql("DROP OWNED BY alice_d, bob_d")
         running.sql("DROP ROLE alice_d, bob_d")
+
+
+def test_an_exclusive_task_an_admin_gave_an_author_is_run_again_as_it_was_and_no_other(running):
+    """Once an admin had made one of an author's tasks exclusive, any row naming it as `parent` was
+    let through: the author inserted exclusive tasks of any input, as many as it liked (a probe).
+    Only task_retry's copy of it, one at a time, is let through now."""
+    running.sql("CREATE ROLE excl_author LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("excl_author") as author:
+            given = author.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')"
+                                   " RETURNING id").fetchone()[0]
+            running.sql("UPDATE task SET exclusive = true WHERE id = %s", [given])  # (an admin's)
+            author.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [given])
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
+                author.execute("INSERT INTO task (input, exclusive, parent) VALUES ('SELECT 2', true, %s)", [given])
+            again = author.execute("SELECT task_retry(%s)", [given]).fetchone()[0]
+            assert running.value("SELECT exclusive FROM task WHERE id = %s", [again]) is True
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
+                author.execute("INSERT INTO task (input, exclusive, parent) VALUES ('SELECT 1', true, %s)", [given])
+            assert running.wait_done(again)["state"] == "DONE"
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE excl_author")
+
+
+def test_proofs_an_author_leaves_behind_are_deleted_a_few_thousand_a_turn(running):
+    """Any role may insert rows into pgtaskpy.steering_proof (for its own name): leftovers of
+    committed transactions are deleted by housekeeping, a few thousand a turn, not all at once in
+    a turn that holds the scheduling lock (two million stalled every role's starts)."""
+    running.sql("CREATE ROLE flooder LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("flooder") as flooder:
+            flooder.execute("INSERT INTO pgtaskpy.steering_proof (owner) SELECT 'flooder'"
+                            " FROM generate_series(1, 12000)")
+        wait_until(lambda: running.value("SELECT count(*) FROM pgtaskpy.steering_proof") < 12000, 10, 0.05,
+                   "housekeeping to delete some")
+        assert running.value("SELECT count(*) FROM pgtaskpy.steering_proof") > 0  # (not all in one turn)
+        wait_until(lambda: running.value("SELECT count(*) FROM pgtaskpy.steering_proof") == 0, 20, 0.1,
+                   "housekeeping to delete them all")
+    finally:
+        running.sql("DROP ROLE flooder")

@@ -143,8 +143,17 @@ BEGIN
     -- again of an exclusive task an administrator gave the owner, task_retry's, stays one.)
     IF NEW.exclusive AND (TG_OP = 'INSERT' OR NOT OLD.exclusive)
        AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER')  -- (true for superusers)
-       AND NOT (TG_OP = 'INSERT' AND EXISTS (SELECT FROM @extschema@.task AS p
-                                             WHERE p.id = NEW.parent AND p.owner = NEW.owner AND p.exclusive)) THEN
+       -- (task_retry's copy of an ended exclusive task: its input, where and how it runs, one at a
+       -- time.  Any row naming such a parent was let through: an author inserted exclusive tasks
+       -- of any input, as many as it liked, once an admin had made one of its tasks exclusive.)
+       AND NOT (TG_OP = 'INSERT' AND EXISTS (
+                    SELECT FROM @extschema@.task AS p
+                    WHERE p.id = NEW.parent AND p.owner = NEW.owner AND p.exclusive
+                      AND p.state IN ('FAIL', 'GONE', 'STOP') AND p.input = NEW.input
+                      AND p.remote IS NOT DISTINCT FROM NEW.remote AND p.target IS NOT DISTINCT FROM NEW.target
+                      AND NOT EXISTS (SELECT FROM @extschema@.task AS n
+                                      WHERE n.parent = p.id AND n.owner = p.owner AND n.exclusive
+                                        AND n.state IN ('PLAN', 'TAKE', 'WORK')))) THEN
         RAISE EXCEPTION 'permission denied to make a task exclusive'
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '

@@ -283,7 +283,10 @@ BEGIN
     IF stop_series THEN
         PERFORM pgtaskpy.end_series(task_id);
     END IF;
-    -- (A task of target 'standby' may run on the standby, whose pids are not this server's.)
+    -- (A task of target 'standby' may run on the standby, whose pids are not this server's.  The
+    -- activity read afresh: an earlier call in this transaction left its snapshot, in which an
+    -- ended session still showed, and the signal warned "PID ... is not a PostgreSQL backend".)
+    PERFORM pg_stat_clear_snapshot();
     IF t.remote IS NULL AND t.target IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE t.pid IS NOT NULL AND a.usesysid = to_regrole(quote_ident(t.owner))

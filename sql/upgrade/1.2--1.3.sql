@@ -238,6 +238,7 @@ CREATE TABLE pgtaskpy.steering_proof (
     task_id bigint,
     owner name
 );
+CREATE INDEX steering_proof_xact ON pgtaskpy.steering_proof (xact);  -- (a role may insert millions)
 ALTER TABLE pgtaskpy.steering_proof ENABLE ROW LEVEL SECURITY;
 CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
     WITH CHECK (xact = pg_catalog.pg_current_xact_id()
