@@ -48,9 +48,11 @@ SELECT 'trigger ' || pg_get_triggerdef(t.oid)
 FROM members AS m JOIN pg_trigger AS t ON m.classid = 'pg_class'::regclass AND t.tgrelid = m.objid
 WHERE NOT t.tgisinternal
 UNION ALL
-SELECT 'policy ' || po.policyname || ' ' || po.cmd || ' ' || po.roles::text || ' '
+SELECT 'policy ' || po.tablename || '.' || po.policyname || ' ' || po.cmd || ' ' || po.roles::text || ' '
        || coalesce(po.qual, '') || ' ' || coalesce(po.with_check, '')
-FROM pg_policies AS po WHERE po.tablename = 'task'
+FROM members AS m JOIN pg_class AS c ON m.classid = 'pg_class'::regclass AND c.oid = m.objid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+JOIN pg_policies AS po ON po.schemaname = n.nspname AND po.tablename = c.relname
 UNION ALL
 SELECT 'table ' || c.relname || ' rls ' || c.relrowsecurity || ' acl ' || coalesce(c.relacl::text, 'default')
 FROM members AS m JOIN pg_class AS c ON m.classid = 'pg_class'::regclass AND c.oid = m.objid
