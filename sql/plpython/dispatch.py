@@ -392,11 +392,7 @@ def housekeeping(ctx, pool, events, run_limit):
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = delete_finished_tasks(ctx, pool, events)
     ctx.run("counts", "SELECT pgtaskpy.fold_group_counts()")  # task_stats' counters (70_operating.sql)
-    # (proofs of ended transactions that no privileged half took: a role may insert its own, and
-    # millions at once: a few thousand a turn, as this turn holds the scheduling lock)
-    ctx.run("proofs", "DELETE FROM pgtaskpy.steering_proof WHERE ctid = ANY (ARRAY("
-                      " SELECT ctid FROM pgtaskpy.steering_proof"
-                      " WHERE xact < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) LIMIT 5000))")
+    ctx.run("proofs", "SELECT pgtaskpy.delete_stale_steering_proofs()")  # (60_api.sql)
     if misconfigured:
         events.append({"event": "misconfigured", "count": misconfigured})
     if deleted:

@@ -178,10 +178,9 @@ class BatchCall:
         had stopped)."""
         held = [entry for entry in running if entry.held]
         if (self.untaken or held) and not launcher_accepts(self.ctx, self.claimer):
+            for entry in held:
+                entry.session.close()  # (its row stays TAKE, its launcher's claim)
             self.untaken, held = [], []
-            for entry in running:
-                if entry.held:
-                    entry.session.close()  # (its row stays TAKE, its launcher's claim)
         if self.untaken and running:
             self.take_untaken(running)
         if held:

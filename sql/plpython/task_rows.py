@@ -57,11 +57,9 @@ def take_tasks(ctx, task_ids, claimer):
 
 
 def launcher_accepts(ctx, launcher):
-    """Whether the launcher whose session's pid is `launcher` still gives out work (not gone, nor
-    stopping: pgtaskpy.claim_next_task looks the same way)."""
-    return ctx.run("accepts", "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity($1) AS a"
-                              " WHERE a.application_name = pgtaskpy.name_of('launcher')) AS a",
-                   ["integer"], [launcher])[0]["a"]
+    """Whether the launcher whose session's pid is `launcher` still gives out work
+    (pgtaskpy.launcher_accepts)."""
+    return ctx.run("accepts", "SELECT pgtaskpy.launcher_accepts($1) AS a", ["integer"], [launcher])[0]["a"]
 
 
 def held_rows(ctx, task_ids):

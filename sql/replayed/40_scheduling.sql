@@ -347,6 +347,15 @@ $$;
 -- it ends, and sees the tasks the others are ending still running (not yet
 -- committed) or already replaced (committed), so the group never runs more
 -- than its max allows; SKIP LOCKED keeps them off each other's candidate.
+-- Whether the launcher whose session's pid is `launcher` still gives out work:
+-- not gone, nor stopping (it drops the accepting name first).  A worker goes on
+-- with its group's tasks (claim_next_task), and a burst's worker starts a task
+-- whose row a client held (run_batch.py), only while it does.
+CREATE FUNCTION pgtaskpy.launcher_accepts(launcher integer) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
+                     WHERE a.application_name = pgtaskpy.name_of('launcher')) $$;
+
 CREATE FUNCTION pgtaskpy.claim_next_task(
     group_hash integer, launcher integer,
     session_pid integer DEFAULT NULL, session_owner name DEFAULT NULL, session_remote text DEFAULT NULL,
@@ -363,8 +372,7 @@ DECLARE
     cap integer;
 BEGIN
     IF launcher IS NOT NULL THEN  -- (apart: a condition with a subquery is a query run on every claim)
-        IF NOT EXISTS (SELECT FROM pg_stat_get_activity(launcher) AS a
-                       WHERE a.application_name = pgtaskpy.name_of('launcher')) THEN
+        IF NOT pgtaskpy.launcher_accepts(launcher) THEN
             RETURN NULL;
         END IF;
     END IF;
@@ -1315,6 +1323,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.owner_to_start_ahead(double precision) FROM PUBL
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.launcher_accepts(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval, bigint)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;

@@ -620,4 +620,16 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.task_unschedule(text) TO pgtaskpy_user;
 GRANT SELECT ON @extschema@.task_series TO pgtaskpy_user;
 
+-- Housekeeping: proofs of ended transactions that no privileged half took (a
+-- role may insert its own, millions at once): a few thousand a call, as the
+-- launcher's turn that calls it holds the scheduling lock.
+CREATE FUNCTION pgtaskpy.delete_stale_steering_proofs() RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM pgtaskpy.steering_proof AS p
+    WHERE p.ctid = ANY (ARRAY(SELECT s.ctid FROM pgtaskpy.steering_proof AS s
+                              WHERE s.xact < pg_snapshot_xmin(pg_current_snapshot()) LIMIT 5000))
+$$;
+
 REVOKE ALL ON FUNCTION pgtaskpy.take_steering_proof(bigint, name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.delete_stale_steering_proofs() FROM PUBLIC;
