@@ -662,10 +662,12 @@ def cancel_running_tasks(ctx, pool, events):
             [given, pool["pid"]])
     # Not a row a client holds (a SELECT ... FOR SHARE of its task): task_cancel waited for it in
     # this turn, which holds the scheduling lock, and the stop took as long as the client's
-    # transaction.  Such a task is not cancelled; it ends on its own.
+    # transaction.  Such a task is not cancelled; it ends on its own.  task_cancel with both of its
+    # arguments: a role that can create in the extension's schema made a one-argument call ambiguous
+    # with a task_cancel(bigint) of its own, and every graceful stop failed.
     for row in ctx.run(
         "cancel",
-        "SELECT t.id, CASE WHEN t.id = ANY (l.ids) THEN {ext}.task_cancel(t.id) ELSE false END AS cancelled"
+        "SELECT t.id, CASE WHEN t.id = ANY (l.ids) THEN {ext}.task_cancel(t.id, false) ELSE false END AS cancelled"
         " FROM {ext}.task AS t,"
         "      (SELECT ARRAY(SELECT id FROM {ext}.task WHERE worker = ANY($1) AND state = 'WORK'"
         "                    FOR NO KEY UPDATE SKIP LOCKED) AS ids) AS l"

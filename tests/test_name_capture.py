@@ -1,0 +1,146 @@
+"""A role that can create objects in the extension's schema (a database's owner owns `public`)
+must not get its functions or operators run as someone else by the extension: not by the
+scripts of CREATE and ALTER EXTENSION (a superuser's), not by what they bind for good into
+indexes, triggers and constraints, not by the scheduler."""
+
+import signal
+
+import pytest
+from pg_task_py_testing import Cluster, new_database, wait_until
+from psycopg import sql
+from test_upgrade import RELEASED
+
+ROLE = "capturer"
+
+# What the role leaves in `public`: every call writes who ran it.  Of types that pg_catalog
+# matches only polymorphically (anyarray, anyenum), so that these are the exact matches; IMMUTABLE,
+# so that an index's predicate may take them.
+LOG = """
+CREATE TABLE public.capture_log (what text, cu name, su name, app text);
+GRANT INSERT ON public.capture_log TO PUBLIC;
+CREATE FUNCTION public.note(what text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.capture_log
+    VALUES (what, current_user, session_user, pg_catalog.current_setting('application_name'));
+END $$;
+CREATE FUNCTION public.cardinality(a timestamptz[]) RETURNS integer LANGUAGE plpgsql IMMUTABLE AS
+    $$ BEGIN PERFORM public.note('cardinality'); RETURN pg_catalog.cardinality(a); END $$;
+CREATE FUNCTION public.array_eq(a bigint[], b bigint[]) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS
+    $$ BEGIN PERFORM public.note('=(bigint[])'); RETURN a OPERATOR(pg_catalog.=) b; END $$;
+CREATE OPERATOR public.= (LEFTARG = bigint[], RIGHTARG = bigint[], FUNCTION = public.array_eq);
+"""
+STATE_OPERATORS = """
+CREATE FUNCTION public.state_eq(a state, b state) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS
+    $$ BEGIN PERFORM public.note('=(state)'); RETURN a::text OPERATOR(pg_catalog.=) b::text; END $$;
+CREATE FUNCTION public.state_ne(a state, b state) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS
+    $$ BEGIN PERFORM public.note('<>(state)'); RETURN a::text OPERATOR(pg_catalog.<>) b::text; END $$;
+CREATE OPERATOR public.= (LEFTARG = state, RIGHTARG = state, FUNCTION = public.state_eq);
+CREATE OPERATOR public.<> (LEFTARG = state, RIGHTARG = state, FUNCTION = public.state_ne);
+"""
+
+# The extension's objects that depend on a function or operator of the role.
+BOUND = f"""
+SELECT d.classid::regclass::text || ' ' || pg_describe_object(d.classid, d.objid, d.objsubid)
+FROM pg_depend AS d
+WHERE d.classid <> 'pg_operator'::regclass AND d.classid <> 'pg_proc'::regclass
+  AND ((d.refclassid = 'pg_proc'::regclass
+        AND d.refobjid IN (SELECT oid FROM pg_proc WHERE proowner = '{ROLE}'::regrole))
+       OR (d.refclassid = 'pg_operator'::regclass
+           AND d.refobjid IN (SELECT oid FROM pg_operator WHERE oprowner = '{ROLE}'::regrole)))
+"""
+
+
+@pytest.fixture
+def capturer(cluster: Cluster):
+    with cluster.connect() as conn:
+        conn.execute(f"CREATE ROLE {ROLE} LOGIN")
+    try:
+        yield ROLE
+    finally:
+        with cluster.connect() as conn:
+            conn.execute(f"DROP ROLE {ROLE}")
+
+
+def plant(db, what: str) -> None:
+    with db.connect(ROLE) as conn:
+        conn.execute(what)
+        conn.commit()
+
+
+def captured(db, by_the_scheduler: bool = False) -> list[tuple]:
+    """What ran as another role than its own; by_the_scheduler: in the scheduler's sessions only
+    (a test's own query of `state = ...` with `public` on its search_path runs the role's `=`, as
+    any superuser's would: PostgreSQL's warning about schemas others can create in)."""
+    return db.sql("SELECT what, cu, su, app FROM public.capture_log WHERE cu <> %s"
+                  " AND (NOT %s OR app LIKE 'pg_task_py%%')", [ROLE, by_the_scheduler])
+
+
+def run_every_kind_of_task(db) -> None:
+    """Tasks of the role through a launcher: a group with a rate limit (its CHECK constraint),
+    prerequisites, a series stopped, a cancel."""
+    db.sql(f"GRANT pgtaskpy_user TO {ROLE}")
+    db.launcher()
+    with db.connect(ROLE) as conn:
+        conn.autocommit = True
+        conn.execute("SELECT task_limit('limited', 5, interval '1 minute')")
+        first = conn.execute("INSERT INTO task (\"group\", input) VALUES ('limited', 'SELECT 1') RETURNING id"
+                             ).fetchone()[0]
+        conn.execute("SELECT task_enqueue('SELECT 2', after => ARRAY[%s]::bigint[])", [first])
+        series = conn.execute("INSERT INTO task (input, repeat) VALUES ('SELECT 3', '1 s') RETURNING id"
+                              ).fetchone()[0]
+        long = conn.execute("INSERT INTO task (input) VALUES ('SELECT pg_sleep(30)') RETURNING id").fetchone()[0]
+        wait_until(lambda: db.value("SELECT state::text FROM task WHERE id = %s", [long]) == "WORK", 20, 0.05,
+                   "the long task running")
+        assert conn.execute("SELECT task_cancel(%s)", [long]).fetchone()[0]
+        wait_until(lambda: db.value("SELECT count(*) FROM task WHERE parent = %s", [series]) > 0, 20, 0.05,
+                   "the series' second run")
+        conn.execute("SELECT task_cancel(id, stop_series => true) FROM task WHERE state = 'PLAN'")
+    db.wait_all_done()
+    assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") >= 3, db.sql("SELECT * FROM task")
+
+
+def test_a_fresh_install_binds_and_runs_nothing_of_a_role_that_creates_in_its_schema(cluster: Cluster, capturer):
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py")
+        db.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")
+        plant(db, LOG)
+        db.sql("CREATE EXTENSION pg_task_py")
+        plant(db, STATE_OPERATORS)
+        assert db.sql(BOUND) == []
+        run_every_kind_of_task(db)
+        assert captured(db, by_the_scheduler=True) == []
+
+
+@pytest.mark.parametrize("old", RELEASED)
+def test_an_update_binds_and_runs_nothing_of_a_role_that_creates_in_its_schema(cluster: Cluster, capturer, old):
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py")
+        db.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")
+        plant(db, LOG)
+        db.conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {}").format(sql.Literal(old)))
+        plant(db, STATE_OPERATORS)
+        db.sql("INSERT INTO task (input) VALUES ('SELECT 1')")
+        db.sql("ALTER EXTENSION pg_task_py UPDATE")
+        assert captured(db) == []
+        assert db.sql(BOUND) == []
+        run_every_kind_of_task(db)
+        assert captured(db, by_the_scheduler=True) == []
+
+
+def test_a_graceful_stop_cancels_past_grace_beside_a_task_cancel_of_a_role(cluster: Cluster, capturer):
+    """The stop's own task_cancel call names both arguments: a role's task_cancel(bigint) in the
+    extension's schema made a one-argument call ambiguous, and the stop failed on every turn."""
+    with new_database(cluster) as db:
+        db.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")
+        plant(db, "CREATE FUNCTION public.task_cancel(task_id bigint) RETURNS boolean LANGUAGE sql"
+                  " AS $$ SELECT false $$")
+        launcher = db.launcher("--grace", "0.5")
+        task_id = db.insert("SELECT pg_sleep(60)", delete=False)
+        wait_until(lambda: db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == "WORK", 20, 0.05,
+                   "the task running")
+        launcher.signal(signal.SIGTERM)
+        assert launcher.process.wait(30) == 0, launcher.output()
+        row = db.task(task_id)
+        assert row["state"] == "FAIL", row
+        assert row["error"].startswith("ERROR:  canceling statement due to user request"), row
+        assert "not unique" not in launcher.output()
