@@ -340,6 +340,23 @@ def test_run_flag_caps_running_tasks(db):
     assert most_at_once(db.sql("SELECT start, stop FROM task")) == 2
 
 
+def test_a_turn_held_up_by_a_lock_names_the_session_that_holds_it(db):
+    """A DBA's LOCK TABLE task held the turns up with nothing in the launcher's log: the log now
+    names the blocking backend while it waits, and says when the turn went on."""
+    launcher = db.launcher()
+    with db.connect() as locker:
+        locker.autocommit = False
+        locker.execute("SET application_name = 'dba console'")
+        locker.execute("LOCK TABLE task IN ACCESS EXCLUSIVE MODE")
+        blocker = locker.info.backend_pid
+        wait_until(lambda: f"held by backend {blocker}" in launcher.output(), 20, 0.1, "the report of the lock")
+        assert 'role "postgres", application "dba console", idle in transaction' in launcher.output()
+        assert "LOCK TABLE task IN ACCESS EXCLUSIVE MODE" in launcher.output()
+        locker.commit()
+    assert db.wait_done(db.insert("SELECT 'after the lock'"))["output"] == "after the lock"
+    wait_until(lambda: "the scheduling turn went on after" in launcher.output(), 10, 0.1, "the turn's end")
+
+
 def test_graceful_stop_waits_for_running_task(db):
     launcher = db.launcher()
     task_id = db.insert("SELECT pg_sleep(1.5)", delete=False)

@@ -19,6 +19,7 @@ import psycopg.sql
 
 from pg_task_py import __version__
 from pg_task_py.metrics import Metrics
+from pg_task_py.turns import TurnWatch
 
 log = logging.getLogger("pg_task_py")
 
@@ -78,6 +79,7 @@ class Scheduler:
         self.metrics = metrics
         self.snapshot_at = 0.0  # time.monotonic() of the next metrics snapshot
         self.snapshot_since: object = None  # the database's now() of the last one
+        self.turns: TurnWatch | None = None  # what holds up the turns of the session in use
         if metrics:
             metrics.expect(self.name)
 
@@ -110,7 +112,9 @@ class Scheduler:
                     if not self._wait_for_promotion(conn):
                         log.info("%s: stopped", self.name)
                         return
-                    with WakeListener(self.settings.dsn, wake_channel(conn)) as wakes:
+                    with (WakeListener(self.settings.dsn, wake_channel(conn)) as wakes,
+                          TurnWatch(self.name, lambda: connect(self.settings.dsn, "pg_task_py watch"),
+                                    conn.info.backend_pid) as self.turns):
                         log.info("%s: scheduling (active)", self.name)
                         backoff = 0.5
                         self._loop(conn, wakes)
@@ -189,10 +193,11 @@ class Scheduler:
 
     def _dispatch(self, conn: psycopg.Connection, run_limit: int,
                   cancel: bool = False) -> tuple[float, int]:
-        events, wake_in, running = conn.execute(
-            "SELECT events, wake_in, running FROM pgtaskpy.dispatch(%s, %s)",
-            [run_limit, cancel],
-        ).fetchone()
+        with self.turns.turn():
+            events, wake_in, running = conn.execute(
+                "SELECT events, wake_in, running FROM pgtaskpy.dispatch(%s, %s)",
+                [run_limit, cancel],
+            ).fetchone()
         events = events if isinstance(events, list) else json.loads(events)
         for event in events:
             log_event(self.name, event)
