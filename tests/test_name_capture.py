@@ -4,9 +4,11 @@ scripts of CREATE and ALTER EXTENSION (a superuser's), not by what they bind for
 indexes, triggers and constraints, not by the scheduler."""
 
 import signal
+import subprocess
 
+import psycopg
 import pytest
-from pg_task_py_testing import Cluster, new_database, wait_until
+from pg_task_py_testing import LAUNCHER, Cluster, new_database, wait_until
 from psycopg import sql
 from test_upgrade import RELEASED
 
@@ -144,3 +146,56 @@ def test_a_graceful_stop_cancels_past_grace_beside_a_task_cancel_of_a_role(clust
         assert row["state"] == "FAIL", row
         assert row["error"].startswith("ERROR:  canceling statement due to user request"), row
         assert "not unique" not in launcher.output()
+
+
+# Functions the launcher's and `status`'s own statements call, in a schema of the role's that a
+# database's search_path names before pg_catalog.
+CATALOG_LOOKALIKES = """
+CREATE SCHEMA capt;
+CREATE FUNCTION capt.pg_is_in_recovery() RETURNS boolean LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM public.note('pg_is_in_recovery'); RETURN pg_catalog.pg_is_in_recovery(); END $$;
+CREATE FUNCTION capt.now() RETURNS timestamptz LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM public.note('now'); RETURN pg_catalog.now(); END $$;
+CREATE FUNCTION capt.to_regprocedure(text) RETURNS regprocedure LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM public.note('to_regprocedure'); RETURN pg_catalog.to_regprocedure($1); END $$;
+CREATE FUNCTION capt.split_part(text, text, integer) RETURNS text LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM public.note('split_part'); RETURN pg_catalog.split_part($1, $2, $3); END $$;
+GRANT USAGE ON SCHEMA capt TO PUBLIC;
+"""
+
+
+def test_a_database_search_path_of_its_owner_runs_nothing_of_the_owners_in_the_launcher_or_status(
+        cluster: Cluster, capturer):
+    """A database's owner may set the database's search_path: the launcher's sessions and
+    `status` set theirs to pg_catalog alone at login."""
+    with new_database(cluster) as db:
+        db.sql(f"ALTER DATABASE {db.name} OWNER TO {ROLE}")
+        plant(db, LOG + CATALOG_LOOKALIKES)
+        plant(db, f"ALTER DATABASE {db.name} SET search_path = capt, pg_catalog, public")
+        with db.connect(ROLE) as conn:  # (the lookalikes are live: the owner's own session runs them)
+            assert conn.execute("SELECT now() IS NOT NULL").fetchone()[0]
+            assert conn.execute("SELECT count(*) FROM public.capture_log WHERE what = 'now'").fetchone()[0] == 1
+        db.launcher()
+        assert db.wait_done(db.insert("SELECT 'ran'", delete=False))["output"] == "ran"
+        status = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True,
+                                timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert captured(db, by_the_scheduler=True) == []
+
+
+def test_the_extensions_schemas_cannot_be_renamed(cluster: Cluster, capturer):
+    """The extension's functions name its schema as text: a database's owner who renamed `public`
+    and created a view `task` in a new `public` had the scheduler read it as superuser."""
+    with new_database(cluster) as db:
+        db.sql(f"ALTER DATABASE {db.name} OWNER TO {ROLE}")
+        with db.connect(ROLE) as conn:
+            with pytest.raises(psycopg.errors.DependentObjectsStillExist,
+                               match='schema "public" cannot be renamed: the extension pg_task_py lives in it'):
+                conn.execute("ALTER SCHEMA public RENAME TO public_real")
+        with pytest.raises(psycopg.errors.DependentObjectsStillExist, match='schema "pgtaskpy" cannot be renamed'):
+            db.sql("ALTER SCHEMA pgtaskpy RENAME TO elsewhere")  # (a superuser's too)
+        assert db.value("SELECT count(*) FROM pg_namespace WHERE nspname IN ('public', 'pgtaskpy')") == 2
+        db.sql(f"ALTER SCHEMA public OWNER TO {ROLE}")  # what does not rename is let through
+        db.sql("CREATE SCHEMA other; ALTER SCHEMA other RENAME TO renamed")
+        db.launcher()
+        assert db.wait_done(db.insert("SELECT 'ran'", delete=False))["output"] == "ran"

@@ -17,7 +17,7 @@ CURRENT = extension_version(REPO / "pg_task_py.control")  # the version in devel
 RELEASED = ["1.0", "1.1", "1.2"]
 
 # Everything an extension consists of, as text: routines with their code and
-# grants, the table's columns, constraints, indexes, triggers and policies, the
+# grants, the table's columns, constraints, indexes, triggers and policies, event triggers, the
 # enum's labels, the dump configuration.  Two databases with equal snapshots
 # behave the same.
 SNAPSHOT = """
@@ -63,6 +63,10 @@ JOIN pg_enum AS en ON en.enumtypid = t.oid GROUP BY t.typname
 UNION ALL
 SELECT 'schema ' || n.nspname || ' acl ' || coalesce(n.nspacl::text, 'default')
 FROM members AS m JOIN pg_namespace AS n ON m.classid = 'pg_namespace'::regclass AND n.oid = m.objid
+UNION ALL
+SELECT 'event trigger ' || et.evtname || ' ' || et.evtevent || ' ' || et.evtfoid::regprocedure::text || ' '
+       || coalesce(et.evttags::text, '') || ' ' || et.evtenabled::text
+FROM members AS m JOIN pg_event_trigger AS et ON m.classid = 'pg_event_trigger'::regclass AND et.oid = m.objid
 UNION ALL
 SELECT 'dump ' || extconfig::regclass[]::text || ' ' || coalesce(array_to_string(extcondition, ';'), '')
 FROM pg_extension WHERE extname = 'pg_task_py'

@@ -31,9 +31,11 @@ SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (wi
 # What the launcher's sessions set at login, before their first statement, whatever the database's
 # or role's defaults (dispatch() sets the rest of what a scheduler session needs itself:
 # sql/plpython/dispatch.py, SCHEDULER_SETTINGS): a database's statement_timeout of 30 ms cancelled
-# the first turn, for ever, and default_transaction_read_only failed every claim.
+# the first turn, for ever, and default_transaction_read_only failed every claim.  And the
+# search_path: a database's owner may set the database's (`evil, pg_catalog`), and had its own
+# pg_is_in_recovery() and now() run by the launcher's superuser session.
 SESSION_SETTINGS = ("statement_timeout=0", "lock_timeout=0", "idle_in_transaction_session_timeout=0",
-                    "idle_session_timeout=0", "default_transaction_read_only=off")
+                    "idle_session_timeout=0", "default_transaction_read_only=off", "search_path=pg_catalog,pg_temp")
 # libpq's words when target_session_attrs refuses a standby (read-write; primary).
 STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode")
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"

@@ -9,6 +9,7 @@ from datetime import timedelta
 import psycopg
 from psycopg import sql
 
+from pg_task_py.launcher import connect
 from pg_task_py.text import escape_controls
 
 COLUMNS = ("owner", "group", "running", "due", "late", "later", "done 1h", "fail 1h", "gone 1h", "paused",
@@ -29,9 +30,8 @@ class StatusError(Exception):
 def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sys.stdout) -> None:
     """Print task_stats once, or every `watch` seconds until `stopping` is set."""
     try:
-        # (UTF-8: in a SQL_ASCII database psycopg would read text as bytes, as launcher.connect says)
-        with psycopg.connect(dsn, autocommit=True, application_name="pg_task_py status",
-                             client_encoding="UTF8") as conn:
+        # (the launcher's session settings: its search_path of pg_catalog alone above all)
+        with connect(dsn, "pg_task_py status") as conn:
             # (in the extension's schema, whether or not that is on the search_path)
             schema = conn.execute(
                 "SELECT n.nspname FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n"
