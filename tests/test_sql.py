@@ -118,11 +118,13 @@ def test_cancel_of_a_waiting_series_run_with_stop_series_null_skips_the_run(shar
 
 def test_task_wait_says_when_it_cannot_see_the_end(shared):
     """Rather than wait out its time and blame the launcher: NULL arguments (a NULL time waited
-    for ever), a snapshot that never shows the end, and a task that cannot start before the
+    for ever), a negative time, a snapshot that never shows the end, and a task that cannot start before the
     caller's own transaction commits."""
     for call in ("SELECT task_wait(NULL)", "SELECT task_wait(1, NULL)"):
         with pytest.raises(psycopg.errors.NullValueNotAllowed, match="task_wait needs a task id"):
             shared.value(call)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="task_wait needs a wait of zero or more"):
+        shared.value("SELECT task_wait(1, '-1 s')")  # (it gave up at once, blaming the launcher)
     later = shared.insert("SELECT 1", plan=shared.value("SELECT now() + interval '1 hour'"), group="wait")
     with shared.connect() as conn:
         with conn.transaction(force_rollback=True):

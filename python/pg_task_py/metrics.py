@@ -52,6 +52,7 @@ class Metrics:
         # database -> the (owner, group) labels set last time: of due groups, of paused ones
         self.groups: dict[str, set[tuple[str, str]]] = {}
         self.paused_groups: dict[str, set[tuple[str, str]]] = {}
+        self.counted: set[str] = set()  # databases whose counters counted something
 
     def expect(self, database: str) -> None:
         """A database this launcher schedules: unhealthy until its first turn."""
@@ -70,10 +71,14 @@ class Metrics:
         """The launcher names a database by its conninfo until it has connected, then by the server
         it is on: a failover changes the name.  The old name's gauges go (left, they stayed frozen at
         their last values, and an alert on a late group or a stale turn fired for good); its
-        counters stay, as totals of what happened there."""
+        counters stay, as totals of what happened there, unless nothing happened there: the
+        conninfo's name before the first connection was a database of zeros for the launcher's life."""
         with self.lock:
             self.turns[new] = self.turns.pop(old, float("-inf"))
+            counted = old in self.counted
         self._remove_gauges(old)
+        if not counted:
+            self._remove_counters(old)
         self._start_counters(new)
 
     def forget(self, database: str) -> None:
@@ -82,6 +87,14 @@ class Metrics:
         with self.lock:
             self.turns.pop(database, None)
         self._remove_gauges(database)
+
+    def _remove_counters(self, old: str) -> None:
+        for counter in (self.reconnects, self.started):
+            with contextlib.suppress(KeyError):
+                counter.remove(old)
+        for state in ("DONE", "FAIL", "GONE", "STOP"):
+            with contextlib.suppress(KeyError):
+                self.ended.remove(old, state)
 
     def _remove_gauges(self, old: str) -> None:
         for gauge in (self.running, self.workers, self.last_turn):
@@ -95,6 +108,9 @@ class Metrics:
 
     def turn(self, database: str, events: list[dict], running: int) -> None:
         """One successful turn of dispatch() and what it returned."""
+        if events:
+            with self.lock:
+                self.counted.add(database)
         for event in events:
             kind = event.get("event")
             if kind == "start":
@@ -135,6 +151,8 @@ class Metrics:
         self.paused_groups[database] = still
 
     def reconnect(self, database: str) -> None:
+        with self.lock:
+            self.counted.add(database)
         self.reconnects.labels(database).inc()
 
     def stale(self) -> list[str]:

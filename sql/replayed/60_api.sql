@@ -150,6 +150,10 @@ BEGIN
         RAISE EXCEPTION 'task_wait needs a task id and how long to wait, not NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF wait_for < interval '0' THEN
+        RAISE EXCEPTION 'task_wait needs a wait of zero or more, not %', wait_for
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     LOOP
         SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
         IF NOT FOUND OR t.state NOT IN ('PLAN', 'TAKE', 'WORK') THEN

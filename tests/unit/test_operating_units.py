@@ -131,11 +131,23 @@ def test_a_schedulers_unexpected_error_is_logged_once_and_not_restarted(monkeypa
 
 
 def test_a_databases_counters_are_served_at_zero_before_their_first_event():
+    """At 0 from the start, under the name it has then; a name that counted nothing goes with its
+    change (the conninfo's, before the first connection, stayed a database of zeros for good)."""
     metrics = Metrics()
-    metrics.expect("app@/run:5432")
-    metrics.rename("app@/run:5432", "app@/run:5433")
+    metrics.expect("user=postgres dbname=app")
     text = generate_latest(metrics.registry).decode()
-    for name in ("app@/run:5432", "app@/run:5433"):
-        assert f'pg_task_py_reconnects_total{{database="{name}"}} 0.0' in text
-        assert f'pg_task_py_tasks_started_total{{database="{name}"}} 0.0' in text
-        assert f'pg_task_py_tasks_ended_total{{database="{name}",state="FAIL"}} 0.0' in text
+    assert 'pg_task_py_tasks_started_total{database="user=postgres dbname=app"} 0.0' in text
+    metrics.rename("user=postgres dbname=app", "app@/run:5432")
+    text = generate_latest(metrics.registry).decode()
+    assert "dbname=app" not in text
+    assert 'pg_task_py_reconnects_total{database="app@/run:5432"} 0.0' in text
+    assert 'pg_task_py_tasks_started_total{database="app@/run:5432"} 0.0' in text
+    assert 'pg_task_py_tasks_ended_total{database="app@/run:5432",state="FAIL"} 0.0' in text
+
+
+def test_a_name_that_counted_a_reconnect_keeps_its_counters():
+    metrics = Metrics()
+    metrics.expect("dbname=app")
+    metrics.reconnect("dbname=app")  # (the server was down: retried under the conninfo's name)
+    metrics.rename("dbname=app", "app@/run:5432")
+    assert 'pg_task_py_reconnects_total{database="dbname=app"} 1.0' in generate_latest(metrics.registry).decode()
