@@ -49,7 +49,9 @@ class TurnWatch:
 
     def __exit__(self, *_exc: object) -> None:
         self.ended.set()
-        self.thread.join()
+        # (not for ever: a report's connection attempt may hang on a lost network, and the
+        # launcher must reconnect or stop meanwhile; the thread is a daemon, and ends with it)
+        self.thread.join(2 * LOOK_EVERY)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
