@@ -357,6 +357,28 @@ def test_a_turn_held_up_by_a_lock_names_the_session_that_holds_it(db):
     wait_until(lambda: "the scheduling turn went on after" in launcher.output(), 10, 0.1, "the turn's end")
 
 
+def test_a_turn_held_up_by_an_advisory_lock_is_said_in_json_with_its_holder(db):
+    """A role may take the scheduler's advisory key (README, Limits); --log-json's lines carry the
+    report's fields, and the holder is told apart from sessions queued behind it."""
+    launcher = db.launcher("--log-json")
+    with db.connect() as locker:
+        locker.execute("SELECT pg_advisory_lock('task'::regclass::oid::int4, 0)")
+        blocker = locker.info.backend_pid
+
+        def reports() -> list[dict]:
+            lines = [json.loads(line) for line in launcher.output().splitlines() if line.startswith("{")]
+            return [line for line in lines if line.get("event") == "turn_waits"]
+
+        wait_until(lambda: any(r.get("backend") == blocker for r in reports()), 20, 0.1, "the report of the lock")
+        report = next(r for r in reports() if r.get("backend") == blocker)
+        assert (report["holds"], report["level"]) == (True, "WARNING"), report
+        assert report["database"].startswith(f"{db.name}@"), report
+        assert "pg_advisory_lock" in report["query"] and report["seconds"] >= 5, report
+        locker.execute("SELECT pg_advisory_unlock('task'::regclass::oid::int4, 0)")
+    wait_until(lambda: '"event": "turn_went_on"' in launcher.output(), 10, 0.1, "the turn's end")
+    assert db.wait_done(db.insert("SELECT 'after the lock'"))["output"] == "after the lock"
+
+
 def test_graceful_stop_waits_for_running_task(db):
     launcher = db.launcher()
     task_id = db.insert("SELECT pg_sleep(1.5)", delete=False)

@@ -23,12 +23,24 @@ log = logging.getLogger("pg_task_py")
 SLOW_TURN = 5.0  # seconds a turn runs before the watcher looks for what blocks it
 REPORT_EVERY = 30.0  # seconds between reports while the same turn waits
 LOOK_EVERY = 1.0  # seconds between the watcher's looks at the clock
-BLOCKERS = (
-    "SELECT b.pid, b.usename, b.application_name, b.state,"
-    " extract(epoch FROM now() - coalesce(b.xact_start, b.backend_start))::integer,"
-    " left(regexp_replace(b.query, '\\s+', ' ', 'g'), 120)"
-    " FROM pg_catalog.pg_stat_activity AS b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(%s)) ORDER BY b.pid"
-)
+# The sessions pg_blocking_pids names for the launcher's backend: those that hold the lock it
+# waits for, and those queued ahead of it for that lock (a worker that waits too, which ending
+# would not help: `holds` tells them apart).
+BLOCKERS = """
+WITH wanted AS (SELECT * FROM pg_catalog.pg_locks WHERE pid = %(pid)s AND NOT granted)
+SELECT b.pid, b.usename, b.application_name, b.state,
+       extract(epoch FROM now() - coalesce(b.xact_start, b.backend_start))::integer AS seconds,
+       left(regexp_replace(b.query, '[[:space:]]+', ' ', 'g'), 120) AS query,
+       EXISTS (SELECT FROM pg_catalog.pg_locks AS h JOIN wanted AS w
+                 ON (h.locktype, h.database, h.relation, h.page, h.tuple, h.virtualxid, h.transactionid,
+                     h.classid, h.objid, h.objsubid)
+                    IS NOT DISTINCT FROM (w.locktype, w.database, w.relation, w.page, w.tuple, w.virtualxid,
+                                          w.transactionid, w.classid, w.objid, w.objsubid)
+               WHERE h.pid = b.pid AND h.granted) AS holds
+FROM pg_catalog.pg_stat_activity AS b
+WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(%(pid)s))
+ORDER BY holds DESC, b.pid
+"""
 
 
 class TurnWatch:
@@ -62,7 +74,9 @@ class TurnWatch:
         finally:
             started, reported, self.started = self.started, self.reported_at, None
             if reported is not None:
-                log.info("%s: the scheduling turn went on after %.0fs", self.name, time.monotonic() - started)
+                went = time.monotonic() - started
+                log.info("%s: the scheduling turn went on after %.0fs", self.name, went,
+                         extra={"fields": {"database": self.name, "event": "turn_went_on", "seconds": round(went)}})
 
     def _watch(self) -> None:
         while not self.ended.wait(LOOK_EVERY):
@@ -74,17 +88,27 @@ class TurnWatch:
                 self._report(now - started)
 
     def _report(self, waited: float) -> None:
+        fields = {"database": self.name, "event": "turn_waits", "seconds": round(waited)}
         try:
             with self.connect() as conn:
-                blockers = conn.execute(BLOCKERS, [self.backend_pid]).fetchall()
+                blockers = conn.execute(BLOCKERS, {"pid": self.backend_pid}).fetchall()
         except psycopg.Error as exc:
             log.warning("%s: the scheduling turn has run for %.0fs (what holds it up could not be read: %s)",
-                        self.name, waited, str(exc).strip().splitlines()[0])
+                        self.name, waited, str(exc).strip().splitlines()[0], extra={"fields": fields})
             return
         if not blockers:
-            log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it)", self.name, waited)
+            log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it)", self.name, waited,
+                        extra={"fields": fields})
             return
-        for pid, role, application, state, seconds, query in blockers:
-            log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
-                        ' application "%s", %s for %ss: %s); nothing starts until it lets go',
-                        self.name, waited, pid, role, application, state, seconds, query)
+        for pid, role, application, state, seconds, query, holds in blockers:
+            about = {**fields, "backend": pid, "holds": holds, "role": role, "application": application,
+                     "state": state, "query": query}
+            if holds:
+                log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
+                            ' application "%s", %s for %ss: %s); nothing starts until it lets go',
+                            self.name, waited, pid, role, application, state, seconds, query,
+                            extra={"fields": about})
+            else:  # (ending it would not help: it waits for the same holder)
+                log.warning('%s: the scheduling turn has waited %.0fs behind backend %s (role "%s", application'
+                            ' "%s": %s), which waits for the same lock', self.name, waited, pid, role,
+                            application, query, extra={"fields": about})
