@@ -52,6 +52,17 @@ def test_string_quotes_only_string_values(shared):
     assert run(shared, query, quote="'", string=False)["output"] == f"'s'{TAB}'n'\n'x'{TAB}'1'"
 
 
+def test_string_leaves_numbers_booleans_and_bits_unquoted_as_pg_task_does(shared):
+    """Everything else is quoted: a timestamp, a uuid, json, an array (only type category S was,
+    and a CSV of json or arrays, whose text holds the delimiter, had fields too many)."""
+    query = ("SELECT 1::int2, 2, 3::int8, 2.5::numeric, 0.5::float4, 0.25::float8, true, B'101', 7::oid,"
+             " 'x'::text, '{\"a\":1,\"b\":2}'::json, ARRAY[1,2], '2024-01-01 10:00'::timestamp,"
+             " 'f47ac10b-58cc-4372-a567-0e02b2c3d479'::uuid, 'a,b'::varchar")
+    row = run(shared, query, header=False, delimiter=",", quote='"')
+    assert row["output"] == ('1,2,3,2.5,0.5,0.25,t,101,7,"x","{\"a\":1,\"b\":2}","{1,2}","2024-01-01 10:00:00",'
+                             '"f47ac10b-58cc-4372-a567-0e02b2c3d479","a,b"')
+
+
 @pytest.mark.parametrize(
     ("input", "error"),
     [

@@ -6,7 +6,7 @@ set and the result has more than one column); a statement without rows adds its
 command tag (`DELETE 0`); NULL prints as `null`.  `COPY ... TO STDOUT` adds its
 rows as the COPY formats them, then its tag (`COPY 2`), as psql prints them.  With a `quote`, values are
 quoted and `quote`/`escape` characters inside them are escaped; with `string`
-only string-typed values (type category S) are quoted, header names always.
+every value but those of UNQUOTED_TYPES is quoted, header names always.
 
 Error: byte for byte as the server log prints it (log_error_verbosity
 default): `ERROR:  message` with ` at character N` when the error has a
@@ -34,17 +34,29 @@ class OutputTooLarge(Exception):
     """The output passed the task's byte limit."""
 
 
+# With `string` on, the types whose values pg_task writes as they are: numbers, booleans, bit
+# strings and the system's ids, by their own oids (an array or a domain of them is quoted).  Every
+# other value is quoted: a timestamp, a uuid, json and an array too, whose text may hold the
+# delimiter (a CSV of them had a field too many when only type category S was quoted).
+UNQUOTED_TYPES = frozenset((
+    16,  # boolean
+    20, 21, 23,  # bigint, smallint, integer
+    26, 27, 28, 29,  # oid, tid, xid, cid
+    700, 701, 1700,  # real, double precision, numeric
+    1560,  # bit
+))
+
+
 class OutputWriter:
     """Collects the formatted lines of one task, bounded by `limit` characters."""
 
-    def __init__(self, task, is_string_type, limit):
+    def __init__(self, task, limit):
         self.delimiter = task["delimiter"]
         self.quote = task["quote"] or ""
         self.escape = task["escape"] or ""
         self.null = task["null"]
         self.header = task["header"]
         self.string = task["string"]
-        self.is_string_type = is_string_type
         self.limit = limit
         self.lines = []
         self.size = 0
@@ -73,7 +85,7 @@ class OutputWriter:
         if self.columns is None:
             self.columns = columns
             self.quoted = [
-                bool(self.quote) and (not self.string or self.is_string_type(oid))
+                bool(self.quote) and (not self.string or oid not in UNQUOTED_TYPES)
                 for _, oid in columns
             ]
             self.pending_header = self.header and len(columns) > 1

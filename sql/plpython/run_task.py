@@ -357,7 +357,7 @@ class WorkerCall:
 
     def send_query(self, session, task):
         """Send the task's input to its session; the InputResults that reads what it returns."""
-        reader = InputResults(task, OutputWriter(task, lambda oid: is_string_type(self.ctx, oid), self.limit))
+        reader = InputResults(task, OutputWriter(task, self.limit))
         session.limit_notices(self.limit)
         session.send(task["input"])
         return reader
@@ -536,16 +536,6 @@ def moved_session_failed(task, exc):
     return format_message(f"could not open the task's session: {exc}", task["input"], connect_failure_hint(task),
                           detail="The session it was given had ended for being idle (idle_session_timeout)"
                                  " before it read the input.")
-
-
-def is_string_type(ctx, oid):
-    """Whether values of this type are strings (category S), for the `string` flag."""
-    known = ctx.GD.setdefault("pgtaskpy.string_types", {})
-    if oid not in known:
-        rows = ctx.run("typcategory", "SELECT typcategory = 'S' AS s FROM pg_catalog.pg_type WHERE oid = $1",
-                       ["oid"], [oid])
-        known[oid] = bool(rows and rows[0]["s"])
-    return known[oid]
 
 
 def output_limit(ctx):

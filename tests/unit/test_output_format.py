@@ -55,7 +55,7 @@ def task(**columns):
 
 
 def writer(output, limit=0, **columns):
-    return output.OutputWriter(task(**columns), is_string_type=lambda oid: oid == TEXT, limit=limit)
+    return output.OutputWriter(task(**columns), limit=limit)
 
 
 def test_one_column_has_no_header(output):
