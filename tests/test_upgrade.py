@@ -55,6 +55,7 @@ JOIN pg_namespace AS n ON n.oid = c.relnamespace
 JOIN pg_policies AS po ON po.schemaname = n.nspname AND po.tablename = c.relname
 UNION ALL
 SELECT 'table ' || c.relname || ' rls ' || c.relrowsecurity || ' acl ' || coalesce(c.relacl::text, 'default')
+       || ' replica identity ' || c.relreplident::text
 FROM members AS m JOIN pg_class AS c ON m.classid = 'pg_class'::regclass AND c.oid = m.objid
 UNION ALL
 SELECT 'enum ' || t.typname || ' ' || string_agg(en.enumlabel, ',' ORDER BY en.enumsortorder)

@@ -414,6 +414,16 @@ def describe(event: dict) -> tuple[int, str]:
                                  " of the dropped one's tasks (their ends went with its table)")
     if kind == "standby":
         return logging.INFO, "a standby (in recovery): running nothing"
+    if kind == "subscribed":
+        return logging.WARNING, (f'the subscription "{event["subscription"]}" copies the task table into this'
+                                 " database (logical replication): running nothing here, where the publisher's"
+                                 " launcher runs its tasks; disable or drop the subscription to run them here")
+    if kind == "unsubscribed":
+        return logging.INFO, (f'the subscription "{event["subscription"]}" no longer copies the task table:'
+                              " scheduling here")
+    if kind == "ids_advanced":
+        return logging.WARNING, (f"task_id_seq was behind the table's ids (rows copied by logical replication,"
+                                 f" or inserted with ids of their own): moved past {event['id']}")
     if kind == "unclaimed":
         return logging.INFO, f"took back {event['count']} claimed task(s) that no worker started: they wait again"
     if kind == "recovered":

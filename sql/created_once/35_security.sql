@@ -52,6 +52,7 @@ CREATE TABLE pgtaskpy.steering_proof (
     owner name
 );
 CREATE INDEX steering_proof_xact ON pgtaskpy.steering_proof (xact);  -- (a role may insert millions)
+ALTER TABLE pgtaskpy.steering_proof REPLICA IDENTITY FULL;  -- (no key: see group_count_changes')
 ALTER TABLE pgtaskpy.steering_proof ENABLE ROW LEVEL SECURITY;
 CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
     WITH CHECK (xact = pg_catalog.pg_current_xact_id()

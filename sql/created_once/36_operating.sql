@@ -35,6 +35,10 @@ CREATE TABLE pgtaskpy.group_count_changes (
     at              timestamptz,
     error           text
 );
+-- (No key: REPLICA IDENTITY FULL, so that a database published FOR ALL TABLES can delete
+-- the rows the launcher folds; without it every turn failed, "cannot delete from table
+-- group_count_changes because it does not have a replica identity", and nothing started.)
+ALTER TABLE pgtaskpy.group_count_changes REPLICA IDENTITY FULL;
 
 -- Groups that start nothing until task_resume.
 -- Their owners may write them directly (row-level security), so their checks

@@ -54,6 +54,7 @@ FAILED_STARTS = 3
 HOLD_POSTPONED = 1.0
 WORKER_FILES_SPARED = 30  # of a third of the launcher session's files (most_workers)
 STANDBY_LOOK_EVERY = 0.5  # seconds between a standby's turns: how soon a promotion is seen
+SUBSCRIPTION_LOOK_EVERY = 1.0  # seconds between looks whether a subscription copies the task table here
 
 
 # What a scheduler backend (the launcher's session, a worker) sets for itself, whatever the
@@ -688,6 +689,27 @@ def in_recovery(ctx):
     return standby
 
 
+def subscribed(ctx, pool, events):
+    """Whether an enabled subscription copies the task table into this database (looked at once
+    a second: pgtaskpy.subscription_of_tasks).  Said when that changes; and where this launcher
+    starts to schedule the table (its first look, or the subscription's end), task_id_seq is moved
+    past the ids the copy received (pgtaskpy.advance_task_ids)."""
+    now = time.monotonic()
+    if now >= pool.get("subscription_look_at", 0.0):
+        pool["subscription_look_at"] = now + SUBSCRIPTION_LOOK_EVERY
+        name = ctx.run("subscription", "SELECT pgtaskpy.subscription_of_tasks() AS s")[0]["s"]
+        if name is not None and name != pool.get("subscription"):
+            events.append({"event": "subscribed", "subscription": name})
+        elif name is None and pool.get("subscription", "") is not None:  # (first look, or the end of one)
+            if pool.get("subscription"):
+                events.append({"event": "unsubscribed", "subscription": pool["subscription"]})
+            advanced = ctx.run("advance_ids", "SELECT pgtaskpy.advance_task_ids() AS i")[0]["i"]
+            if advanced is not None:
+                events.append({"event": "ids_advanced", "id": advanced})
+        pool["subscription"] = name
+    return pool["subscription"] is not None
+
+
 def main(plpy, GD, SD, run_limit, cancel_running):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
@@ -699,6 +721,12 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     replan_after_growth(ctx)
     events = []
     pool = state(ctx, events)
+    if subscribed(ctx, pool, events):
+        # A copy of a publisher's tasks (logical replication), whose launcher runs them: claim,
+        # recover and start nothing here, as on a standby; workers going on with their group
+        # stop, as for a stopping launcher.
+        set_session_name(ctx, pool, ctx.name_of("stopping launcher"))
+        return json.dumps(events), SUBSCRIPTION_LOOK_EVERY, len(given_tasks(pool))
     # Workers go on with their group's tasks only while their launcher's session
     # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
     set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))

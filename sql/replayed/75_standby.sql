@@ -48,3 +48,42 @@ $$;
 
 REVOKE ALL ON FUNCTION pgtaskpy.standby_max_lag() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_strays(integer, bigint[], integer[]) FROM PUBLIC;
+
+-- Logical replication.  The enabled subscription that copies the task table
+-- into this database, if any (a blue/green copy, a reporting replica): its
+-- rows are the publisher's, and so are their runs.  A launcher here runs
+-- nothing while it is enabled, as on a standby (dispatch.py): each task
+-- planned ahead ran on both sides, and each series' run twice.
+CREATE FUNCTION pgtaskpy.subscription_of_tasks() RETURNS name
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.subname FROM pg_subscription_rel AS r JOIN pg_subscription AS s ON s.oid = r.srsubid
+    WHERE r.srrelid = '@extschema@.task'::regclass AND s.subenabled
+    ORDER BY s.subname LIMIT 1
+$$;
+
+-- Logical replication copies rows, not sequences: on a copy taken over (its
+-- subscription disabled or dropped), task_id_seq is behind the ids it
+-- received, and every insert failed ("duplicate key value violates unique
+-- constraint task_pkey"), each series' next run too.  Moves it past the
+-- largest id; returns that id, or NULL when it was not behind.  (Read, then
+-- set: an insert of a client in between that took an id past the largest
+-- would see it taken again.  Called where a copy starts to be scheduled, and
+-- when a launcher starts.)
+CREATE FUNCTION pgtaskpy.advance_task_ids() RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ids regclass := pg_get_serial_sequence('@extschema@.task', 'id')::regclass;
+    largest bigint := (SELECT max(t.id) FROM @extschema@.task AS t);
+BEGIN
+    IF ids IS NULL OR largest IS NULL OR coalesce(pg_sequence_last_value(ids), 0) >= largest THEN
+        RETURN NULL;
+    END IF;
+    PERFORM setval(ids, largest);
+    RETURN largest;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pgtaskpy.subscription_of_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.advance_task_ids() FROM PUBLIC;

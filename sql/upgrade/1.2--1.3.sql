@@ -139,6 +139,10 @@ CREATE TABLE pgtaskpy.group_count_changes (
     at              timestamptz,
     error           text
 );
+-- (No key: REPLICA IDENTITY FULL, so that a database published FOR ALL TABLES can delete
+-- the rows the launcher folds; without it every turn failed, "cannot delete from table
+-- group_count_changes because it does not have a replica identity", and nothing started.)
+ALTER TABLE pgtaskpy.group_count_changes REPLICA IDENTITY FULL;
 
 -- Groups that start nothing until task_resume.
 -- Their owners may write them directly (row-level security), so their checks
@@ -239,6 +243,7 @@ CREATE TABLE pgtaskpy.steering_proof (
     owner name
 );
 CREATE INDEX steering_proof_xact ON pgtaskpy.steering_proof (xact);  -- (a role may insert millions)
+ALTER TABLE pgtaskpy.steering_proof REPLICA IDENTITY FULL;  -- (no key: see group_count_changes')
 ALTER TABLE pgtaskpy.steering_proof ENABLE ROW LEVEL SECURITY;
 CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
     WITH CHECK (xact = pg_catalog.pg_current_xact_id()
