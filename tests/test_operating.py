@@ -69,6 +69,38 @@ def test_task_stats_percentiles_are_nearest_rank_of_the_runs_of_the_last_hour(db
     assert (row["start_lag_p50"], row["start_lag_p95"]) == (timedelta(seconds=1), timedelta(seconds=1.9))
 
 
+def test_task_stats_totals_follow_finished_rows_changed_by_hand(db):
+    """A finished row moved to another group (its author may), set to wait again, or repaired to
+    another end: its count moves with it.  A moved row's count stayed with its old group, and its
+    DELETE there drove the new group's below zero.  (No launcher: the ends are inserted.)"""
+    totals = ("SELECT \"group\", done_total, fail_total, stop_total FROM task_stats"
+              " WHERE \"group\" IN ('moved from', 'moved to') ORDER BY 1")
+
+    def rows():  # what the totals must say: the finished rows, by group and state
+        return db.sql("SELECT g, count(*) FILTER (WHERE t.state = 'DONE'), count(*) FILTER (WHERE t.state = 'FAIL'),"
+                      " count(*) FILTER (WHERE t.state = 'STOP')"
+                      " FROM (VALUES ('moved from'), ('moved to')) AS v(g) LEFT JOIN task AS t ON t.\"group\" = v.g"
+                      " GROUP BY g ORDER BY 1")
+
+    ids = [db.value("INSERT INTO task (input, \"group\", state, plan, start, stop)"
+                    " VALUES ('SELECT 1', 'moved from', %s, now(), now(), now()) RETURNING id", [state])
+           for state in ("DONE", "FAIL", "DONE", "DONE")]
+    db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop)"
+           " VALUES ('SELECT 1', 'moved to', 'DONE', now(), now(), now())")
+    steps = [
+        ("UPDATE task SET \"group\" = 'moved to' WHERE id = %s", ids[1]),  # a FAIL moved
+        ("UPDATE task SET state = 'STOP' WHERE id = %s", ids[0]),  # an admin's repair, DONE -> STOP
+        ("UPDATE task SET state = 'DONE', \"group\" = 'moved to' WHERE id = %s", ids[0]),  # STOP -> DONE, moved
+        ("UPDATE task SET state = 'PLAN', plan = now() + interval '1 day' WHERE id = %s", ids[2]),  # run again
+        ("DELETE FROM task WHERE id = %s", ids[1]),  # deleted in its new group
+    ]
+    for statement, task_id in steps:
+        db.sql(statement, [task_id])
+        assert db.sql(totals) == rows(), statement
+    db.sql("SELECT pgtaskpy.fold_group_counts()")
+    assert db.sql(totals) == rows() == [("moved from", 1, 0, 0), ("moved to", 2, 0, 0)]
+
+
 def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(db):
     """consecutive_failures: FAIL ends after the group's last DONE, by stop; GONE and STOP neither
     count nor reset it.  The same whether the ends are still changes (group_count_changes) or added

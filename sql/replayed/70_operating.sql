@@ -117,6 +117,26 @@ BEGIN
 END
 $$;
 
+-- A finished row changed by hand: moved to another group (its author may
+-- change a task's definition while it is not running) or owner, set waiting
+-- again to run once more, or set to another end (an admin's repair).  Its old
+-- count goes; its new one comes, but for a new STOP, which count_finished_task
+-- counts as an end, and a new FAIL: finish_task turns its own DONE into FAIL
+-- when what follows the task fails, and counts that end itself.  (Uncounted,
+-- a moved row left its count with the old group, and deleted there drove the
+-- new group's below zero.)
+CREATE FUNCTION pgtaskpy.recount_changed_task() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n) VALUES (OLD.owner, OLD."group", OLD.state, -1);
+    IF NEW.state IN ('DONE', 'GONE') OR (NEW.state IN ('FAIL', 'STOP') AND NEW.state = OLD.state) THEN
+        INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n) VALUES (NEW.owner, NEW."group", NEW.state, 1);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION pgtaskpy.uncount_truncated_tasks() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
@@ -137,6 +157,13 @@ CREATE TRIGGER task_count_stopped_update
     AFTER UPDATE OF state ON @extschema@.task
     FOR EACH ROW WHEN (NEW.state = 'STOP' AND OLD.state <> 'STOP')
     EXECUTE FUNCTION pgtaskpy.count_finished_task();
+
+CREATE TRIGGER task_recount_changed_update
+    AFTER UPDATE OF owner, "group", state ON @extschema@.task
+    FOR EACH ROW WHEN (OLD.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                       AND ((OLD.owner, OLD."group") IS DISTINCT FROM (NEW.owner, NEW."group")
+                            OR (NEW.state <> OLD.state AND NEW.state <> 'FAIL')))
+    EXECUTE FUNCTION pgtaskpy.recount_changed_task();
 
 CREATE TRIGGER task_count_deleted
     AFTER DELETE ON @extschema@.task
@@ -622,6 +649,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.notify_done(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fold_group_counts() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.recount_changed_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.note_claims(name[], text[]) FROM PUBLIC;
