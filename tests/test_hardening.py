@@ -184,6 +184,9 @@ def test_an_error_following_a_task_fails_that_task_only(running, authors):
         assert row["state"] == "FAIL" and row["output"] == "first"
         assert row["error"] == "ERROR:  what follows the task failed: no more runs of SELECT 'first'"
         assert running.value("SELECT count(*) FROM task WHERE parent = %s", [refused]) == 0
+        # Counted once, as the FAIL it ended: not as a DONE turned FAIL by hand too.
+        assert running.sql("SELECT done_total, fail_total FROM task_stats WHERE owner = %s AND \"group\" = %s",
+                           [row["owner"], row["group"]]) == [(0, 1)]
         assert running.wait_done(insert_as(authors["bob"], "SELECT 'others run'"))["output"] == "others run"
         assert "scheduler error" not in running.launchers[0].output()
     finally:

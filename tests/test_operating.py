@@ -93,12 +93,15 @@ def test_task_stats_totals_follow_finished_rows_changed_by_hand(db):
         ("UPDATE task SET state = 'DONE', \"group\" = 'moved to' WHERE id = %s", ids[0]),  # STOP -> DONE, moved
         ("UPDATE task SET state = 'PLAN', plan = now() + interval '1 day' WHERE id = %s", ids[2]),  # run again
         ("DELETE FROM task WHERE id = %s", ids[1]),  # deleted in its new group
+        ("UPDATE task SET state = 'FAIL', error = 'by hand' WHERE id = %s", ids[3]),  # DONE -> FAIL
+        ("UPDATE task SET \"group\" = 'moved to' WHERE id = %s", ids[3]),  # and moved
     ]
     for statement, task_id in steps:
         db.sql(statement, [task_id])
         assert db.sql(totals) == rows(), statement
     db.sql("SELECT pgtaskpy.fold_group_counts()")
-    assert db.sql(totals) == rows() == [("moved from", 1, 0, 0), ("moved to", 2, 0, 0)]
+    assert db.sql(totals) == rows() == [("moved from", 0, 0, 0), ("moved to", 2, 1, 0)]
+    assert db.value("SELECT last_error FROM task_stats WHERE \"group\" = 'moved to'") == "by hand"
 
 
 def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(db):

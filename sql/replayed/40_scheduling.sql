@@ -708,8 +708,11 @@ BEGIN
             GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, failure_sqlstate = RETURNED_SQLSTATE;
             t.error := concat_ws(E'\n', t.error, 'ERROR:  what follows the task failed: ' || failure);
             t.state := 'FAIL';
+            -- (counted once, below: not as a hand repair too, task_recount_changed_update)
+            PERFORM set_config('pgtaskpy.ending_task', t.id::text, true);
             UPDATE @extschema@.task AS task SET state = t.state, error = t.error, sqlstate = failure_sqlstate
             WHERE task.id = t.id;
+            PERFORM set_config('pgtaskpy.ending_task', '', true);
         END;
     END IF;
 

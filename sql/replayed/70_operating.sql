@@ -120,18 +120,19 @@ $$;
 -- A finished row changed by hand: moved to another group (its author may
 -- change a task's definition while it is not running) or owner, set waiting
 -- again to run once more, or set to another end (an admin's repair).  Its old
--- count goes; its new one comes, but for a new STOP, which count_finished_task
--- counts as an end, and a new FAIL: finish_task turns its own DONE into FAIL
--- when what follows the task fails, and counts that end itself.  (Uncounted,
--- a moved row left its count with the old group, and deleted there drove the
--- new group's below zero.)
+-- count goes; its new one comes, as an end at its `stop` (with its error), but
+-- for a new STOP, which count_finished_task counts as an end.  (Uncounted, a
+-- moved row left its count with the old group, and deleted there drove the
+-- new group's below zero.)  Not finish_task's own turn of its DONE into FAIL
+-- when what follows the task fails (it counts that end itself): it names the
+-- task in pgtaskpy.ending_task for that UPDATE.
 CREATE FUNCTION pgtaskpy.recount_changed_task() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n) VALUES (OLD.owner, OLD."group", OLD.state, -1);
-    IF NEW.state IN ('DONE', 'GONE') OR (NEW.state IN ('FAIL', 'STOP') AND NEW.state = OLD.state) THEN
-        INSERT INTO pgtaskpy.group_count_changes (owner, "group", state, n) VALUES (NEW.owner, NEW."group", NEW.state, 1);
+    IF NEW.state IN ('DONE', 'FAIL', 'GONE') OR (NEW.state = 'STOP' AND OLD.state = 'STOP') THEN
+        PERFORM pgtaskpy.count_end(NEW.owner, NEW."group", NEW.state, NEW.stop, NEW.error);
     END IF;
     RETURN NULL;
 END
@@ -162,7 +163,8 @@ CREATE TRIGGER task_recount_changed_update
     AFTER UPDATE OF owner, "group", state ON @extschema@.task
     FOR EACH ROW WHEN (OLD.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
                        AND ((OLD.owner, OLD."group") IS DISTINCT FROM (NEW.owner, NEW."group")
-                            OR (NEW.state <> OLD.state AND NEW.state <> 'FAIL')))
+                            OR NEW.state <> OLD.state)
+                       AND current_setting('pgtaskpy.ending_task', true) IS DISTINCT FROM NEW.id::text)
     EXECUTE FUNCTION pgtaskpy.recount_changed_task();
 
 CREATE TRIGGER task_count_deleted
