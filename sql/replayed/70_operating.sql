@@ -163,8 +163,11 @@ CREATE TRIGGER task_recount_changed_update
     AFTER UPDATE OF owner, "group", state ON @extschema@.task
     FOR EACH ROW WHEN (OLD.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
                        AND ((OLD.owner, OLD."group") IS DISTINCT FROM (NEW.owner, NEW."group")
-                            OR NEW.state <> OLD.state)
-                       AND current_setting('pgtaskpy.ending_task', true) IS DISTINCT FROM NEW.id::text)
+                            OR (NEW.state <> OLD.state
+                                -- (any session may set it: it spares that change only, to FAIL in
+                                -- place, which only admins and superusers may make by hand)
+                                AND NOT (NEW.state = 'FAIL'
+                                         AND current_setting('pgtaskpy.ending_task', true) IS NOT DISTINCT FROM NEW.id::text))))
     EXECUTE FUNCTION pgtaskpy.recount_changed_task();
 
 CREATE TRIGGER task_count_deleted
