@@ -143,6 +143,33 @@ def test_impossible_values_are_rejected_naming_the_column(db, column, value, mes
     assert db.value("SELECT count(*) FROM task") == 0
 
 
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("delimiter", ";;", "task.delimiter must be exactly one character"),
+        ("count", "-1", "task.count must not be negative"),
+        ("tz", "Mars/Olympus", 'invalid task.tz "Mars/Olympus"'),
+    ],
+)
+def test_a_setting_that_breaks_its_columns_rule_is_named_in_the_hint(db, setting, value, message):
+    """A value that parses but breaks the rule fails with the rule, as a column's value would, and
+    the HINT names the setting it came from: the INSERT itself gave no such value."""
+    db.sql("SELECT set_config(%s, %s, false)", [f"pg_task.{setting}", value])
+    db.sql("SET pg_task.max = 3")  # (set, but not named by the rule: not in the HINT)
+    with pytest.raises(psycopg.errors.CheckViolation, match=message) as error:
+        db.insert("SELECT 1")
+    assert f"The INSERT took its default from pg_task.{setting} = '{value}' " in error.value.diag.message_hint
+    assert "pg_task.max" not in error.value.diag.message_hint
+    # A value given in the INSERT breaks the same rule; the HINT still says where the default was set.
+    with pytest.raises(psycopg.errors.CheckViolation, match=message):
+        db.insert("SELECT 1", **{setting: value})
+    db.sql(f"RESET pg_task.{setting}")
+    with pytest.raises(psycopg.errors.CheckViolation, match=message) as error:
+        db.insert("SELECT 1", **{setting: value})
+    assert "pg_task." not in (error.value.diag.message_hint or "")
+    assert db.value("SELECT count(*) FROM task") == 0
+
+
 def test_impossible_values_are_rejected_by_update_too(db):
     task = db.insert("SELECT 1", plan=db.value("SELECT now() + interval '1 hour'"))
     with pytest.raises(psycopg.errors.CheckViolation, match="task.count must not be negative"):

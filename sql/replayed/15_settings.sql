@@ -21,6 +21,22 @@ BEGIN
 END
 $$;
 
+-- A value that parses but breaks its column's rule (SET pg_task.delimiter = ';;') fails the
+-- INSERT with the rule, which names the column: this says which of the columns the rule names
+-- took its default from a setting now set, for the rule's HINT.  NULL when none did.
+CREATE FUNCTION pgtaskpy.settings_behind(rule text, relation regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'The INSERT took its default from ' || string_agg(
+               format('pg_task.%s = %L', a.attname, pgtaskpy.setting(a.attname)), ', ' ORDER BY a.attnum)
+           || ' (SET, ALTER ROLE ... SET, ALTER DATABASE ... SET or postgresql.conf) unless it gave the column:'
+           || ' fix the setting, or give the column a value.'
+    FROM pg_attribute AS a
+    WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
+      AND rule ~ ('(^|[^a-z_])' || a.attname || '($|[^a-z_])')
+      AND pgtaskpy.setting(a.attname) IS NOT NULL
+$$;
+
 -- One cast per type, each catching only a bad value: the common path (setting
 -- absent) enters no exception block.
 CREATE FUNCTION pgtaskpy.cast_setting(name text, fallback anyelement) RETURNS anyelement

@@ -66,7 +66,8 @@ BEGIN
             violated := 'task.tz must be a time zone PostgreSQL knows';
             RAISE EXCEPTION 'invalid task.tz "%": %', NEW.tz, problem
                 USING ERRCODE = 'check_violation', CONSTRAINT = violated, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-                      HINT = 'Use a region''s name of pg_timezone_names, such as ''Europe/Berlin'', or ''UTC''.';
+                      HINT = concat_ws(' ', 'Use a region''s name of pg_timezone_names, such as ''Europe/Berlin'', or ''UTC''.',
+                                       CASE WHEN TG_OP = 'INSERT' THEN pgtaskpy.settings_behind(violated, TG_RELID) END);
         END IF;
     END IF;
     IF NEW.cron IS NOT NULL THEN
@@ -134,7 +135,13 @@ BEGIN
         WHEN NOT (NEW.target IS NULL OR (NEW.target = 'standby' AND NEW.remote IS NULL))
             THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
     END;
-    IF violated IS NOT NULL THEN
+    -- (a default of pg_task.<column>: the rule names the column, its HINT the setting)
+    problem := CASE WHEN TG_OP = 'INSERT' AND violated IS NOT NULL THEN pgtaskpy.settings_behind(violated, TG_RELID) END;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
+            USING ERRCODE = 'check_violation', CONSTRAINT = violated,
+                  SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, HINT = problem;
+    ELSIF violated IS NOT NULL THEN
         RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
             USING ERRCODE = 'check_violation', CONSTRAINT = violated,
                   SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
