@@ -45,10 +45,11 @@ class Session:
         return self.conn.execute("SELECT (pgtaskpy.claim_next_task(%s, NULL)).id", [group_hash]).fetchone()[0]
 
     def waiting_for(self, observer) -> list[int]:
-        """The backends this one waits for, if it waits for an advisory lock (else [])."""
+        """The backends this one waits for, if it waits for the scheduling lock (else [])."""
         row = observer.execute(
             "SELECT pg_blocking_pids(l.pid) FROM pg_locks AS l"
-            " WHERE l.pid = %s AND l.locktype = 'advisory' AND NOT l.granted", [self.pid]).fetchone()
+            " WHERE l.pid = %s AND l.relation = 'pgtaskpy.scheduling_lock'::regclass AND NOT l.granted",
+            [self.pid]).fetchone()
         return row[0] if row else []
 
     def close(self) -> None:

@@ -357,12 +357,13 @@ def test_a_turn_held_up_by_a_lock_names_the_session_that_holds_it(db):
     wait_until(lambda: "the scheduling turn went on after" in launcher.output(), 10, 0.1, "the turn's end")
 
 
-def test_a_turn_held_up_by_an_advisory_lock_is_said_in_json_with_its_holder(db):
-    """A role may take the scheduler's advisory key (README, Limits); --log-json's lines carry the
-    report's fields, and the holder is told apart from sessions queued behind it."""
+def test_a_turn_held_up_by_a_lock_is_said_in_json_with_its_holder(db):
+    """--log-json's lines carry the report's fields, and the holder is told apart from sessions
+    queued behind it."""
     launcher = db.launcher("--log-json")
     with db.connect() as locker:
-        locker.execute("SELECT pg_advisory_lock('task'::regclass::oid::int4, 0)")
+        locker.autocommit = False
+        locker.execute("LOCK TABLE task IN SHARE MODE")
         blocker = locker.info.backend_pid
 
         def reports() -> list[dict]:
@@ -373,10 +374,53 @@ def test_a_turn_held_up_by_an_advisory_lock_is_said_in_json_with_its_holder(db):
         report = next(r for r in reports() if r.get("backend") == blocker)
         assert (report["holds"], report["level"]) == (True, "WARNING"), report
         assert report["database"].startswith(f"{db.name}@"), report
-        assert "pg_advisory_lock" in report["query"] and report["seconds"] >= 5, report
-        locker.execute("SELECT pg_advisory_unlock('task'::regclass::oid::int4, 0)")
+        assert "LOCK TABLE task" in report["query"] and report["seconds"] >= 5, report
+        locker.commit()
     wait_until(lambda: '"event": "turn_went_on"' in launcher.output(), 10, 0.1, "the turn's end")
     assert db.wait_done(db.insert("SELECT 'after the lock'"))["output"] == "after the lock"
+
+
+def launcher_waits_for(db, locker) -> int:
+    """The backend of the launcher's turns (the only session of the scheduler's that reads tasks
+    while there is none), once it waits for `locker`'s lock."""
+    return wait_until(lambda: db.value(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py%%'"
+        " AND %s = ANY (pg_blocking_pids(pid))", [locker.info.backend_pid]), 20, 0.1, "the turn to wait for the lock")
+
+
+def test_a_stop_whose_turn_waits_for_a_lock_cancels_the_turn_after_its_grace(db):
+    """SIGTERM while a session's LOCK TABLE held the turn up: the launcher ran on until the lock
+    went, past any grace.  Ten seconds past --grace it cancels the turn, and stops."""
+    launcher = db.launcher("--grace", "1")
+    with db.connect() as locker:
+        locker.autocommit = False
+        locker.execute("LOCK TABLE task IN ACCESS EXCLUSIVE MODE")
+        launcher_waits_for(db, locker)
+        launcher.signal(signal.SIGTERM)
+        assert launcher.process.wait(40) == 0, launcher.output()
+        locker.rollback()
+    assert "cancelling its scheduling turn" in launcher.output()
+    assert "stopped, its scheduling turn cancelled" in launcher.output()
+
+
+def test_a_stop_whose_turn_does_not_return_exits_without_it(db):
+    """SIGTERM while the server stopped answering the turn (its backend frozen, as behind a TCP peer
+    that went silent): the cancel cannot end it either, and five seconds later the launcher exits
+    1 without it, as a SIGKILL would end it, rather than run on until a supervisor's SIGKILL."""
+    launcher = db.launcher("--grace", "1")
+    with db.connect() as locker:
+        locker.autocommit = False
+        locker.execute("LOCK TABLE task IN ACCESS EXCLUSIVE MODE")
+        turn = launcher_waits_for(db, locker)
+        os.kill(turn, signal.SIGSTOP)
+        try:
+            launcher.signal(signal.SIGTERM)
+            assert launcher.process.wait(40) == 1, launcher.output()
+        finally:
+            os.kill(turn, signal.SIGCONT)
+        locker.rollback()
+    assert "its scheduling turn has not returned: exiting without it" in launcher.output()
+    assert "Traceback" not in launcher.output()
 
 
 def test_graceful_stop_waits_for_running_task(db):

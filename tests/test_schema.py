@@ -179,10 +179,25 @@ def test_impossible_values_are_rejected_by_update_too(db):
     assert db.sql("SELECT count, input FROM task WHERE id = %s", [task]) == [(0, "SELECT 1")]
 
 
-@pytest.mark.parametrize("input", ["", "   ", " ; "])
+@pytest.mark.parametrize("input", ["", "   ", " ; ", " ;\t\r\n" * 100])
 def test_empty_input_is_rejected(db, input):
     with pytest.raises(psycopg.errors.CheckViolation, match="task.input must not be empty"):
         db.insert(input)
+
+
+@pytest.mark.parametrize("input", [" " * 200 + "SELECT 1", ";" * 200 + "SELECT 'é'"])
+def test_an_input_after_a_long_blank_start_is_kept(db, input):
+    assert db.value("SELECT input FROM task WHERE id = %s", [db.insert(input)]) == input
+
+
+def test_a_huge_input_is_inserted_and_a_huge_cron_rejected_without_an_internal_error(db):
+    """The emptiness check took 12 bytes a character: an input of 134,217,728 characters or more
+    failed with `invalid memory alloc request size` (XX000), and so did a cron of 200 MB."""
+    huge = "/* " + "é" * 140_000_000 + " */ SELECT 1"
+    task = db.insert(huge)
+    assert db.value("SELECT char_length(input) FROM task WHERE id = %s", [task]) == len(huge)
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.cron must not be over 1000 bytes"):
+        db.insert("SELECT 1", cron="* " * 100_000_000)
 
 
 def test_hash_cannot_be_set(db):

@@ -504,14 +504,14 @@ def check_dependencies(conn) -> None:
 
 
 def test_a_task_whose_end_loses_a_deadlock_still_ends_done(running):
-    """A transaction that holds a task's key of the prerequisite locks (an INSERT of a task `after`
-    it takes the key shared) and then updates the task's row, while the task ends: its worker's
+    """A transaction that holds a task's key of the prerequisite locks (the commit of an INSERT of a
+    task `after` it takes the key shared) and then updates the task's row, while the task ends: its worker's
     end holds the row and waits for the key, the other waits for the row.  The server breaks the
     cycle by failing one of them; when it failed the worker's end, the worker's call failed, and
     the task, which had run, ended FAIL (`pg_task_py worker failed: ERROR:  deadlock detected`).
     The end is tried again instead (the deadlock rolled back what it had locked)."""
     task = running.insert("SELECT pg_sleep(1)", group="ending", delete=False)
-    row = end_in_a_deadlock(running, task, "SELECT pgtaskpy.lock_prerequisite(%s)", [task])
+    row = end_in_a_deadlock(running, task, "SELECT pgtaskpy.lock_prerequisites(ARRAY[%s]::bigint[], true)", [task])
     assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
 
 
@@ -525,8 +525,8 @@ def end_in_a_deadlock(running, task, lock, args):
         other.execute("SET deadlock_timeout = '30s'")  # the worker, waiting first, finds the cycle
         other.execute("BEGIN")
         other.execute(lock, args)
-        wait_until(lambda: running.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [worker])
-                   == "advisory", 20, 0.01, "the task's end to wait for the lock")
+        wait_until(lambda: running.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [worker])
+                   == "Lock", 20, 0.01, "the task's end to wait for the lock")
         other.execute("UPDATE task SET data = 'touched' WHERE id = %s", [task])  # waits until the worker loses
         other.execute("COMMIT")
     return running.wait_done(task)

@@ -347,6 +347,8 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
         databases.stop_all()
     while databases.running():
         databases.join(timeout=0.2)
+        if stopping.is_set() and databases.left_stuck():
+            return 1
         if reload_wanted.is_set():
             reload_wanted.clear()
             if stopping.is_set():

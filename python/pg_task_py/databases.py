@@ -6,11 +6,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 
 from pg_task_py.launcher import Scheduler, Settings, SetupError
 from pg_task_py.metrics import Metrics
 
 log = logging.getLogger("pg_task_py")
+
+# Seconds past a database's --grace that a stop waits for its scheduling turn to return (one that
+# waits for a lock a session holds, or for a server that stopped answering), before cancelling the
+# turn; and then before the launcher exits without it, as a SIGKILL would (README, Guarantees).
+STUCK_AFTER_GRACE = 10.0
+STUCK_AFTER_CANCEL = 5.0
 
 
 class Database:
@@ -22,7 +29,10 @@ class Database:
         self.error: str | None = None  # why it ended, when retrying could not help
         self.failed_stopping = False  # it ended so after its stop was asked: not a clean stop
         self.removed = False  # a reload took it out of the configuration: it is stopping
-        self.thread = threading.Thread(target=self._run, name=self.scheduler.name)  # (no password)
+        self.stop_asked_at: float | None = None  # (time.monotonic()) when SIGINT/SIGTERM asked it to stop
+        self.turn_cancelled_at: float | None = None  # when a stop that outlasted its grace cancelled its turn
+        # (A daemon: a thread stuck in a turn does not keep the process from exiting: left_stuck.)
+        self.thread = threading.Thread(target=self._run, name=self.scheduler.name, daemon=True)  # (no password)
         self.thread.start()
 
     def _run(self) -> None:
@@ -81,6 +91,29 @@ class Databases:
     def stop_all(self) -> None:
         for database in self.all:
             database.stop.set()
+            if database.stop_asked_at is None:
+                database.stop_asked_at = time.monotonic()
+
+    def left_stuck(self) -> bool:
+        """Whether the launcher stops waiting for the databases still running after a stop: each
+        one's turn is cancelled STUCK_AFTER_GRACE seconds past its --grace, and once every one still
+        running had that and STUCK_AFTER_CANCEL seconds more, the launcher exits without them."""
+        now = time.monotonic()
+        alive = [d for d in self.all if d.thread.is_alive() and d.stop_asked_at is not None]
+        for database in alive:
+            past = now - database.stop_asked_at
+            if database.turn_cancelled_at is None and past > database.settings.grace + STUCK_AFTER_GRACE:
+                log.warning("%s: still stopping %.0fs after the stop was asked (--grace %gs): cancelling "
+                            "its scheduling turn", database.scheduler.name, past, database.settings.grace)
+                database.turn_cancelled_at = now
+                database.scheduler.cancel_turn()
+        if not alive or any(d.turn_cancelled_at is None or now - d.turn_cancelled_at < STUCK_AFTER_CANCEL
+                            for d in alive):
+            return False
+        for database in alive:
+            log.error("%s: its scheduling turn has not returned: exiting without it (the tasks it started "
+                      "record their own end)", database.scheduler.name)
+        return True
 
     def reload(self, wanted: list[Settings]) -> None:
         """Make the running databases those of `wanted`, matched by conninfo: one no longer there

@@ -43,10 +43,17 @@ NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python
 # that cannot be read (a bad option value: "connect_timeout=abc", "postgresql://%zz").
 # libpq reports connection failures as text only (no SQLSTATE), hence the phrases.
 FATAL_SQLSTATES = {"28000", "28P01", "3D000"}
+# A role without LOGIN, a pg_hba.conf `reject` line, a service that is not defined, TLS that
+# cannot be set up as asked: the same.  (A server whose lc_messages is not English says its own
+# words, which no phrase matches: those are retried.)
 FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplied",
                  "no pg_hba.conf entry", "invalid connection option", "invalid dsn",
                  "missing \"=\"", "invalid URI", "bad value for", "invalid percent-encoded token",
-                 "invalid integer value", "invalid port number")
+                 "invalid integer value", "invalid port number",
+                 "is not permitted to log in", "pg_hba.conf rejects connection", "definition of service",
+                 "service file", "certificate verify failed", "but SSL was required")
+# The conninfo keywords whose values are secrets: never in the log nor in a metric's label.
+SECRET_KEYWORDS = ("password", "sslpassword")
 
 
 def is_fatal(exc: psycopg.Error) -> bool:
@@ -75,6 +82,7 @@ class Scheduler:
     """Runs the loop for one database until `stopping` is set."""
 
     def __init__(self, settings: Settings, stopping: threading.Event, metrics: Metrics | None = None) -> None:
+        self.conn: psycopg.Connection | None = None  # the session of the turns, while connected
         self.settings = settings
         self.stopping = stopping
         self.name = display_name(settings.dsn)
@@ -103,6 +111,7 @@ class Scheduler:
                 backoff = self._pause(backoff)
                 continue
             conn.add_notice_handler(self._on_notice)
+            self.conn = conn
             try:
                 with conn:
                     self._rename(f"{conn.info.dbname}@{conn.info.host}:{conn.info.port}")
@@ -128,11 +137,25 @@ class Scheduler:
                 # The role lost SUPERUSER (or EXECUTE) while running: retrying cannot fix it.
                 raise SetupError(f"{self.name}: {first_line(exc)}: {NEEDS_SUPERUSER}") from None
             except psycopg.Error as exc:
+                if self.stopping.is_set() and isinstance(exc, psycopg.errors.QueryCanceled):
+                    log.warning("%s: stopped, its scheduling turn cancelled (%s)", self.name, first_line(exc))
+                    return  # (Databases.left_stuck: a stop that outlasted its grace)
                 what = "connection lost" if conn.broken or isinstance(exc, ListenerLost) else "scheduler error"
                 log.warning("%s: %s (%s); reconnecting in %.1fs", self.name, what, first_line(exc), backoff)
                 if self.metrics:
                     self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
+
+    def cancel_turn(self) -> None:
+        """Cancel the statement of the turn under way, if any (a stop that outlasted its grace
+        while the turn waited for a lock); a server that does not answer within 2 s is left."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.cancel_safe(timeout=2)
+        except (psycopg.Error, OSError) as exc:
+            log.warning("%s: could not cancel the scheduling turn: %s", self.name, first_line(exc))
 
     def _on_notice(self, notice: psycopg.errors.Diagnostic) -> None:
         """The server's warnings to the launcher's session (a scheduler setting it ignores, said
@@ -338,14 +361,15 @@ def only_standbys(exc: psycopg.Error) -> bool:
 
 
 def display_name(dsn: str) -> str:
-    """How logs name a database before the launcher has connected: its conninfo without the password."""
+    """How logs name a database before the launcher has connected: its conninfo without its secrets."""
     if not dsn:
         return "(libpq environment)"
     try:
         keywords = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error:
         return "(a conninfo that cannot be parsed)"
-    keywords.pop("password", None)
+    for secret in SECRET_KEYWORDS:
+        keywords.pop(secret, None)
     return psycopg.conninfo.make_conninfo(**keywords)
 
 

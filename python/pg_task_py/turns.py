@@ -1,7 +1,7 @@
 """Say in the launcher's log what holds a scheduling turn up.
 
 A turn is one statement in the launcher's session; when another session locks what it needs
-(a DBA's `LOCK TABLE task`, a role's `pg_advisory_lock` of the scheduler's key: README, Limits),
+(`LOCK TABLE task` by a DBA or a task author, a role holding a named series' advisory key: README, Limits),
 the turn waits, and nothing in the log said why: task lines just stopped.  A watcher thread
 notices a turn that lasts past SLOW_TURN seconds and logs the sessions that block the launcher's
 backend (`pg_blocking_pids`), read from a session of its own, and again every REPORT_EVERY

@@ -71,6 +71,12 @@ BEGIN
         END IF;
     END IF;
     IF NEW.cron IS NOT NULL THEN
+        -- (read character by character: one of 200 MB was an internal error, out of memory)
+        IF octet_length(NEW.cron) > 1000 THEN
+            violated := 'task.cron must not be over 1000 bytes';
+            RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, violated
+                USING ERRCODE = 'check_violation', CONSTRAINT = violated, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME;
+        END IF;
         IF pgtaskpy.cron_parse(NEW.cron, false) IS NULL THEN
             violated := 'task.cron must be a cron expression that matches';
             RAISE EXCEPTION 'invalid task.cron "%": %', NEW.cron, pgtaskpy.cron_problem(NEW.cron)
@@ -117,7 +123,12 @@ BEGIN
             THEN 'task.timeout must be at most 2147483.647 seconds (statement_timeout), without negative parts'
         WHEN NOT NEW.count >= 0 THEN 'task.count must not be negative'
         WHEN NOT NEW.max > -2147483648 THEN 'task.max must be at least -2147483647'
-        WHEN NOT btrim(NEW.input, E' \t\r\n;') <> '' THEN 'task.input must not be empty'
+        -- (btrim of a text in a multibyte encoding takes 12 bytes a character: an input of 128
+        -- million characters passed the server's 1 GB allocation limit, an internal error.  Its
+        -- bytes, then: the trimmed characters are ASCII, which no other character's bytes hold.)
+        WHEN NOT (btrim(left(NEW.input, 100), E' \t\r\n;') <> ''
+                  OR btrim(convert_to(NEW.input, current_setting('server_encoding')), '\x090a0d203b'::bytea) <> ''::bytea)
+            THEN 'task.input must not be empty'
         -- (a longer key fails the unique index of waiting keys with the server's raw message)
         WHEN NOT (NEW.key <> '' AND octet_length(NEW.key) <= 1000) THEN 'task.key must not be empty nor over 1000 bytes'
         -- (the group is a key of the counters, pauses and rate limits: a longer one failed the

@@ -40,34 +40,39 @@ AS $$ SELECT pg_catalog.pg_notify(pgtaskpy.name_of('channel'), '')
 -- The lock that serializes the scheduling of a database: every launcher takes
 -- it first thing in its turn, before any row, so that no turn holds rows while
 -- it waits for the lock (which would deadlock with workers taking their rows).
---
--- The three lock functions are plain SQL without a SET clause, so that the
--- planner inlines them into their callers' cached plans (a call with SET is
--- planned again every time, on each task's claim); every name in them
--- is schema-qualified instead.
+-- A lock on a table no other role may lock (sql/created_once/26_locks.sql),
+-- not an advisory lock, which any role may take and hold.  Neither mode is
+-- written to WAL.  PL/pgSQL, whose LOCK runs from a plan kept for the
+-- backend's life (a plain SQL function's body is parsed again on every call).
 CREATE FUNCTION pgtaskpy.lock_scheduling() RETURNS void
-LANGUAGE sql
-AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
-          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4, 0) $$;
+LANGUAGE plpgsql
+AS $$ BEGIN LOCK TABLE ONLY pgtaskpy.scheduling_lock IN EXCLUSIVE MODE; END $$;
 
 -- The same lock, shared: workers handing their group's slot on to its next
 -- task (claim_next_task) do not wait for each other, only for launchers.
 CREATE FUNCTION pgtaskpy.lock_scheduling_shared() RETURNS void
-LANGUAGE sql
-AS $$ SELECT pg_catalog.pg_advisory_xact_lock_shared(
-          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4, 0) $$;
+LANGUAGE plpgsql
+AS $$ BEGIN LOCK TABLE ONLY pgtaskpy.scheduling_lock IN ROW SHARE MODE; END $$;
 
--- Serializes the claims of one owner's tasks (only taken when the owner has a
--- pg_task_py.role_running_limit, whose count spans groups).
-CREATE FUNCTION pgtaskpy.lock_owner(owner name) RETURNS void
+-- Serializes the claims of one owner's tasks by workers (only taken when the
+-- owner has a pg_task_py.role_running_limit, whose count spans groups); a
+-- launcher's claim holds the scheduling lock, which excludes them all.
+-- Tried, never waited for: a worker that does not get it leaves the group's
+-- next task to a launcher, so that a role holding this advisory key (any role
+-- may take one) holds up no claim.
+CREATE FUNCTION pgtaskpy.try_lock_owner(owner name) RETURNS boolean
 LANGUAGE sql
-AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
+AS $$ SELECT pg_catalog.pg_try_advisory_xact_lock(
           '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
           pg_catalog.hashtext(owner) OPERATOR(pg_catalog.|) 1) $$;
 
 -- Serializes the changes of one named series (owner, key): task_schedule,
 -- and the end of one of its runs, which looks whether the series was
--- replaced meanwhile.  Hashed to keys 2 mod 4, apart from the two above.
+-- replaced meanwhile.  Hashed to keys 2 mod 4, apart from the owners' (odd).
+-- An advisory lock, which a role that knows the series' owner and key can
+-- take and hold, holding up that series (README, Limits): a row of a table
+-- would serialize a user's open transaction of task_schedule with the ends of
+-- every series that shares its row.
 CREATE FUNCTION pgtaskpy.lock_series(owner name, key text) RETURNS void
 LANGUAGE sql
 AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
@@ -402,7 +407,9 @@ BEGIN
     END IF;
     cap := CASE WHEN pgtaskpy.role_running_limits_set() THEN pgtaskpy.role_running_limit(claimed.owner) END;
     IF cap IS NOT NULL THEN  -- an owner's count spans groups: no slot to hand on
-        PERFORM pgtaskpy.lock_owner(claimed.owner);
+        IF NOT pgtaskpy.try_lock_owner(claimed.owner) THEN
+            RETURN NULL;
+        END IF;
         running := (SELECT count(*) FROM @extschema@.task AS r
                     WHERE r.state IN ('TAKE', 'WORK') AND r.owner = claimed.owner);
         IF NOT pgtaskpy.owner_has_room(cap, running, 1) THEN
@@ -1325,7 +1332,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.groups_due_soon(double precision, integer) FROM 
 REVOKE ALL ON FUNCTION pgtaskpy.owner_to_start_ahead(double precision) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.lock_scheduling_shared() FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.lock_owner(name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.try_lock_owner(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.launcher_accepts(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval, bigint)
     FROM PUBLIC;

@@ -39,28 +39,42 @@
 -- guessed, not one), so without it PostgreSQL plans each statement again on
 -- every call, which cost a link of a chain 0.7 ms (bench/RESULTS.md).
 
--- The lock on a prerequisite's id: one of 1,024 keys (4 mod 8, apart from the
--- scheduling (0), owner (odd) and series (2 mod 4) locks of the extension's
--- lock space), so that a transaction that ends or deletes many tasks at once
--- (a stop cascading down a fan-out of 100,000, DELETE FROM task) holds at
--- most 1,024 locks, well within the server's lock table.  Two ids of one key
--- only wait for each other's end or commit (settle_prerequisites).  Plain SQL without SET, so the
--- planner inlines them.
+-- The lock on a prerequisite's id: the row of one of 1,024 keys in
+-- pgtaskpy.prerequisite_lock, a table no other role may lock (an advisory
+-- lock, which any role may take, let a role that held the 1,024 keys hold up
+-- every task's end).  Two ids of one key only wait for each other's end or
+-- commit (settle_prerequisites).  Plain SQL, so the planner inlines it.
 CREATE FUNCTION pgtaskpy.prerequisite_lock_key(task_id bigint) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT (pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) 8184) OPERATOR(pg_catalog.|) 4 $$;
+AS $$ SELECT pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) 1023 $$;
 
-CREATE FUNCTION pgtaskpy.lock_prerequisite(task_id bigint) RETURNS void
-LANGUAGE sql
-AS $$ SELECT pg_catalog.pg_advisory_xact_lock(
-          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
-          pgtaskpy.prerequisite_lock_key(task_id)) $$;
-
-CREATE FUNCTION pgtaskpy.lock_prerequisite_shared(task_id bigint) RETURNS void
-LANGUAGE sql
-AS $$ SELECT pg_catalog.pg_advisory_xact_lock_shared(
-          '@extschema@.task'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,
-          pgtaskpy.prerequisite_lock_key(task_id)) $$;
+-- Locks the keys of `task_ids`, in the order of the keys (no deadlock between
+-- two lockers of several), FOR SHARE or FOR UPDATE, until the transaction
+-- ends.  The table is UNLOGGED: emptied by a crash's recovery or a standby's
+-- promotion, it is filled again here.
+CREATE FUNCTION pgtaskpy.lock_prerequisites(task_ids bigint[], shared boolean) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    keys integer[] := ARRAY(SELECT DISTINCT pgtaskpy.prerequisite_lock_key(a.id) FROM unnest(task_ids) AS a(id)
+                            ORDER BY 1);
+    locked bigint;
+BEGIN
+    FOR attempt IN 1..2 LOOP
+        IF shared THEN
+            PERFORM FROM pgtaskpy.prerequisite_lock AS l WHERE l.key = ANY (keys) ORDER BY l.key FOR SHARE;
+        ELSE
+            PERFORM FROM pgtaskpy.prerequisite_lock AS l WHERE l.key = ANY (keys) ORDER BY l.key FOR UPDATE;
+        END IF;
+        GET DIAGNOSTICS locked = ROW_COUNT;
+        IF locked = cardinality(keys) THEN
+            RETURN;
+        END IF;
+        INSERT INTO pgtaskpy.prerequisite_lock SELECT k FROM generate_series(0, 1023) AS k ON CONFLICT DO NOTHING;
+    END LOOP;
+    RAISE EXCEPTION 'pg_task_py: % of % prerequisite locks missing', cardinality(keys) - locked, cardinality(keys);
+END
+$$;
 
 -- BEFORE INSERT of a task with `after`: every listed task must exist and be
 -- visible to the inserting role (row-level security; so a task can only wait
@@ -161,9 +175,7 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN NULL;  -- (its prerequisites' rows are locked FOR SHARE: none has ended since)
     END IF;
-    PERFORM pgtaskpy.lock_prerequisite_shared(p.id)  -- (in order of keys: no deadlock between commits)
-    FROM (SELECT DISTINCT a.id, pgtaskpy.prerequisite_lock_key(a.id) AS k FROM unnest(NEW.after) AS a(id)
-          ORDER BY k) AS p;
+    PERFORM pgtaskpy.lock_prerequisites(NEW.after, shared => true);
     IF NOT EXISTS (SELECT FROM @extschema@.task AS d WHERE d.id = NEW.id AND d.state = 'PLAN' AND d.waiting_for > 0) THEN
         RETURN NULL;  -- deleted, stopped or released since, in this transaction
     END IF;
@@ -173,7 +185,7 @@ BEGIN
         WHERE p.id = ANY (prerequisites) AND p.state = 'FAIL'
         ORDER BY p.id LIMIT 1;
         EXIT WHEN NOT FOUND;
-        PERFORM pgtaskpy.lock_prerequisite_shared(handed.retry);
+        PERFORM pgtaskpy.lock_prerequisites(ARRAY[handed.retry], shared => true);
         prerequisites := array_replace(prerequisites, handed.failed, handed.retry);
         UPDATE @extschema@.task AS d SET after = prerequisites WHERE d.id = NEW.id;
         UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = handed.retry
@@ -253,7 +265,7 @@ DECLARE
     stopped bigint[];
 BEGIN
     WHILE i <= cardinality(ended) LOOP
-        PERFORM pgtaskpy.lock_prerequisite(ended[i]);
+        PERFORM pgtaskpy.lock_prerequisites(ARRAY[ended[i]], shared => false);
         WITH taken AS (
             DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = ended[i] RETURNING e.dependent)
         SELECT array_agg(taken.dependent ORDER BY taken.dependent) INTO dependents FROM taken;
@@ -321,8 +333,7 @@ CREATE FUNCTION pgtaskpy.pass_dependents_on(from_task bigint, to_task bigint) RE
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    PERFORM pgtaskpy.lock_prerequisite(from_task);
-    PERFORM pgtaskpy.lock_prerequisite(to_task);
+    PERFORM pgtaskpy.lock_prerequisites(ARRAY[from_task, to_task], shared => false);
     UPDATE @extschema@.task AS d SET after = array_replace(d.after, from_task, to_task)
     WHERE d.id IN (SELECT e.dependent FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = from_task);
     UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = to_task WHERE e.prerequisite = from_task;
@@ -462,8 +473,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.settle_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.keep_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_stopped() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_deleted() FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite(bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisite_shared(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisites(bigint[], boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;

@@ -104,6 +104,8 @@ def test_end_line(event, line):
     ("", "(libpq environment)"),
     ("host=/run/pg dbname=app password=secret", "dbname=app host=/run/pg"),
     ("postgresql://alice:secret@db.example/app", "user=alice dbname=app host=db.example"),
+    # (the passphrase of a client certificate's key)
+    ("host=db dbname=app sslkey=/k sslpassword=KeyPass42", "dbname=app host=db sslkey=/k"),
     ("host=x port", "(a conninfo that cannot be parsed)"),
 ])
 def test_display_name_never_shows_a_password(dsn, shown):

@@ -1,6 +1,7 @@
 """The launcher's reading of a failed connection during a failover, in process: no server."""
 
 import psycopg
+import pytest
 from pg_task_py.launcher import describe, is_fatal, only_standbys
 
 # libpq's message for a multi-host conninfo with target_session_attrs=read-write while the primary is
@@ -27,6 +28,22 @@ def test_a_conninfo_that_cannot_be_read_is_fatal_not_retried():
         else:
             raise AssertionError(f"{dsn} connected")
     assert not is_fatal(psycopg.OperationalError('connection to server failed: No such file or directory'))
+
+
+@pytest.mark.parametrize("message", [
+    'connection to server at "127.0.0.1", port 5432 failed: FATAL:  role "nologin" is not permitted to log in',
+    'connection to server at "127.0.0.1", port 5432 failed: FATAL:  pg_hba.conf rejects connection for host'
+    ' "127.0.0.1", user "alice", database "app", no encryption',
+    'definition of service "nosuch" not found',
+    'service file "/etc/nosuch.conf" not found',
+    'connection to server at "db", port 5432 failed: SSL error: certificate verify failed',
+    'connection to server at "db", port 5432 failed: server does not support SSL, but SSL was required',
+])
+def test_a_login_no_retry_can_fix_is_fatal(message):
+    """Retried, each of these looked like an outage for ever; each needs the user to act."""
+    assert is_fatal(psycopg.OperationalError(message))
+    assert not is_fatal(psycopg.OperationalError(
+        'connection to server at "db", port 5432 failed: FATAL:  sorry, too many clients already'))
 
 
 def test_the_standby_answer_of_dispatch_has_a_line():
