@@ -419,7 +419,7 @@ def test_a_stop_whose_turn_does_not_return_exits_without_it(db):
         finally:
             os.kill(turn, signal.SIGCONT)
         locker.rollback()
-    assert "its scheduling turn has not returned: exiting without it" in launcher.output()
+    assert "still not stopped (its turn, or its connection, has not returned): exiting without it" in launcher.output()
     assert "Traceback" not in launcher.output()
 
 

@@ -111,8 +111,8 @@ class Databases:
                             for d in alive):
             return False
         for database in alive:
-            log.error("%s: its scheduling turn has not returned: exiting without it (the tasks it started "
-                      "record their own end)", database.scheduler.name)
+            log.error("%s: still not stopped (its turn, or its connection, has not returned): exiting without "
+                      "it (the tasks it started record their own end)", database.scheduler.name)
         return True
 
     def reload(self, wanted: list[Settings]) -> None:
