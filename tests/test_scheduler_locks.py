@@ -93,3 +93,28 @@ def test_the_prerequisite_locks_are_filled_again_after_a_crash():
                 launcher.stop()
             assert [row[0] for row in conn.execute("SELECT n FROM steps ORDER BY at")] == [1, 2]
             assert conn.execute("SELECT count(*) FROM pgtaskpy.prerequisite_lock").fetchone()[0] == 1024
+
+
+def test_a_held_series_key_holds_up_no_claim_while_the_launcher_ends_a_lost_run(running):
+    """A named series' lock is still an advisory key (README, Limits): a role that holds it held
+    up the launcher's end of the series' lost run, under the scheduling lock, and every claim with
+    it.  The launcher now gives that end up after a second, runs the others' tasks, and ends the
+    run at a later turn, once the key is let go: FAIL as a lost run, and the series goes on."""
+    run = running.insert("SELECT pg_sleep(60)", key="held", repeat="1 hour", group="held_series", delete=False)
+    wait_until(lambda: running.task(run)["state"] == "WORK", 20, 0.05, "the run to start")
+    worker = running.value("SELECT worker FROM task WHERE id = %s", [run])
+    key = running.value("SELECT (hashtext(current_user::text || E'\\x1f' || 'held') & -4) | 2")
+    with running.connect() as holder:
+        holder.execute("SELECT pg_advisory_lock('task'::regclass::oid::int4, %s)", [key])
+        running.sql("SELECT pg_terminate_backend(%s)", [worker])
+        wait_until(lambda: running.value(  # the launcher's turn, ending the lost run, waits for the key
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py%%'"
+            " AND %s = ANY (pg_blocking_pids(pid))", [holder.info.backend_pid]), 20, 0.02, "the end to wait")
+        lone = running.insert("SELECT 'lone'", delete=False)
+        assert running.wait_done(lone, timeout=15)["output"] == "lone"
+        assert running.task(run)["state"] == "WORK"  # (its end waits for the key)
+        holder.execute("SELECT pg_advisory_unlock('task'::regclass::oid::int4, %s)", [key])
+    row = running.wait_done(run, timeout=20)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
+    assert "task worker ended before the task finished" in row["error"], row
+    assert running.value("SELECT count(*) FROM task WHERE key = 'held' AND state = 'PLAN'") == 1

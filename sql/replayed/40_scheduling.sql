@@ -705,10 +705,11 @@ BEGIN
     IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
         BEGIN
             retry_id := pgtaskpy.follow_task(t, quiet => NOT wake);
-        EXCEPTION WHEN deadlock_detected THEN
+        EXCEPTION WHEN deadlock_detected OR lock_not_available THEN
             -- Not a failure of what follows: the server broke a cycle of locks (a
-            -- client holding the series' lock, then wanting this row).  The whole
-            -- end fails and is written again (the worker's finish_task in
+            -- client holding the series' lock, then wanting this row), or a
+            -- launcher's end_task_safely gave up waiting for the series' lock.  The
+            -- whole end fails and is written again (the worker's finish_task in
             -- task_rows.py; a launcher's end_task_safely, next turn).
             RAISE;
         WHEN OTHERS THEN
@@ -926,11 +927,15 @@ $$;
 
 -- finish_task for housekeeping, which ends other roles' tasks one by one: an
 -- error ending one is logged as a warning, and the next is ended all the same.
+-- A lock it waits for a second (a named series' advisory key, which any role
+-- may hold; a client's row) is such an error: the launcher ends the task at a
+-- later turn, rather than wait under the scheduling lock, holding up every
+-- claim, for as long as the holder likes.
 CREATE FUNCTION pgtaskpy.end_task_safely(
     task_id bigint, end_state @extschema@.state, task_error text, from_states @extschema@.state[],
     task_sqlstate text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '1s'
 AS $$
 BEGIN
     RETURN pgtaskpy.finish_task(task_id, end_state, NULL, task_error, from_states,
