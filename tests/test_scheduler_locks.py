@@ -2,15 +2,16 @@
 
 They were advisory locks keyed by the task table's oid, and PostgreSQL lets every role take any
 advisory lock: a role of the database with no right on the extension held up every claim with
-one `pg_advisory_lock`, and every task's end with 1,024 of them.  They are now locks on tables
-that no role but the extension's owner may lock (sql/created_once/26_locks.sql).
+one `pg_advisory_lock`, and every task's end with 1,024 of them.  The scheduling lock is now a
+lock on a view no role but the extension's owner may lock (sql/created_once/26_locks.sql), and
+an end waits only for the commits of INSERTs of its own dependents, through its own row.
 """
 
 from __future__ import annotations
 
 import psycopg
 import pytest
-from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
+from pg_task_py_testing import insert_as, wait_until
 
 # The advisory keys of the task table's oid that the scheduler used to take: the scheduling lock
 # (0) and the 1,024 keys of the prerequisite locks (4 mod 8, up to 8,188).
@@ -58,10 +59,8 @@ def test_advisory_locks_of_a_role_with_no_rights_hold_up_nothing(db, bystander):
 @pytest.mark.parametrize("statement", [
     "LOCK TABLE pgtaskpy.scheduling_lock IN ROW SHARE MODE",
     "LOCK TABLE pgtaskpy.scheduling_lock IN EXCLUSIVE MODE",
-    "SELECT FROM pgtaskpy.prerequisite_lock FOR SHARE",
-    "SELECT FROM pgtaskpy.prerequisite_lock FOR UPDATE",
 ])
-def test_a_task_author_cannot_take_the_scheduler_s_locks(db, statement):
+def test_a_task_author_cannot_take_the_scheduling_lock(db, statement):
     db.sql("CREATE ROLE author LOGIN IN ROLE pgtaskpy_user")
     try:
         with db.connect(user="author") as author, pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -71,28 +70,51 @@ def test_a_task_author_cannot_take_the_scheduler_s_locks(db, statement):
         db.sql("DROP ROLE author")
 
 
-def test_the_prerequisite_locks_are_filled_again_after_a_crash():
-    """The table of prerequisite locks is UNLOGGED: a crash's recovery empties it.  The first lock
-    after that (here, the INSERT of a chain) fills it again, and the steps still wait for each other."""
-    with throwaway_cluster() as cluster:
-        cluster.create_database("crash")
-        with cluster.connect("crash") as conn:
-            conn.execute("CHECKPOINT")  # (commits are asynchronous in the tests' clusters: kept through the crash)
-        cluster.restart("immediate")
-        with cluster.connect("crash") as conn:
-            conn.autocommit = True
-            assert conn.execute("SELECT count(*) FROM pgtaskpy.prerequisite_lock").fetchone()[0] == 0
-            conn.execute("CREATE TABLE steps (n int, at timestamptz DEFAULT clock_timestamp())")
-            conn.execute("SELECT task_chain(ARRAY['SELECT pg_sleep(0.2); INSERT INTO steps VALUES (1)',"
-                         " 'INSERT INTO steps VALUES (2)'], 'after the crash')")
-            launcher = Launcher(cluster.dsn("crash")).start()
-            try:
-                wait_until(lambda: conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 2, 60, 0.1,
-                           "the chain to run")
-            finally:
-                launcher.stop()
-            assert [row[0] for row in conn.execute("SELECT n FROM steps ORDER BY at")] == [1, 2]
-            assert conn.execute("SELECT count(*) FROM pgtaskpy.prerequisite_lock").fetchone()[0] == 1024
+def test_a_database_owner_s_analyze_in_an_open_transaction_holds_up_nothing(db):
+    """A database's owner may ANALYZE any table of it, in a transaction block, and then holds the
+    table's lock until the transaction ends: on a table as the scheduling lock, every claim waited
+    for it.  A view's lock ANALYZE lets go at once."""
+    db.sql("CREATE ROLE dbo LOGIN")
+    db.sql(f'ALTER DATABASE "{db.name}" OWNER TO dbo')
+    launcher = db.launcher()
+    try:
+        with db.connect(user="dbo") as owner:
+            owner.autocommit = False
+            owner.execute("ANALYZE pgtaskpy.scheduling_lock")
+            assert db.wait_done(db.insert("SELECT 'while analyzed'"), timeout=15)["output"] == "while analyzed"
+            owner.rollback()
+    finally:
+        db.sql(f'ALTER DATABASE "{db.name}" OWNER TO postgres')
+        db.sql("DROP ROLE dbo")
+    assert "held by backend" not in launcher.output()
+
+
+def test_an_author_s_open_transaction_holds_up_only_its_own_prerequisites_ends(db):
+    """An author that fires the prerequisite triggers early (SET CONSTRAINTS ALL IMMEDIATE) and
+    keeps its transaction open holds what they lock until it ends.  Those were keys of task ids
+    that every role's ends shared (1,024 of them): such a transaction, with an INSERT `after` 5,000
+    tasks of its own, or a STOP of them, held up the ends of every other role's tasks.  Now it
+    holds only its own prerequisites' rows: another role's task runs to its end."""
+    db.sql("CREATE ROLE author LOGIN IN ROLE pgtaskpy_user")
+    db.sql("CREATE ROLE other LOGIN IN ROLE pgtaskpy_user")
+    launcher = db.launcher()
+    try:
+        with db.connect(user="author") as author, db.connect(user="other") as other:
+            author.execute("INSERT INTO task (input, plan)"
+                           " SELECT 'SELECT 1', now() + interval '1 hour' FROM generate_series(1, 5000)")
+            for holding in ("INSERT INTO task (input, after) SELECT 'SELECT 2', array_agg(id) FROM task",
+                            "UPDATE task SET state = 'STOP' WHERE state = 'PLAN'"):
+                author.autocommit = False
+                author.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                author.execute(holding)
+                task = insert_as(other, "SELECT 'not held up'", delete=False)
+                assert db.wait_done(task, timeout=15)["output"] == "not held up", holding
+                author.rollback()
+                author.autocommit = True
+    finally:
+        db.sql("DROP OWNED BY author, other")
+        db.sql("DROP ROLE author, other")
+    assert "Traceback" not in launcher.output()
 
 
 def test_a_held_series_key_holds_up_no_claim_while_the_launcher_ends_a_lost_run(running):

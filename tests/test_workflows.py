@@ -504,14 +504,14 @@ def check_dependencies(conn) -> None:
 
 
 def test_a_task_whose_end_loses_a_deadlock_still_ends_done(running):
-    """A transaction that holds a task's key of the prerequisite locks (the commit of an INSERT of a
-    task `after` it takes the key shared) and then updates the task's row, while the task ends: its worker's
-    end holds the row and waits for the key, the other waits for the row.  The server breaks the
-    cycle by failing one of them; when it failed the worker's end, the worker's call failed, and
-    the task, which had run, ended FAIL (`pg_task_py worker failed: ERROR:  deadlock detected`).
-    The end is tried again instead (the deadlock rolled back what it had locked)."""
+    """A transaction that holds a task's row FOR SHARE (as the commit of an INSERT of a task `after`
+    it does) and then updates the row, while the task ends: the worker's end, queued for the row,
+    and the other's update wait for each other.  The server breaks the cycle by failing one of
+    them; when it failed the worker's end, the worker's call failed, and the task, which had
+    run, ended FAIL (`pg_task_py worker failed: ERROR:  deadlock detected`).  The end is tried
+    again instead (the deadlock rolled back what it had locked)."""
     task = running.insert("SELECT pg_sleep(1)", group="ending", delete=False)
-    row = end_in_a_deadlock(running, task, "SELECT pgtaskpy.lock_prerequisites(ARRAY[%s]::bigint[], true)", [task])
+    row = end_in_a_deadlock(running, task, "SELECT FROM task WHERE id = %s FOR SHARE", [task])
     assert (row["state"], row["error"], row["data"]) == ("DONE", None, "touched"), row
 
 

@@ -103,8 +103,10 @@ class Databases:
         for database in alive:
             past = now - database.stop_asked_at
             if database.turn_cancelled_at is None and past > database.settings.grace + STUCK_AFTER_GRACE:
-                log.warning("%s: still stopping %.0fs after the stop was asked (--grace %gs): cancelling "
-                            "its scheduling turn", database.scheduler.name, past, database.settings.grace)
+                connected = database.scheduler.conn is not None and not database.scheduler.conn.closed
+                log.warning("%s: still stopping %.0fs after the stop was asked (--grace %gs): %s",
+                            database.scheduler.name, past, database.settings.grace,
+                            "cancelling its scheduling turn" if connected else "its connection attempt goes on")
                 database.turn_cancelled_at = now
                 database.scheduler.cancel_turn()
         if not alive or any(d.turn_cancelled_at is None or now - d.turn_cancelled_at < STUCK_AFTER_CANCEL

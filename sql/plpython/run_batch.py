@@ -297,9 +297,9 @@ class BatchCall:
     def end(self, entry, output, error, sqlstate, notices):
         """The task's end, committed on its own; its session closes.
 
-        Not with the other ends of the moment: each end locks its task's key of the prerequisite
-        locks (pgtaskpy.lock_prerequisites), and ends written together took several keys in no
-        order another worker's shared; two workers deadlocked, and the tasks of the loser's call,
+        Not with the other ends of the moment: each end locked its task's key of the prerequisite
+        locks (keys of task ids, advisory then), and ends written together took several keys in
+        no order another worker's shared; two workers deadlocked, and the tasks of the loser's call,
         which had run, ended FAIL (656 of 1,000 ending together; test_burst.py).  Its stop is
         now, whenever it is written (write_end)."""
         entry.session.close()

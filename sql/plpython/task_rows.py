@@ -114,14 +114,15 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     written, when another transaction holds the row (a burst's worker writes it later).
 
     Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
-    then its key of the prerequisite locks (and, for a named series, the series' lock), and a
-    client's transaction may hold that key (an INSERT of a task `after` it) or that lock (as
-    task_schedule takes it) and wait for the row.  The failed statement's subtransaction
-    (PL/Python's, around each statement) is rolled back with what it locked: the other goes on,
-    and the end waits for it.  Failing the worker's call instead ended FAIL every task it ran,
-    which had run.  Not at once: the other backend, woken when the row was let go, must run to
-    take it, and on busy cores an end tried again at once took the row back first, and lost the
-    same deadlock three times in a row (three runs in six under a CPU load)."""
+    then the rows of its dependents (and, for a named series, the series' lock), and a client's
+    transaction may hold one of those (the commit of an INSERT of a task `after` another, which
+    locks that row FOR SHARE; task_schedule, which takes the series' lock) and wait for the row.
+    The failed statement's subtransaction (PL/Python's, around each statement) is rolled back
+    with what it locked: the other goes on, and the end waits for it.  Failing the worker's call
+    instead ended FAIL every task it ran, which had run.  Not at once: the other backend, woken
+    when the row was let go, must run to take it, and on busy cores an end tried again at once
+    took the row back first, and lost the same deadlock three times in a row (three runs in six
+    under a CPU load)."""
     call = ("pgtaskpy.finish_task({id}, $2::{{ext}}.state, $3, $4, task_notice => $5, wake => $6,"
             " task_sqlstate => $7, task_stop => pg_catalog.to_timestamp($8))::text AS s")
     if unless_held:

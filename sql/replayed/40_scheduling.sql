@@ -40,7 +40,7 @@ AS $$ SELECT pg_catalog.pg_notify(pgtaskpy.name_of('channel'), '')
 -- The lock that serializes the scheduling of a database: every launcher takes
 -- it first thing in its turn, before any row, so that no turn holds rows while
 -- it waits for the lock (which would deadlock with workers taking their rows).
--- A lock on a table no other role may lock (sql/created_once/26_locks.sql),
+-- A lock on a view no other role may lock (sql/created_once/26_locks.sql),
 -- not an advisory lock, which any role may take and hold.  Neither mode is
 -- written to WAL.  PL/pgSQL, whose LOCK runs from a plan kept for the
 -- backend's life (a plain SQL function's body is parsed again on every call).

@@ -13,15 +13,15 @@
 -- end, in READ COMMITTED: the INSERT reads the prerequisite's state, and an end
 -- looks for edges, which it cannot see until the INSERT commits.  So the INSERT
 -- reads the states again as it commits (settle_prerequisites, a deferred
--- constraint trigger) under a lock on each prerequisite's id (shared), which an
--- end takes (exclusive) before it looks for edges: either the end waits for
--- that commit and finds the edges, or the commit waits for the end and reads
--- the prerequisite ended.  The lock is held from the commit's check to the
--- commit only, and so are the locks of a user's STOP or DELETE of a waiting
--- task (prerequisite_stopped, prerequisite_deleted): an author's open
--- transaction holds no lock that another task's end waits for.  (Held from the
--- INSERT to the commit, 1,024 keys shared by every task, a chain of 500 steps
--- inserted in one open transaction held up the ends of half of every role's
+-- constraint trigger) with each prerequisite's row locked FOR SHARE, which an
+-- end's change of that row (its UPDATE, or a DELETE) waits for, and which waits
+-- for such a change: either the end waits for that commit and finds the
+-- edges, or the commit waits for the end and reads the prerequisite ended.
+-- Held from the commit's check to the commit, unless the author fires the
+-- trigger earlier (SET CONSTRAINTS ... IMMEDIATE): then only its own
+-- prerequisites' ends wait, rows it may lock FOR SHARE itself.  (Keys of
+-- task ids shared by every role, advisory locks and then rows of a table of
+-- 1,024 keys, let such an open transaction hold up the ends of every role's
 -- tasks.)  Until its commit, the INSERT locks each prerequisite still running
 -- or waiting FOR KEY SHARE, as a foreign key does: no claim, start or end
 -- waits for that, and the row is not deleted meanwhile (the end's DELETE of a
@@ -38,43 +38,6 @@
 -- a lookup by an array of ids looks dearer than a custom one (ten ids
 -- guessed, not one), so without it PostgreSQL plans each statement again on
 -- every call, which cost a link of a chain 0.7 ms (bench/RESULTS.md).
-
--- The lock on a prerequisite's id: the row of one of 1,024 keys in
--- pgtaskpy.prerequisite_lock, a table no other role may lock (an advisory
--- lock, which any role may take, let a role that held the 1,024 keys hold up
--- every task's end).  Two ids of one key only wait for each other's end or
--- commit (settle_prerequisites).  Plain SQL, so the planner inlines it.
-CREATE FUNCTION pgtaskpy.prerequisite_lock_key(task_id bigint) RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT pg_catalog.hashint8(task_id) OPERATOR(pg_catalog.&) 1023 $$;
-
--- Locks the keys of `task_ids`, in the order of the keys (no deadlock between
--- two lockers of several), FOR SHARE or FOR UPDATE, until the transaction
--- ends.  The table is UNLOGGED: emptied by a crash's recovery or a standby's
--- promotion, it is filled again here.
-CREATE FUNCTION pgtaskpy.lock_prerequisites(task_ids bigint[], shared boolean) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    keys integer[] := ARRAY(SELECT DISTINCT pgtaskpy.prerequisite_lock_key(a.id) FROM unnest(task_ids) AS a(id)
-                            ORDER BY 1);
-    locked bigint;
-BEGIN
-    FOR attempt IN 1..2 LOOP
-        IF shared THEN
-            PERFORM FROM pgtaskpy.prerequisite_lock AS l WHERE l.key = ANY (keys) ORDER BY l.key FOR SHARE;
-        ELSE
-            PERFORM FROM pgtaskpy.prerequisite_lock AS l WHERE l.key = ANY (keys) ORDER BY l.key FOR UPDATE;
-        END IF;
-        GET DIAGNOSTICS locked = ROW_COUNT;
-        IF locked = cardinality(keys) THEN
-            RETURN;
-        END IF;
-        INSERT INTO pgtaskpy.prerequisite_lock SELECT k FROM generate_series(0, 1023) AS k ON CONFLICT DO NOTHING;
-    END LOOP;
-    RAISE EXCEPTION 'pg_task_py: % of % prerequisite locks missing', cardinality(keys) - locked, cardinality(keys);
-END
-$$;
 
 -- BEFORE INSERT of a task with `after`: every listed task must exist and be
 -- visible to the inserting role (row-level security; so a task can only wait
@@ -158,9 +121,9 @@ $$;
 -- when none is left.  A prerequisite that failed and handed its dependents
 -- on to its retry (pass_dependents_on, which could not see this task's
 -- edges) is followed to the retry first, as the dependent would have been
--- had it been committed first.  The lock on each prerequisite's id (shared)
--- is held from here to the commit: an end under way finishes first, and a
--- later one sees the edges (see the top of this file).  SECURITY DEFINER, as
+-- had it been committed first.  The prerequisites' rows are locked FOR SHARE
+-- from here to the commit: an end under way finishes first, and a later one
+-- sees the edges (see the top of this file).  SECURITY DEFINER, as
 -- record_prerequisites; it changes only the task just inserted (and, if it
 -- stops it, what waits for it in this transaction).
 CREATE FUNCTION pgtaskpy.settle_prerequisites() RETURNS trigger
@@ -175,7 +138,7 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN NULL;  -- (its prerequisites' rows are locked FOR SHARE: none has ended since)
     END IF;
-    PERFORM pgtaskpy.lock_prerequisites(NEW.after, shared => true);
+    PERFORM FROM @extschema@.task AS p WHERE p.id = ANY (NEW.after) ORDER BY p.id FOR SHARE;
     IF NOT EXISTS (SELECT FROM @extschema@.task AS d WHERE d.id = NEW.id AND d.state = 'PLAN' AND d.waiting_for > 0) THEN
         RETURN NULL;  -- deleted, stopped or released since, in this transaction
     END IF;
@@ -185,7 +148,7 @@ BEGIN
         WHERE p.id = ANY (prerequisites) AND p.state = 'FAIL'
         ORDER BY p.id LIMIT 1;
         EXIT WHEN NOT FOUND;
-        PERFORM pgtaskpy.lock_prerequisites(ARRAY[handed.retry], shared => true);
+        PERFORM FROM @extschema@.task AS r WHERE r.id = handed.retry FOR SHARE;
         prerequisites := array_replace(prerequisites, handed.failed, handed.retry);
         UPDATE @extschema@.task AS d SET after = prerequisites WHERE d.id = NEW.id;
         UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = handed.retry
@@ -250,7 +213,10 @@ $$;
 -- due (plan moves up to now, so that `active` counts from here); otherwise the
 -- dependent ends STOP with the error naming the prerequisite, and its own
 -- dependents follow, down the graph, in a loop (a chain of 1,000 is no
--- recursion 1,000 deep).  Dependents are locked in order of ids.
+-- recursion 1,000 deep).  Dependents are locked in order of ids.  Each ended
+-- task's row is locked by its end already (the caller's UPDATE or DELETE of
+-- it in this transaction): the commit of an INSERT of a task `after` it, which
+-- locks the row FOR SHARE, has been waited for, or waits for this one.
 CREATE FUNCTION pgtaskpy.resolve_dependents(
     task_id bigint, end_state @extschema@.state, going_on integer DEFAULT NULL)
 RETURNS void
@@ -265,7 +231,6 @@ DECLARE
     stopped bigint[];
 BEGIN
     WHILE i <= cardinality(ended) LOOP
-        PERFORM pgtaskpy.lock_prerequisites(ARRAY[ended[i]], shared => false);
         WITH taken AS (
             DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = ended[i] RETURNING e.dependent)
         SELECT array_agg(taken.dependent ORDER BY taken.dependent) INTO dependents FROM taken;
@@ -333,7 +298,6 @@ CREATE FUNCTION pgtaskpy.pass_dependents_on(from_task bigint, to_task bigint) RE
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    PERFORM pgtaskpy.lock_prerequisites(ARRAY[from_task, to_task], shared => false);
     UPDATE @extschema@.task AS d SET after = array_replace(d.after, from_task, to_task)
     WHERE d.id IN (SELECT e.dependent FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = from_task);
     UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = to_task WHERE e.prerequisite = from_task;
@@ -473,7 +437,6 @@ REVOKE ALL ON FUNCTION pgtaskpy.settle_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.keep_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_stopped() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_deleted() FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.lock_prerequisites(bigint[], boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;

@@ -251,13 +251,9 @@ CREATE POLICY seen_by_the_caller ON pgtaskpy.steering_proof FOR INSERT
                 AND (owner IS NULL OR owner = current_user));
 GRANT INSERT ON pgtaskpy.steering_proof TO PUBLIC;  -- (task_cancel is any task author's, granted by hand too)
 
--- The scheduler's locks move from advisory keys, which every role may take, to tables no role may
--- lock (sql/created_once/26_locks.sql); an owner's lock is tried, never waited for.
-CREATE UNLOGGED TABLE pgtaskpy.scheduling_lock ();
-COMMENT ON TABLE pgtaskpy.scheduling_lock IS 'locked, never written: serializes the launchers'' claims';
+-- The scheduling lock moves from an advisory key, which every role may take, to a view no role
+-- may lock (sql/created_once/26_locks.sql); an owner's lock is tried, never waited for.
+CREATE VIEW pgtaskpy.scheduling_lock AS SELECT;
+COMMENT ON VIEW pgtaskpy.scheduling_lock IS 'locked, never read: serializes the launchers'' claims';
 REVOKE ALL ON pgtaskpy.scheduling_lock FROM PUBLIC;
-CREATE UNLOGGED TABLE pgtaskpy.prerequisite_lock (key integer PRIMARY KEY);
-COMMENT ON TABLE pgtaskpy.prerequisite_lock IS 'locked, never changed: one row of each key of the prerequisite locks';
-REVOKE ALL ON pgtaskpy.prerequisite_lock FROM PUBLIC;
-INSERT INTO pgtaskpy.prerequisite_lock SELECT k FROM pg_catalog.generate_series(0, 1023) AS k;
 DROP FUNCTION pgtaskpy.lock_owner(name);
