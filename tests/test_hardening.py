@@ -412,3 +412,45 @@ def test_a_notify_flood_on_the_wake_channel_does_not_grow_the_launcher(db):
         assert launcher_peak_mib(launcher) - before < 60
     finally:
         db.sql("DROP ROLE flooder")
+
+
+@pytest.fixture
+def refusing_trigger(running):
+    """A DBA's trigger on task that refuses the start of tasks whose input says poison-start."""
+    running.sql("CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.state = 'WORK' AND NEW.input LIKE '%poison-start%' THEN"
+                " RAISE EXCEPTION 'the DBA refuses the start of %', NEW.id; END IF; RETURN NEW; END $$")
+    running.sql("CREATE TRIGGER refuse_start BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse_start()")
+    yield
+    running.sql("DROP TRIGGER refuse_start ON task")
+    running.sql("DROP FUNCTION refuse_start()")
+
+
+def test_a_start_a_trigger_refuses_fails_that_task_alone_in_a_burst(running, refusing_trigger):
+    """A burst's worker marked its tasks WORK one by one, and the refused one failed its whole call:
+    tasks of the batch that had run ended FAIL as lost runs, others never ran."""
+    running.sql("CREATE TABLE ran (id bigint PRIMARY KEY)")
+    with running.conn.transaction():
+        running.sql("INSERT INTO task (input, \"group\", delete)"
+                    " SELECT 'INSERT INTO ran VALUES (current_setting(''pg_task.id'')::bigint)', 'b' || g, false"
+                    " FROM generate_series(1, 150) AS g")
+        poison = running.insert("SELECT 1 /* poison-start */", group="bp", delete=False)
+    running.wait_all_done(60)
+    row = running.task(poison)
+    assert row["state"] == "FAIL" and "the DBA refuses the start of" in row["error"], row
+    assert row["error"].startswith("ERROR:  could not start the task: "), row
+    others = running.sql("SELECT state::text, count(*) FROM task WHERE id <> %s GROUP BY 1", [poison])
+    assert others == [("DONE", 150)], others
+    assert running.value("SELECT count(*) FROM ran") == 150
+
+
+def test_a_start_a_trigger_refuses_fails_that_task_alone_in_a_group(running, refusing_trigger):
+    """In a group that runs one task at a time, which workers go on with: the task before the
+    refused one ends DONE, the refused one FAIL with the trigger's error, the one after runs."""
+    first = running.insert("SELECT pg_sleep(0.3)", group="one_at_a_time", max=0, delete=False)
+    poison = running.insert("SELECT 1 /* poison-start */", group="one_at_a_time", max=0, delete=False)
+    last = running.insert("SELECT 'after'", group="one_at_a_time", max=0, delete=False)
+    assert running.wait_done(first)["state"] == "DONE"
+    row = running.wait_done(poison)
+    assert row["state"] == "FAIL" and "the DBA refuses the start of" in row["error"], row
+    assert running.wait_done(last)["output"] == "after"

@@ -484,7 +484,11 @@ class Session:
         return (_text(PQerrorMessage(self.handle)) or "").strip()
 
     def cancel(self):
-        """Ask the server to cancel the running query (safe from any thread)."""
+        """Ask the server to cancel the running query (safe from any thread).  Not while the
+        session still connects: it has no backend's pid yet, and the server logged the request
+        ('PID 0 in cancel request did not match any process')."""
+        if not self.handle or not PQbackendPID(self.handle):
+            return
         cancel = PQgetCancel(self.handle)
         if cancel:
             buffer = ctypes.create_string_buffer(256)

@@ -229,10 +229,20 @@ class BatchCall:
         older one the worker held; the server failed the worker's CALL, and the tasks it had
         started ended FAIL though they ran (test_burst.py)."""
         for entry in connected:
-            if entry.sessions == 1:
-                started = start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
-            else:
-                started = move_task_to_session(self.ctx, entry.task, entry.session.pid)
+            try:
+                if entry.sessions == 1:
+                    started = start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
+                else:
+                    started = move_task_to_session(self.ctx, entry.task, entry.session.pid)
+            except self.ctx.plpy.spiexceptions.QueryCanceled:
+                raise  # (this worker was cancelled: run_side_by_side's caller stops every task)
+            except self.ctx.plpy.SPIError as exc:
+                # The start's UPDATE failed (a trigger of a DBA's on task that raises, say): this
+                # task fails with the error, alone.  Raised on, it failed the whole call, and the
+                # other tasks of the batch, which ran, ended FAIL as lost runs.
+                entry.session.close()
+                self.call.fail_unstarted(entry.task, f"could not start the task: {str(exc).splitlines()[0]}", None)
+                continue
             entry.held = started == HELD
             if entry.held:
                 continue  # started once its row is free (retry_held)

@@ -241,7 +241,18 @@ class WorkerCall:
             wake_launchers(self.ctx)
             self.ctx.commit()
             return None  # not this worker's to run any more: it never started
-        if not start_task(self.ctx, task, kept.session.pid):
+        try:
+            started = start_task(self.ctx, task, kept.session.pid)
+        except self.ctx.plpy.spiexceptions.QueryCanceled:
+            raise
+        except self.ctx.plpy.SPIError as exc:
+            # The start's UPDATE failed (a trigger of a DBA's on task that raises, say): this task
+            # fails with the error, alone, and the end of the one before it, not committed yet,
+            # commits with it.  Raised on, it failed the call, and that task, which ran, ended FAIL.
+            self.sessions.close_kept()
+            self.fail_unstarted(task, f"could not start the task: {str(exc).splitlines()[0]}", None)
+            return None
+        if not started:
             wake_launchers(self.ctx)
             self.ctx.commit()
             return None  # not this worker's to run any more; its session stays clean for the next
