@@ -454,3 +454,27 @@ def test_a_start_a_trigger_refuses_fails_that_task_alone_in_a_group(running, ref
     row = running.wait_done(poison)
     assert row["state"] == "FAIL" and "the DBA refuses the start of" in row["error"], row
     assert running.wait_done(last)["output"] == "after"
+
+
+def test_an_end_a_trigger_refuses_holds_back_that_task_alone_in_a_burst(running):
+    """A DBA's trigger that refused one task's end failed its burst worker's whole call: the other
+    tasks of the batch, which had run, ended FAIL as lost runs.  That task now stays WORK (a launcher
+    ends it once the trigger lets it), and the others end as they ran."""
+    running.sql("CREATE FUNCTION refuse_end() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.state IN ('DONE', 'FAIL') AND NEW.input LIKE '%refuse-end%' THEN"
+                " RAISE EXCEPTION 'the DBA refuses the end of %', NEW.id; END IF; RETURN NEW; END $$")
+    running.sql("CREATE TRIGGER refuse_end BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse_end()")
+    try:
+        with running.conn.transaction():
+            running.sql("INSERT INTO task (input, \"group\", delete)"
+                        " SELECT 'SELECT pg_sleep(0.2)', 'e' || g, false FROM generate_series(1, 150) AS g")
+            refused = running.insert("SELECT 'refuse-end'", group="refused", delete=False)
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id <> %s"
+                                         " AND state IN ('PLAN', 'TAKE', 'WORK')", [refused]) == 0,
+                   60, 0.1, "the other tasks to end")
+        others = running.sql("SELECT state::text, count(*) FROM task WHERE id <> %s GROUP BY 1", [refused])
+        assert others == [("DONE", 150)], others
+        assert running.task(refused)["state"] == "WORK"
+    finally:
+        running.sql("DROP TRIGGER refuse_end ON task")
+        running.sql("DROP FUNCTION refuse_end()")

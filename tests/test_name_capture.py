@@ -87,7 +87,7 @@ def run_every_kind_of_task(db) -> None:
         conn.execute("SELECT task_limit('limited', 5, interval '1 minute')")
         first = conn.execute("INSERT INTO task (\"group\", input) VALUES ('limited', 'SELECT 1') RETURNING id"
                              ).fetchone()[0]
-        conn.execute("SELECT task_enqueue('SELECT 2', after => ARRAY[%s]::bigint[])", [first])
+        second = conn.execute("SELECT task_enqueue('SELECT 2', after => ARRAY[%s]::bigint[])", [first]).fetchone()[0]
         series = conn.execute("INSERT INTO task (input, repeat) VALUES ('SELECT 3', '1 s') RETURNING id"
                               ).fetchone()[0]
         long = conn.execute("INSERT INTO task (input) VALUES ('SELECT pg_sleep(30)') RETURNING id").fetchone()[0]
@@ -96,6 +96,9 @@ def run_every_kind_of_task(db) -> None:
         assert conn.execute("SELECT task_cancel(%s)", [long]).fetchone()[0]
         wait_until(lambda: db.value("SELECT count(*) FROM task WHERE parent = %s", [series]) > 0, 20, 0.05,
                    "the series' second run")
+        # (before the stop of what waits: on a busy machine the step after `first` still waited)
+        wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE' AND id IN (%s, %s)",
+                                    [first, second]) == 2, 20, 0.05, "the rate-limited task and its dependent to end")
         conn.execute("SELECT task_cancel(id, stop_series => true) FROM task WHERE state = 'PLAN'")
     db.wait_all_done()
     assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") >= 3, db.sql("SELECT * FROM task")

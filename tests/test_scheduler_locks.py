@@ -140,3 +140,31 @@ def test_a_held_series_key_holds_up_no_claim_while_the_launcher_ends_a_lost_run(
     assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
     assert "task worker ended before the task finished" in row["error"], row
     assert running.value("SELECT count(*) FROM task WHERE key = 'held' AND state = 'PLAN'") == 1
+
+
+@pytest.mark.parametrize("holding", [
+    "SELECT FROM pgtaskpy.group_limit FOR SHARE",
+    "SELECT task_limit('limited', 50)",
+])
+def test_an_author_s_open_transaction_on_its_rate_limit_holds_up_only_its_own_group(db, holding):
+    """A role may write its groups' rate limits (task_limit, or the rows of pgtaskpy.group_limit).
+    Held in an open transaction, its row held up the launcher's claim, which counts its group's
+    starts there under the scheduling lock, and with it every role's tasks."""
+    db.sql("CREATE ROLE author LOGIN IN ROLE pgtaskpy_user")
+    db.sql("CREATE ROLE other LOGIN IN ROLE pgtaskpy_user")
+    launcher = db.launcher()
+    try:
+        with db.connect(user="author") as author, db.connect(user="other") as other:
+            author.execute("SELECT task_limit('limited', 100, '1 second')")
+            author.autocommit = False
+            author.execute(holding)
+            with db.connect(user="author") as same_role:
+                limited = insert_as(same_role, "SELECT 'its own group'", group="limited", delete=False)
+            task = insert_as(other, "SELECT 'not held up'", delete=False)
+            assert db.wait_done(task, timeout=15)["output"] == "not held up"
+            author.rollback()
+            assert db.wait_done(limited, timeout=15)["output"] == "its own group"
+    finally:
+        db.sql("DROP OWNED BY author, other")
+        db.sql("DROP ROLE author, other")
+    assert "held by backend" not in launcher.output()

@@ -318,8 +318,18 @@ class BatchCall:
     def write_end(self, entry, stop, output, error, sqlstate, notices):
         """The end committed, unless another transaction holds the row: then written later."""
         end = (stop, output, error, sqlstate, notices)
-        if self.call.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True, stop=stop,
-                               unless_held=True) == HELD:
+        try:
+            written = self.call.write_end(entry.task, entry.started, output, error, sqlstate, notices, wake=True,
+                                          stop=stop, unless_held=True)
+        except self.ctx.plpy.spiexceptions.QueryCanceled:
+            raise
+        except self.ctx.plpy.SPIError as exc:
+            # The end's UPDATE failed (a trigger of a DBA's on task that raises, say): that task stays
+            # WORK, for a launcher to end once it may.  Raised on, it failed the whole call, and the
+            # other tasks of the batch, which ran, ended FAIL as lost runs.
+            self.ctx.plpy.warning(f"pg_task_py: could not end task {entry.task['id']}: {str(exc).splitlines()[0]}")
+            written = None
+        if written == HELD:
             self.unwritten.append((entry, end))
         self.ctx.commit()
 

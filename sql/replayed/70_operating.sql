@@ -363,17 +363,26 @@ CREATE FUNCTION pgtaskpy.note_claims(owners name[], groups text[]) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- (SKIP LOCKED: a row its role holds, in an open transaction of task_limit or a SELECT ...
+    -- FOR SHARE, held up this claim, under the scheduling lock, and every role's with it.  No
+    -- scheduler's transaction holds one here, under the scheduling lock: such a claim goes
+    -- uncounted in that role's own window.)
     UPDATE pgtaskpy.group_limit AS l
     SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, c.n)
     FROM (SELECT u.owner, u."group", count(*) AS n FROM unnest(owners, groups) AS u(owner, "group")
           GROUP BY u.owner, u."group") AS c
-    WHERE l.owner = c.owner AND l."group" = c."group";
+    WHERE l.owner = c.owner AND l."group" = c."group"
+      AND (l.owner, l."group") IN (SELECT k.owner, k."group" FROM pgtaskpy.group_limit AS k
+                                   WHERE k.owner = c.owner AND k."group" = c."group"
+                                   FOR NO KEY UPDATE SKIP LOCKED);
 END
 $$;
 
 -- claim_next_task's claim of one task of a limited group: takes a place in
 -- the window, or says there is none.  The row lock makes two workers of the
--- group take their places one after the other.
+-- group take their places one after the other; a row another transaction
+-- holds (its role's, an open task_limit) is no place now, and the worker
+-- leaves the task to a launcher rather than wait holding the scheduling lock.
 CREATE FUNCTION pgtaskpy.take_start_slot(task_owner name, task_group text) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -382,7 +391,9 @@ BEGIN
         RETURN true;
     END IF;
     UPDATE pgtaskpy.group_limit AS l SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, 1)
-    WHERE l.owner = task_owner AND l."group" = task_group
+    WHERE (l.owner, l."group") IN (SELECT k.owner, k."group" FROM pgtaskpy.group_limit AS k
+                                   WHERE k.owner = task_owner AND k."group" = task_group
+                                   FOR NO KEY UPDATE SKIP LOCKED)
       AND (SELECT count(*) FROM unnest(l.recent) AS r WHERE r > clock_timestamp() - l.per) < l.starts;
     RETURN FOUND;
 END
