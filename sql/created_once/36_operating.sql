@@ -44,7 +44,7 @@ ALTER TABLE pgtaskpy.group_count_changes REPLICA IDENTITY FULL;
 -- Their owners may write them directly (row-level security), so their checks
 -- keep every value the scheduler computes with: a `per` of a hundred million
 -- years, written by hand, failed every claim of every role with "timestamp out
--- of range", and a window of millions of entries would slow them all.
+-- of range".
 CREATE TABLE pgtaskpy.group_pause (
     owner           name NOT NULL,
     "group"         text NOT NULL,
@@ -52,17 +52,27 @@ CREATE TABLE pgtaskpy.group_pause (
     PRIMARY KEY (owner, "group")
 );
 
--- At most `starts` starts of the group in any `per`; `recent` holds the claim
--- times of its last `starts` starts (a sliding window, kept by the claims).
+-- At most `starts` starts of the group in any `per` (a sliding window).
 CREATE TABLE pgtaskpy.group_limit (
     owner           name NOT NULL,
     "group"         text NOT NULL,
     starts          integer NOT NULL CHECK (starts BETWEEN 1 AND 100000),
     per             interval NOT NULL CHECK (per > interval '0' AND per <= interval '1000 years'),
-    recent          timestamptz[] NOT NULL DEFAULT '{}',
-    PRIMARY KEY (owner, "group"),
-    CHECK (cardinality(recent) <= starts)
+    PRIMARY KEY (owner, "group")
 );
+
+-- The start times of rate-limited groups' tasks, while they may count in a
+-- window (pgtaskpy.note_start; at most `starts` a group, by the limit itself).
+-- Inserted, never updated: a start waits for no other transaction's row.  The
+-- scheduler's only, so that no role can hold a row the starts prune.
+CREATE TABLE pgtaskpy.limited_start (
+    owner           name NOT NULL,
+    "group"         text NOT NULL,
+    at              timestamptz NOT NULL
+);
+CREATE INDEX limited_start_group_at ON pgtaskpy.limited_start (owner, "group", at);
+REVOKE ALL ON pgtaskpy.limited_start FROM PUBLIC;
+ALTER TABLE pgtaskpy.limited_start REPLICA IDENTITY FULL;  -- (no key: as group_count_changes)
 
 GRANT SELECT ON pgtaskpy.group_counts, pgtaskpy.group_count_changes TO pgtaskpy_user;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgtaskpy.group_pause, pgtaskpy.group_limit TO pgtaskpy_user;

@@ -322,11 +322,9 @@ BEGIN
                                     WHERE l.id = ANY (ARRAY(SELECT c.id FROM chosen AS c)) AND l.state = 'PLAN'
                                     FOR NO KEY UPDATE SKIP LOCKED))
               AND t.state = 'PLAN'
-            RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
-        ), noted AS (  -- the claims count in their groups' rate limits (70_operating.sql)
-            SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c HAVING limits
+            RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
         )
-        SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
+        SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c;
         GET DIAGNOSTICS n = ROW_COUNT;
         claimed := claimed + n;
         EXIT WHEN claimed >= claim_limit;
@@ -510,6 +508,9 @@ BEGIN
     WHERE t.id = task_id
       AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
     RETURNING t.* INTO started;
+    IF started.id IS NOT NULL THEN
+        PERFORM pgtaskpy.note_start(started);  -- (a rate limit's window: 70_operating.sql)
+    END IF;
     RETURN started;
 END
 $$;

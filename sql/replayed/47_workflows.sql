@@ -420,11 +420,9 @@ BEGIN
                       ORDER BY e.max DESC, e.id LIMIT 1
                       FOR NO KEY UPDATE SKIP LOCKED)  -- (a row a client holds: see claim_due_tasks)
           AND t.state = 'PLAN'
-        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse, t."group"
-    ), noted AS (  -- the claim counts in its group's rate limit, as claim_due_tasks' do
-        SELECT pgtaskpy.note_claims(array_agg(c.owner), array_agg(c."group")) FROM claimed AS c
+        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
     )
-    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c, (SELECT count(*) FROM noted) AS n;
+    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c;
 END
 $$;
 

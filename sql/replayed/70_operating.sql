@@ -2,7 +2,8 @@
 -- of a task's end (NOTIFY pg_task_py_done), pausing a group, rate limits.
 -- The scheduling functions (40_scheduling.sql) call in here with one line each:
 -- finish_task (task_ended), the claims (group_paused, rate_has_room,
--- take_start_slot) and expire_inactive_tasks (group_paused).  The tables are
+-- take_start_slot), start_task (note_start) and expire_inactive_tasks
+-- (group_paused).  The tables are
 -- in sql/created_once/36_operating.sql.
 
 -- --- Counters ---------------------------------------------------------------
@@ -324,9 +325,13 @@ COMMENT ON FUNCTION @extschema@.task_resume IS 'let a paused group''s tasks star
 
 -- --- Rate limits ------------------------------------------------------------
 
+-- A limit counts starts, the times in the task's `start` column, so that any
+-- `per` of them holds at most `starts`: a claim sees the group's starts in the
+-- window (pgtaskpy.limited_start) and its claimed tasks not started yet (TAKE),
+-- each of which will start inside any window that holds a later claim's start.
+
 -- Whether the owner's group may start its rank-th due task now (rank 1: the
--- next): fewer than `starts` claims in the last `per`, counting those before
--- it.  The clock, not now(): a worker's claim may come late in a long
+-- next).  The clock, not now(): a worker's claim may come late in a long
 -- transaction.  PL/pgSQL without SET (every name qualified), so that the plan
 -- is kept for the session: an SQL function with a subquery is not inlined, and
 -- was planned again for every due task a claim looked at (80 us each).
@@ -338,64 +343,77 @@ BEGIN
         SELECT FROM pgtaskpy.group_limit AS l
         WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
           -- (OPERATOR(...) binds left to right: the parentheses say the order)
-          AND ((SELECT pg_catalog.count(*) FROM pg_catalog.unnest(l.recent) AS r
-                WHERE r OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per))
+          AND (((SELECT pg_catalog.count(*) FROM pgtaskpy.limited_start AS s
+                 WHERE s.owner OPERATOR(pg_catalog.=) task_owner AND s."group" OPERATOR(pg_catalog.=) task_group
+                   AND s.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per))
+                OPERATOR(pg_catalog.+)
+                (SELECT pg_catalog.count(*) FROM @extschema@.task AS t  -- (the index task_hash_running)
+                 WHERE t.state OPERATOR(pg_catalog.=) 'TAKE'
+                   AND t.owner OPERATOR(pg_catalog.=) task_owner AND t."group" OPERATOR(pg_catalog.=) task_group))
                OPERATOR(pg_catalog.+) rank) OPERATOR(pg_catalog.>) l.starts);
 END
 $$;
 
--- A limit's window after `claims` more claims now: the claims still inside
--- `per`, then the new ones, the last `starts` of them.
-CREATE FUNCTION pgtaskpy.rate_window(recent timestamptz[], starts integer, per interval, claims bigint)
-RETURNS timestamptz[]
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT COALESCE(array_agg(w.at ORDER BY w.at), '{}')
-    FROM (SELECT a.at FROM (SELECT r AS at FROM unnest(recent) AS r WHERE r > clock_timestamp() - per
-                            UNION ALL
-                            SELECT clock_timestamp() FROM generate_series(1, least(claims, starts))) AS a
-          ORDER BY a.at DESC LIMIT starts) AS w
-$$;
-
--- claim_due_tasks' claims count in their groups' windows.  (PL/pgSQL: a
--- plan kept for the session; this runs on every claim.)
-CREATE FUNCTION pgtaskpy.note_claims(owners name[], groups text[]) RETURNS void
+-- start_task's start counts in its group's window, if the group has a limit;
+-- the group's starts out of the window go.  (SKIP LOCKED: two workers, each
+-- starting several tasks in one transaction, would wait for each other's
+-- deletes; what one leaves, a later start deletes.)
+CREATE FUNCTION pgtaskpy.note_start(started @extschema@.task) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    per interval := (SELECT l.per FROM pgtaskpy.group_limit AS l
+                     WHERE l.owner = started.owner AND l."group" = started."group");
 BEGIN
-    -- (SKIP LOCKED: a row its role holds, in an open transaction of task_limit or a SELECT ...
-    -- FOR SHARE, held up this claim, under the scheduling lock, and every role's with it.  No
-    -- scheduler's transaction holds one here, under the scheduling lock: such a claim goes
-    -- uncounted in that role's own window.)
-    UPDATE pgtaskpy.group_limit AS l
-    SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, c.n)
-    FROM (SELECT u.owner, u."group", count(*) AS n FROM unnest(owners, groups) AS u(owner, "group")
-          GROUP BY u.owner, u."group") AS c
-    WHERE l.owner = c.owner AND l."group" = c."group"
-      AND (l.owner, l."group") IN (SELECT k.owner, k."group" FROM pgtaskpy.group_limit AS k
-                                   WHERE k.owner = c.owner AND k."group" = c."group"
-                                   FOR NO KEY UPDATE SKIP LOCKED);
+    IF per IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO pgtaskpy.limited_start (owner, "group", at) VALUES (started.owner, started."group", started.start);
+    DELETE FROM pgtaskpy.limited_start AS s
+    WHERE s.ctid = ANY (ARRAY(SELECT o.ctid FROM pgtaskpy.limited_start AS o
+                              WHERE o.owner = started.owner AND o."group" = started."group"
+                                AND o.at <= clock_timestamp() - per
+                              FOR UPDATE SKIP LOCKED));
 END
 $$;
 
--- claim_next_task's claim of one task of a limited group: takes a place in
--- the window, or says there is none.  The row lock makes two workers of the
--- group take their places one after the other; a row another transaction
--- holds (its role's, an open task_limit) is no place now, and the worker
--- leaves the task to a launcher rather than wait holding the scheduling lock.
+-- A limit removed (task_limit 0, or its row deleted or renamed by hand) takes
+-- its group's starts along: no start notes them any more.  SECURITY DEFINER:
+-- the author may not write them.
+CREATE FUNCTION pgtaskpy.forget_limited_starts() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgtaskpy.limited_start AS s WHERE s.owner = OLD.owner AND s."group" = OLD."group";
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER group_limit_removed
+    AFTER DELETE ON pgtaskpy.group_limit
+    FOR EACH ROW EXECUTE FUNCTION pgtaskpy.forget_limited_starts();
+
+CREATE TRIGGER group_limit_renamed
+    AFTER UPDATE OF owner, "group" ON pgtaskpy.group_limit
+    FOR EACH ROW WHEN ((OLD.owner, OLD."group") IS DISTINCT FROM (NEW.owner, NEW."group"))
+    EXECUTE FUNCTION pgtaskpy.forget_limited_starts();
+
+-- claim_next_task's claim of one task of a limited group: whether the window
+-- has room for it.  The row lock makes two workers of the group look one
+-- after the other (each sees the other's claim, TAKE or started); a row
+-- another transaction holds (its role's, an open task_limit) is no room now,
+-- and the worker leaves the task to a launcher rather than wait holding the
+-- scheduling lock.
 CREATE FUNCTION pgtaskpy.take_start_slot(task_owner name, task_group text) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group) THEN
-        RETURN true;
+    PERFORM FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group
+    FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN  -- no limit, or a row held
+        RETURN NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group);
     END IF;
-    UPDATE pgtaskpy.group_limit AS l SET recent = pgtaskpy.rate_window(l.recent, l.starts, l.per, 1)
-    WHERE (l.owner, l."group") IN (SELECT k.owner, k."group" FROM pgtaskpy.group_limit AS k
-                                   WHERE k.owner = task_owner AND k."group" = task_group
-                                   FOR NO KEY UPDATE SKIP LOCKED)
-      AND (SELECT count(*) FROM unnest(l.recent) AS r WHERE r > clock_timestamp() - l.per) < l.starts;
-    RETURN FOUND;
+    RETURN pgtaskpy.rate_has_room(task_owner, task_group, 1);  -- (a statement after the lock: the other's claim seen)
 END
 $$;
 
@@ -426,8 +444,7 @@ BEGIN
     INSERT INTO pgtaskpy.group_limit AS l (owner, "group", starts, per)
     VALUES (whose, task_limit."group", task_limit.starts, task_limit.per)
     ON CONFLICT ON CONSTRAINT group_limit_pkey DO UPDATE
-    SET starts = excluded.starts, per = excluded.per,
-        recent = l.recent[greatest(1, cardinality(l.recent) - excluded.starts + 1):];  -- (the newest, as rate_window keeps)
+    SET starts = excluded.starts, per = excluded.per;  -- (the window's starts count in the new limit)
     PERFORM pgtaskpy.wake_launchers();
 END
 $$;
@@ -668,7 +685,8 @@ REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recount_changed_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.note_claims(name[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.note_start(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.forget_limited_starts() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.metrics_snapshot(timestamptz) FROM PUBLIC;
