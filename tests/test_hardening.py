@@ -414,16 +414,21 @@ def test_a_notify_flood_on_the_wake_channel_does_not_grow_the_launcher(db):
         db.sql("DROP ROLE flooder")
 
 
+def refusing(running, what, condition):
+    """A DBA's trigger on task that raises "the DBA refuses the `what` of <id>" on `condition`."""
+    running.sql(f"CREATE FUNCTION refuse_{what}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                f" IF {condition} THEN RAISE EXCEPTION 'the DBA refuses the {what} of %', NEW.id; END IF;"
+                " RETURN NEW; END $$")
+    running.sql(f"CREATE TRIGGER refuse_{what} BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse_{what}()")
+    yield
+    running.sql(f"DROP TRIGGER refuse_{what} ON task")
+    running.sql(f"DROP FUNCTION refuse_{what}()")
+
+
 @pytest.fixture
 def refusing_trigger(running):
     """A DBA's trigger on task that refuses the start of tasks whose input says poison-start."""
-    running.sql("CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                " IF NEW.state = 'WORK' AND NEW.input LIKE '%poison-start%' THEN"
-                " RAISE EXCEPTION 'the DBA refuses the start of %', NEW.id; END IF; RETURN NEW; END $$")
-    running.sql("CREATE TRIGGER refuse_start BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse_start()")
-    yield
-    running.sql("DROP TRIGGER refuse_start ON task")
-    running.sql("DROP FUNCTION refuse_start()")
+    yield from refusing(running, "start", "NEW.state = 'WORK' AND NEW.input LIKE '%poison-start%'")
 
 
 def test_a_start_a_trigger_refuses_fails_that_task_alone_in_a_burst(running, refusing_trigger):
@@ -478,3 +483,44 @@ def test_an_end_a_trigger_refuses_holds_back_that_task_alone_in_a_burst(running)
     finally:
         running.sql("DROP TRIGGER refuse_end ON task")
         running.sql("DROP FUNCTION refuse_end()")
+
+
+@pytest.fixture
+def refusing_claims(running):
+    """A DBA's trigger on task that refuses the claim (PLAN -> TAKE) of tasks whose input says
+    poison-claim, and with `everything` in their data, every change of them."""
+    yield from refusing(running, "claim", "NEW.input LIKE '%poison-claim%'"
+                                          " AND (NEW.state = 'TAKE' OR NEW.data = 'everything')")
+
+
+def test_a_claim_a_trigger_refuses_fails_that_task_alone(running, refusing_claims):
+    """The launcher claims its tasks in one statement: a trigger refusing one task's claim failed
+    it, every turn, and no task of the database started.  That task now ends FAIL with the
+    trigger's error, and the others run; an exclusive task's claim, refused, fails it alone too."""
+    with running.conn.transaction():
+        running.sql("INSERT INTO task (input, \"group\", delete)"
+                    " SELECT 'SELECT 1', 'c' || g, false FROM generate_series(1, 100) AS g")
+        poison = running.insert("SELECT 1 /* poison-claim */", group="cp", delete=False)
+    exclusive = running.insert("SELECT 3 /* poison-claim */", exclusive=True, delete=False)
+    running.wait_all_done(60)
+    for task_id in (poison, exclusive):
+        row = running.task(task_id)
+        assert row["state"] == "FAIL", row
+        assert row["error"].startswith(f"ERROR:  could not claim the task: the DBA refuses the claim of {task_id}"), row
+    assert running.value("SELECT count(*) FROM task WHERE \"group\" LIKE 'c%%' AND state = 'DONE'") == 100
+    output = running.launchers[0].output()
+    assert f"could not claim task {poison}: the DBA refuses the claim of {poison}" in output
+    assert "scheduler error" not in output
+
+
+def test_a_task_a_trigger_refuses_to_claim_and_to_fail_holds_back_no_other(running, refusing_claims):
+    """Its claim and its end both refused, the task waits (the launcher says why), and holds back
+    its group only."""
+    poison = running.insert("SELECT 1 /* poison-claim */", data="everything", delete=False)
+    wait_until(lambda: f"could not end task {poison} FAIL" in running.launchers[0].output(), 15,
+               message="the launcher to try to fail the task")
+    other = running.insert("SELECT 'others run'", group="other", delete=False)
+    assert running.wait_done(other)["output"] == "others run"
+    assert running.task(poison)["state"] == "PLAN"
+    assert "scheduler error" not in running.launchers[0].output()
+    running.sql("DELETE FROM task WHERE id = %s", [poison])  # (the trigger refuses no DELETE)

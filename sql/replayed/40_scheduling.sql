@@ -94,6 +94,57 @@ CREATE FUNCTION pgtaskpy.owner_has_room(cap integer, running bigint, rank bigint
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 
+-- PLAN -> TAKE for `claimer`: those of these tasks still waiting and not held
+-- by a client (SKIP LOCKED: see claim_due_tasks), in one statement; their ids.
+-- A claim that raises (a DBA's trigger on task refusing one task's change to
+-- TAKE) fails that task alone, "could not claim the task: ...", and the others
+-- are claimed one by one: the one statement's error failed every launcher
+-- turn, and no task of the database started any more.
+CREATE FUNCTION pgtaskpy.take_claimed(ids bigint[], claimer integer) RETURNS bigint[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    taken bigint[];
+    one bigint;
+    refusal text;
+    refusal_sqlstate text;
+BEGIN
+    BEGIN
+        WITH claimed AS (
+            UPDATE @extschema@.task AS t
+            SET state = 'TAKE', worker = claimer
+            WHERE t.id = ANY (ARRAY(SELECT l.id FROM @extschema@.task AS l
+                                    WHERE l.id = ANY (ids) AND l.state = 'PLAN'
+                                    FOR NO KEY UPDATE SKIP LOCKED))
+              AND t.state = 'PLAN'
+            RETURNING t.id
+        )
+        SELECT array_agg(c.id) INTO taken FROM claimed AS c;
+        RETURN coalesce(taken, '{}');
+    EXCEPTION WHEN OTHERS THEN
+        taken := '{}';  -- (the statement is undone: one by one below)
+    END;
+    FOREACH one IN ARRAY ids LOOP
+        BEGIN
+            UPDATE @extschema@.task AS t
+            SET state = 'TAKE', worker = claimer
+            WHERE t.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = one AND l.state = 'PLAN'
+                          FOR NO KEY UPDATE SKIP LOCKED)
+              AND t.state = 'PLAN';
+            IF FOUND THEN
+                taken := taken || one;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS refusal = MESSAGE_TEXT, refusal_sqlstate = RETURNED_SQLSTATE;
+            RAISE WARNING 'pg_task_py: could not claim task %: %', one, refusal;
+            PERFORM pgtaskpy.fail_waiting_tasks(ARRAY[one], 'ERROR:  could not claim the task: ' || refusal,
+                                                refusal_sqlstate);
+        END;
+    END LOOP;
+    RETURN taken;
+END
+$$;
+
 -- Claim due tasks: PLAN -> TAKE, as many as their groups have room for,
 -- higher max first, then lower id (pg_task's priority).  Claims of all
 -- launchers of a database are serialized by a transaction lock, so two
@@ -136,6 +187,8 @@ DECLARE
     probed bigint;
     locked boolean := false;
     claimed integer := 0;
+    chosen_ids bigint[];
+    taken bigint[];
     n integer;
     -- Whether any group is paused, any rate-limited: when none is (the common case), the
     -- claim calls neither check for each task it looks at, nor notes its claims.
@@ -240,7 +293,6 @@ BEGIN
                 RETURN;
             END IF;
         END IF;
-        RETURN QUERY
         WITH running AS MATERIALIZED (
             SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
         ), due AS MATERIALIZED (
@@ -309,24 +361,19 @@ BEGIN
               AND (NOT limits OR pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank))
             ORDER BY d.max DESC, d.id
             LIMIT claim_limit - claimed
-        ), claimed AS (
-            -- By id = ANY: a join to chosen, planned for the one row a table with
-            -- few waiting tasks suggests, read the table once for each claimed task.
-            -- SKIP LOCKED: a row a client holds (SELECT ... FOR UPDATE, an open
-            -- transaction's UPDATE or task_schedule) waits for its next turn; the
-            -- claim waiting for it held the scheduling lock, and every role's
-            -- tasks in every group waited with it.
-            UPDATE @extschema@.task AS t
-            SET state = 'TAKE', worker = claimer
-            WHERE t.id = ANY (ARRAY(SELECT l.id FROM @extschema@.task AS l
-                                    WHERE l.id = ANY (ARRAY(SELECT c.id FROM chosen AS c)) AND l.state = 'PLAN'
-                                    FOR NO KEY UPDATE SKIP LOCKED))
-              AND t.state = 'PLAN'
-            RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
         )
-        SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c;
-        GET DIAGNOSTICS n = ROW_COUNT;
-        claimed := claimed + n;
+        -- By id = ANY (take_claimed): a join to chosen, planned for the one row a
+        -- table with few waiting tasks suggests, read the table once for each
+        -- claimed task.  SKIP LOCKED there: a row a client holds (SELECT ... FOR
+        -- UPDATE, an open transaction's UPDATE or task_schedule) waits for its next
+        -- turn; the claim waiting for it held the scheduling lock, and every role's
+        -- tasks in every group waited with it.
+        SELECT ARRAY(SELECT c.id FROM chosen AS c) INTO chosen_ids;
+        taken := pgtaskpy.take_claimed(chosen_ids, claimer);
+        RETURN QUERY
+        SELECT t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
+        FROM @extschema@.task AS t WHERE t.id = ANY (taken);
+        claimed := claimed + cardinality(taken);
         EXIT WHEN claimed >= claim_limit;
     END LOOP;
 END
@@ -1332,6 +1379,7 @@ END
 $$;
 
 -- Only the launcher (a superuser) schedules.
+REVOKE ALL ON FUNCTION pgtaskpy.take_claimed(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer, bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.warn_ignored_setting(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.groups_due_soon(double precision, integer) FROM PUBLIC;

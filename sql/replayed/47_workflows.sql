@@ -403,26 +403,24 @@ CREATE FUNCTION pgtaskpy.claim_exclusive_task(claimer integer)
 RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
+DECLARE
+    taken bigint[];
 BEGIN
     IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) THEN
         RETURN;
     END IF;
+    taken := pgtaskpy.take_claimed(ARRAY(  -- (40_scheduling.sql: a claim a trigger refuses fails that task)
+        SELECT e.id FROM @extschema@.task AS e
+        WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0
+          AND (e.plan <= now() AND e.plan + e.active > now()) IS TRUE
+          AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
+          AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
+          AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
+        ORDER BY e.max DESC, e.id LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED), claimer);  -- (a row a client holds: see claim_due_tasks)
     RETURN QUERY
-    WITH claimed AS (
-        UPDATE @extschema@.task AS t
-        SET state = 'TAKE', worker = claimer
-        WHERE t.id = (SELECT e.id FROM @extschema@.task AS e
-                      WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0
-                        AND (e.plan <= now() AND e.plan + e.active > now()) IS TRUE
-                        AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
-                        AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
-                        AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
-                      ORDER BY e.max DESC, e.id LIMIT 1
-                      FOR NO KEY UPDATE SKIP LOCKED)  -- (a row a client holds: see claim_due_tasks)
-          AND t.state = 'PLAN'
-        RETURNING t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
-    )
-    SELECT c.id, c.hash, c.owner, c.remote, c.reuse FROM claimed AS c;
+    SELECT t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
+    FROM @extschema@.task AS t WHERE t.id = ANY (taken);
 END
 $$;
 
