@@ -524,3 +524,27 @@ def test_a_task_a_trigger_refuses_to_claim_and_to_fail_holds_back_no_other(runni
     assert running.task(poison)["state"] == "PLAN"
     assert "scheduler error" not in running.launchers[0].output()
     running.sql("DELETE FROM task WHERE id = %s", [poison])  # (the trigger refuses no DELETE)
+
+
+def test_a_claim_that_fails_for_the_server_s_trouble_fails_no_task(running):
+    """An error that says nothing about the task (here a serialization failure, as no memory or
+    disk would be) fails the launcher's turn, and the task is claimed once it passes: it does
+    not end FAIL as a refused claim does."""
+    running.sql("CREATE TABLE trouble (on_ boolean)")
+    running.sql("INSERT INTO trouble VALUES (true)")
+    running.sql("CREATE FUNCTION trouble() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.state = 'TAKE' AND EXISTS (SELECT FROM public.trouble) THEN"
+                " RAISE EXCEPTION 'passing trouble' USING ERRCODE = 'serialization_failure'; END IF;"
+                " RETURN NEW; END $$")
+    running.sql("CREATE TRIGGER trouble BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION trouble()")
+    try:
+        task_id = running.insert("SELECT 'claimed after all'", delete=False)
+        wait_until(lambda: "passing trouble" in running.launchers[0].output(), 15,
+                   message="the launcher's turn to fail")
+        assert running.task(task_id)["state"] == "PLAN"
+        running.sql("DELETE FROM trouble")
+        assert running.wait_done(task_id)["output"] == "claimed after all"
+    finally:
+        running.sql("DROP TRIGGER trouble ON task")
+        running.sql("DROP FUNCTION trouble()")
+        running.sql("DROP TABLE trouble")

@@ -99,7 +99,9 @@ AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 -- A claim that raises (a DBA's trigger on task refusing one task's change to
 -- TAKE) fails that task alone, "could not claim the task: ...", and the others
 -- are claimed one by one: the one statement's error failed every launcher
--- turn, and no task of the database started any more.
+-- turn, and no task of the database started any more.  An error of a kind
+-- that says nothing about the task (no memory, a serialization failure)
+-- fails the turn, as before, and no task.
 CREATE FUNCTION pgtaskpy.take_claimed(ids bigint[], claimer integer) RETURNS bigint[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -136,6 +138,12 @@ BEGIN
             END IF;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS refusal = MESSAGE_TEXT, refusal_sqlstate = RETURNED_SQLSTATE;
+            -- (Trouble of the server's, not of this task's row: a serialization failure or
+            -- deadlock, no memory or disk, a lock not available.  The turn fails, and the
+            -- next one claims the task.)
+            IF left(refusal_sqlstate, 2) IN ('40', '53', '54', '55', '57', '58', 'XX') THEN
+                RAISE;
+            END IF;
             RAISE WARNING 'pg_task_py: could not claim task %: %', one, refusal;
             PERFORM pgtaskpy.fail_waiting_tasks(ARRAY[one], 'ERROR:  could not claim the task: ' || refusal,
                                                 refusal_sqlstate);
