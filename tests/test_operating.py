@@ -821,3 +821,45 @@ def test_status_says_why_it_cannot_read(db):
     result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.cluster.dsn("no_such_database")],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and 'database "no_such_database" does not exist' in result.stderr
+
+
+def test_a_full_window_is_counted_once_a_claim_whatever_its_due_tasks(db):
+    """A limit's check reads every start in its window.  It ran once for each due task a claim
+    looked at, so that a role's full window of many starts, with due tasks of as many remotes
+    (each its own group hash), slowed every role's claims (1.6-2.4 s for another role's task,
+    12-17 s with 100,000 starts in the window).  It runs once a group and claim."""
+    db.sql(f"ALTER DATABASE {db.name} SET track_functions = 'pl'")
+    db.launcher()
+    db.sql("SELECT task_limit('full', 1, '1 hour')")
+    assert db.wait_done(db.insert("SELECT 1", group="full", delete=False))["state"] == "DONE"
+    held = [db.insert("SELECT 1", group="full", remote=f"application_name=remote{n}", delete=False)
+            for n in range(40)]
+    for n in range(5):
+        assert db.wait_done(db.insert("SELECT 'others run'", group=f"other{n}"))["output"] == "others run"
+
+    def calls():
+        return dict(db.sql("SELECT funcname::text, calls FROM pg_stat_user_functions"
+                           " WHERE funcname IN ('claim_due_tasks', 'rate_room')"))
+
+    # (A backend's counts reach the view when it goes idle, within a second.)
+    wait_until(lambda: calls().get("rate_room", 0) > 0, 10, message="the counts of the claims")
+    counted = calls()
+    assert counted["rate_room"] <= 2 * counted["claim_due_tasks"], counted  # (two passes at most)
+    assert set(states(db, held)) == {"PLAN"}
+
+
+def test_a_limit_made_again_counts_none_of_the_removed_one_s_starts(running, authors):
+    """A start whose transaction read the limit just before a DELETE of it (held open) noted its
+    start after the DELETE had forgotten the group's starts: made again, the limit counted it,
+    and the tasks within it waited for up to an hour."""
+    alice = authors["alice"]
+    alice.execute("SELECT task_limit('again', 5, '1 hour')")
+    with running.connect("ops_alice") as remover:
+        remover.autocommit = False
+        remover.execute("DELETE FROM pgtaskpy.group_limit WHERE \"group\" = 'again'")
+        ran = [insert_as(alice, "SELECT 1", group="again", delete=False) for _ in range(3)]
+        assert [running.wait_done(task_id)["state"] for task_id in ran] == ["DONE"] * 3
+        remover.commit()
+    alice.execute("SELECT task_limit('again', 3, '1 hour')")
+    ran = [insert_as(alice, "SELECT 1", group="again", delete=False) for _ in range(3)]
+    assert [running.wait_done(task_id)["state"] for task_id in ran] == ["DONE"] * 3

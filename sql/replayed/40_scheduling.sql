@@ -359,14 +359,19 @@ BEGIN
             -- same way, for the few rows a table with few running tasks suggests.
             SELECT coalesce(array_agg(g.hash), '{}') AS hashes, coalesce(array_agg(g.n), '{}') AS counts
             FROM (SELECT r.hash, count(*) AS n FROM running AS r GROUP BY r.hash) AS g
+        ), rate_rooms AS MATERIALIZED (  -- the rate-limited groups' rooms, counted once a group (70_operating.sql)
+            SELECT l.owner, l."group", pgtaskpy.rate_room(l.owner, l."group") AS room
+            FROM (SELECT DISTINCT due.owner, due."group" FROM due) AS l
+            WHERE limits
         ), chosen AS (
             SELECT d.id
             FROM due AS d
             JOIN owners AS o ON o.owner = d.owner
             CROSS JOIN running_groups AS g
+            LEFT JOIN rate_rooms AS r ON r.owner = d.owner AND r."group" = d."group"
             WHERE pgtaskpy.group_has_room(d.max, coalesce(g.counts[array_position(g.hashes, d.hash)], 0), d.rank)
               AND pgtaskpy.owner_has_room(o.cap, o.n, d.owner_rank)
-              AND (NOT limits OR pgtaskpy.rate_has_room(d.owner, d."group", d.group_rank))
+              AND (r.room IS NULL OR d.group_rank <= r.room)
             ORDER BY d.max DESC, d.id
             LIMIT claim_limit - claimed
         )

@@ -330,27 +330,43 @@ COMMENT ON FUNCTION @extschema@.task_resume IS 'let a paused group''s tasks star
 -- window (pgtaskpy.limited_start) and its claimed tasks not started yet (TAKE),
 -- each of which will start inside any window that holds a later claim's start.
 
+-- How many more of the owner's group's tasks may start now (NULL: no limit;
+-- 0 or less: none): `starts`, less the group's starts in the window and its
+-- claimed tasks not started yet.  The count reads every start in the window:
+-- a claim computes it once a group (claim_due_tasks), not once a due task,
+-- which made a role's full window of many starts, with due tasks of as many
+-- remotes, slow every role's claims.  The clock, not now(): a worker's claim
+-- may come late in a long transaction.  PL/pgSQL without SET (every name
+-- qualified), so that the plan is kept for the session: an SQL function with
+-- a subquery is not inlined, and was planned again on every call (80 us).
+CREATE FUNCTION pgtaskpy.rate_room(task_owner name, task_group text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RETURN (
+        SELECT l.starts
+               OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM pgtaskpy.limited_start AS s
+                                       WHERE s.owner OPERATOR(pg_catalog.=) task_owner
+                                         AND s."group" OPERATOR(pg_catalog.=) task_group
+                                         AND s.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp()
+                                                                          OPERATOR(pg_catalog.-) l.per))
+               -- (OPERATOR(...) binds left to right: starts - window, then - claimed)
+               OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM @extschema@.task AS t  -- (task_hash_running)
+                                       WHERE t.state OPERATOR(pg_catalog.=) 'TAKE'
+                                         AND t.owner OPERATOR(pg_catalog.=) task_owner
+                                         AND t."group" OPERATOR(pg_catalog.=) task_group)
+        FROM pgtaskpy.group_limit AS l
+        WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group);
+END
+$$;
+
 -- Whether the owner's group may start its rank-th due task now (rank 1: the
--- next).  The clock, not now(): a worker's claim may come late in a long
--- transaction.  PL/pgSQL without SET (every name qualified), so that the plan
--- is kept for the session: an SQL function with a subquery is not inlined, and
--- was planned again for every due task a claim looked at (80 us each).
+-- next), for the claims of one task (claim_exclusive_task, take_start_slot).
 CREATE FUNCTION pgtaskpy.rate_has_room(task_owner name, task_group text, rank bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    RETURN NOT EXISTS (
-        SELECT FROM pgtaskpy.group_limit AS l
-        WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
-          -- (OPERATOR(...) binds left to right: the parentheses say the order)
-          AND (((SELECT pg_catalog.count(*) FROM pgtaskpy.limited_start AS s
-                 WHERE s.owner OPERATOR(pg_catalog.=) task_owner AND s."group" OPERATOR(pg_catalog.=) task_group
-                   AND s.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per))
-                OPERATOR(pg_catalog.+)
-                (SELECT pg_catalog.count(*) FROM @extschema@.task AS t  -- (the index task_hash_running)
-                 WHERE t.state OPERATOR(pg_catalog.=) 'TAKE'
-                   AND t.owner OPERATOR(pg_catalog.=) task_owner AND t."group" OPERATOR(pg_catalog.=) task_group))
-               OPERATOR(pg_catalog.+) rank) OPERATOR(pg_catalog.>) l.starts);
+    RETURN rank OPERATOR(pg_catalog.<=) COALESCE(pgtaskpy.rate_room(task_owner, task_group), rank);
 END
 $$;
 
@@ -378,19 +394,26 @@ END
 $$;
 
 -- A limit removed (task_limit 0, or its row deleted or renamed by hand) takes
--- its group's starts along: no start notes them any more.  SECURITY DEFINER:
--- the author may not write them.
+-- its group's starts along: no start notes them any more.  A limit made (or
+-- renamed to) starts with none: a start whose transaction read the limit just
+-- before it went notes its start after it went.  SECURITY DEFINER: the author
+-- may not write them.
 CREATE FUNCTION pgtaskpy.forget_limited_starts() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM pgtaskpy.limited_start AS s WHERE s.owner = OLD.owner AND s."group" = OLD."group";
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        DELETE FROM pgtaskpy.limited_start AS s WHERE s.owner = OLD.owner AND s."group" = OLD."group";
+    END IF;
+    IF TG_OP IN ('UPDATE', 'INSERT') THEN
+        DELETE FROM pgtaskpy.limited_start AS s WHERE s.owner = NEW.owner AND s."group" = NEW."group";
+    END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE TRIGGER group_limit_removed
-    AFTER DELETE ON pgtaskpy.group_limit
+CREATE TRIGGER group_limit_made_or_removed
+    AFTER INSERT OR DELETE ON pgtaskpy.group_limit
     FOR EACH ROW EXECUTE FUNCTION pgtaskpy.forget_limited_starts();
 
 CREATE TRIGGER group_limit_renamed
