@@ -548,3 +548,74 @@ def test_a_claim_that_fails_for_the_server_s_trouble_fails_no_task(running):
         running.sql("DROP TRIGGER trouble ON task")
         running.sql("DROP FUNCTION trouble()")
         running.sql("DROP TABLE trouble")
+
+
+def test_a_deletion_a_trigger_refuses_keeps_that_task_alone(running):
+    """Retention deletes finished tasks a batch at a time: a DBA's trigger refusing one task's
+    DELETE failed every launcher turn (only a foreign key's refusal was caught), and no task of
+    the database started.  That task is kept, the others go, and tasks run."""
+    running.sql("CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF OLD.input LIKE '%keep-me%' THEN RAISE EXCEPTION 'the DBA keeps %', OLD.id; END IF;"
+                " RETURN OLD; END $$")
+    running.sql("CREATE TRIGGER refuse_delete BEFORE DELETE ON task FOR EACH ROW EXECUTE FUNCTION refuse_delete()")
+    try:
+        ended = [running.wait_done(running.insert(f"SELECT {i} /* {'keep-me' if i == 1 else ''} */",
+                                                  delete=False))["id"] for i in range(3)]
+        running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention = '1 s'")
+        wait_until(lambda: running.value("SELECT array_agg(id) FROM task WHERE id = ANY (%s)", [ended]) == [ended[1]],
+                   15, message="the tasks the trigger lets go to be deleted")
+        assert running.wait_done(running.insert("SELECT 'others run'"), 10)["output"] == "others run"
+        wait_until(lambda: "or a trigger refuses their DELETE" in running.launchers[0].output(), 70,
+                   message="the launcher's word on the kept task")
+        assert "scheduler error" not in running.launchers[0].output()
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
+        running.sql("DROP TRIGGER refuse_delete ON task")
+        running.sql("DROP FUNCTION refuse_delete()")
+
+
+@pytest.fixture
+def deferred_refusal(running):
+    """A DBA's deferred constraint trigger on task, which raises at the commit of a transaction
+    that changed a task whose input says poison-<state> to that state."""
+    running.sql("CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.input LIKE '%poison-' || NEW.state || '%' THEN"
+                " RAISE EXCEPTION 'the DBA refuses % of %', NEW.state, NEW.id; END IF; RETURN NULL; END $$")
+    running.sql("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER UPDATE ON task DEFERRABLE INITIALLY DEFERRED"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")
+    yield
+    running.sql("DROP TRIGGER refuse_at_commit ON task")
+    running.sql("DROP FUNCTION refuse_at_commit()")
+
+
+def test_a_transition_a_deferred_trigger_refuses_holds_back_that_task_alone(running, deferred_refusal):
+    """A refusal at the commit failed the launcher's whole turn, or the worker's whole call: a
+    claim refused so, or an expiry (GONE), held back every role's tasks, and a worker's end of a
+    task that had run, committed with its claim of the group's next task (refused), ended it FAIL
+    as a lost run.  The scheduler's transactions check deferred constraints at each statement."""
+    first = running.insert("SELECT 'ran' /* before */", group="one_at_a_time", max=0, delete=False)
+    claim = running.insert("SELECT 1 /* poison-TAKE */", group="one_at_a_time", max=0, delete=False)
+    gone = running.insert("SELECT 2 /* poison-GONE */", plan="2020-01-01", active="1 s", delete=False)
+    with running.conn.transaction():
+        running.sql("INSERT INTO task (input, \"group\", delete)"
+                    " SELECT 'SELECT 1', 'd' || g, false FROM generate_series(1, 100) AS g")
+        burst_claim = running.insert("SELECT 3 /* poison-TAKE */", group="dp", delete=False)
+    end = running.insert("SELECT 4 /* poison-DONE */", group="end", delete=False)
+    assert running.wait_done(first)["output"] == "ran"
+    for task_id in (claim, burst_claim):
+        row = running.wait_done(task_id)
+        assert row["state"] == "FAIL" and "could not claim the task: the DBA refuses TAKE" in row["error"], row
+    wait_until(lambda: f"could not end task {gone} GONE" in running.launchers[0].output(), 15,
+               message="the launcher to try to expire the task")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE \"group\" LIKE 'd%%' AND state = 'DONE'")
+               == 100, 30, message="the burst to run")
+    assert running.wait_done(running.insert("SELECT 'others run'", group="other"), 10)["output"] == "others run"
+    assert running.task(gone)["state"] == "PLAN"
+    assert running.task(end)["state"] == "WORK"  # (its end refused: a launcher tries it again)
+    assert "scheduler error" not in running.launchers[0].output()
+    running.sql("DROP TRIGGER refuse_at_commit ON task")
+    assert running.wait_done(gone, 10)["state"] == "GONE"
+    # (its worker, idle, closes in seconds, and a launcher ends the run it could not end: FAIL)
+    assert running.wait_done(end, 60)["state"] == "FAIL"
+    running.sql("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER UPDATE ON task DEFERRABLE INITIALLY DEFERRED"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")  # (for the fixture to drop)

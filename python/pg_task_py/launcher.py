@@ -458,7 +458,8 @@ def describe(event: dict) -> tuple[int, str]:
                               " (pg_task_py.retention*, keep_runs)")
     if kind == "retention_kept":
         return logging.WARNING, (f"kept {event['count']} finished task(s) past pg_task_py.retention or keep_runs: other"
-                                 " tables reference them by a foreign key without ON DELETE CASCADE or SET NULL")
+                                 " tables reference them by a foreign key without ON DELETE CASCADE or SET NULL,"
+                                 " or a trigger refuses their DELETE")
     if kind == "retention_blocked":
         return logging.WARNING, (f"finished tasks past pg_task_py.retention or keep_runs are kept: {event['message']}"
                                  " (a table references them by a foreign key without ON DELETE CASCADE or SET NULL)")

@@ -718,6 +718,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         # A standby is read-only and its rows are the primary's, whose launcher runs them:
         # claim, recover and start nothing here; look again soon for a promotion.
         return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
+    ctx.make_constraints_immediate()
     replan_after_growth(ctx)
     events = []
     pool = state(ctx, events)

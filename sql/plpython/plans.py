@@ -60,8 +60,17 @@ class Context:
         """Run the plan `name`, prepared from `query` on its first use in this backend."""
         return self.plpy.execute(self.prepared(name, query, types), list(args))
 
+    def make_constraints_immediate(self):
+        """Deferred constraints and constraint triggers (a DBA's on task) are checked at the end of
+        each statement of the scheduler's transactions, not at their commit: a refusal then fails
+        that statement, which the scheduler catches (a claim, an end, a deletion), where at the
+        commit it failed the launcher's whole turn, or the worker's call, at every try.  Called
+        first thing in a call, and after each commit (SET CONSTRAINTS lasts a transaction)."""
+        self.run("constraints_immediate", "SET CONSTRAINTS ALL IMMEDIATE")
+
     def commit(self):
         self.plpy.commit()
+        self.make_constraints_immediate()
 
     def name_of(self, what):
         """A name other processes see (the NOTIFY channel, a kind of backend's application_name),

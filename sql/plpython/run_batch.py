@@ -337,6 +337,7 @@ class BatchCall:
 def main(plpy, GD, SD, task_ids, claimer):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
+    ctx.make_constraints_immediate()
     replan_after_growth(ctx)
     report = BatchCall(ctx, claimer).run(task_ids)
     return (to_json(report),)

@@ -96,6 +96,7 @@ BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not
 def main(plpy, GD, SD, task_id, claimer):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
+    ctx.make_constraints_immediate()
     replan_after_growth(ctx)
     report = WorkerCall(ctx, claimer).run(task_id)
     return (to_json(report),)

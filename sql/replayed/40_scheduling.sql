@@ -94,6 +94,15 @@ CREATE FUNCTION pgtaskpy.owner_has_room(cap integer, running bigint, rank bigint
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 
+-- Whether an error's SQLSTATE says the server is in trouble (a serialization
+-- failure or deadlock, no memory or disk, a lock not available, an operator's
+-- intervention), not the row it was writing: the scheduler's one-by-one ways
+-- around a refused row (take_claimed, delete_finished) fail their turn on
+-- such an error rather than give up on the row.
+CREATE FUNCTION pgtaskpy.server_trouble(error_sqlstate text) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT pg_catalog.left(error_sqlstate, 2) OPERATOR(pg_catalog.=) ANY ('{40,53,54,55,57,58,XX}'::text[]) $$;
+
 -- PLAN -> TAKE for `claimer`: those of these tasks still waiting and not held
 -- by a client (SKIP LOCKED: see claim_due_tasks), in one statement; their ids.
 -- A claim that raises (a DBA's trigger on task refusing one task's change to
@@ -138,11 +147,8 @@ BEGIN
             END IF;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS refusal = MESSAGE_TEXT, refusal_sqlstate = RETURNED_SQLSTATE;
-            -- (Trouble of the server's, not of this task's row: a serialization failure or
-            -- deadlock, no memory or disk, a lock not available.  The turn fails, and the
-            -- next one claims the task.)
-            IF left(refusal_sqlstate, 2) IN ('40', '53', '54', '55', '57', '58', 'XX') THEN
-                RAISE;
+            IF pgtaskpy.server_trouble(refusal_sqlstate) THEN
+                RAISE;  -- (not the task's trouble: the turn fails, and the next one claims it)
             END IF;
             RAISE WARNING 'pg_task_py: could not claim task %: %', one, refusal;
             PERFORM pgtaskpy.fail_waiting_tasks(ARRAY[one], 'ERROR:  could not claim the task: ' || refusal,
@@ -1146,9 +1152,11 @@ $$;
 
 -- Delete the finished tasks `ids` (locked by the caller) for retention or
 -- keep_runs, all in one statement.  A row that another table still references
--- by a foreign key without ON DELETE CASCADE or SET NULL fails that statement,
--- and the whole batch with it: then they are deleted one at a time, each in a
--- subtransaction of its own, those referenced kept, for the first of them only
+-- by a foreign key without ON DELETE CASCADE or SET NULL, or whose DELETE a
+-- DBA's trigger refuses, fails that statement, and the whole batch with it
+-- (a refusal failed every launcher turn, and no task of the database started):
+-- then they are deleted one at a time, each in a
+-- subtransaction of its own, those refused kept, for the first of them only
 -- (at most 100 such deletes a call of delete_old_tasks, in all: the session's
 -- pgtaskpy.one_by_one_left).  `looked`: how many of the first ids were
 -- dealt with (all, unless the batch failed); `one_by_one`: the batch failed.
@@ -1163,6 +1171,7 @@ DECLARE
     task_id bigint;
     n integer;
     kept integer := 0;
+    refusal_sqlstate text;
 BEGIN
     BEGIN
         DELETE FROM @extschema@.task AS t WHERE t.id = ANY (ids);
@@ -1170,7 +1179,11 @@ BEGIN
         looked := cardinality(ids);
         one_by_one := false;
         RETURN;
-    EXCEPTION WHEN foreign_key_violation THEN
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS refusal_sqlstate = RETURNED_SQLSTATE;
+        IF pgtaskpy.server_trouble(refusal_sqlstate) THEN
+            RAISE;
+        END IF;
         deleted := 0;
         one_by_one := true;
     END;
@@ -1180,7 +1193,11 @@ BEGIN
             DELETE FROM @extschema@.task AS t WHERE t.id = task_id;
             GET DIAGNOSTICS n = ROW_COUNT;
             deleted := deleted + n;
-        EXCEPTION WHEN foreign_key_violation THEN
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS refusal_sqlstate = RETURNED_SQLSTATE;
+            IF pgtaskpy.server_trouble(refusal_sqlstate) THEN
+                RAISE;
+            END IF;
             kept := kept + 1;
         END;
     END LOOP;
