@@ -619,3 +619,29 @@ def test_a_transition_a_deferred_trigger_refuses_holds_back_that_task_alone(runn
     assert running.wait_done(end, 60)["state"] == "FAIL"
     running.sql("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER UPDATE ON task DEFERRABLE INITIALLY DEFERRED"
                 " FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")  # (for the fixture to drop)
+
+
+@pytest.mark.parametrize("rewrite", ["RETURN NULL", "NEW.state := 'PLAN'; RETURN NEW"])
+def test_a_claim_a_trigger_makes_no_claim_fails_that_task_alone(running, rewrite):
+    """A BEFORE UPDATE trigger that skipped a task's claim (returned NULL) or turned it back to
+    PLAN: the task, first in the order, was chosen at every turn and never claimed, the log
+    silent; a hundred such took every claim, and no other task started.  Such a task ends FAIL."""
+    running.sql("CREATE FUNCTION skip_claim() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.state = 'TAKE' AND NEW.input LIKE '%poison-skip%' THEN " + rewrite + "; END IF;"
+                " RETURN NEW; END $$")
+    running.sql("CREATE TRIGGER skip_claim BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION skip_claim()")
+    try:
+        with running.conn.transaction():
+            running.sql("INSERT INTO task (input, \"group\", max, delete)"
+                        " SELECT 'SELECT 1 /* poison-skip */', 's' || g, 1, false FROM generate_series(1, 300) AS g")
+        other = running.insert("SELECT 'others run'", group="other", max=0, delete=False)
+        assert running.wait_done(other, 30)["output"] == "others run"
+        running.wait_all_done(60)
+        rows = running.sql("SELECT state::text, error, count(*) FROM task WHERE id <> %s GROUP BY 1, 2", [other])
+        assert rows == [("FAIL", "ERROR:  could not claim the task: a trigger on task made its claim no claim"
+                                 " (returned NULL, or another state or worker)\nSTATEMENT:  SELECT 1 /* poison-skip */",
+                         300)], rows
+        assert "a trigger on task made its claim no claim" in running.launchers[0].output()
+    finally:
+        running.sql("DROP TRIGGER skip_claim ON task")
+        running.sql("DROP FUNCTION skip_claim()")

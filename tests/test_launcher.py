@@ -109,7 +109,7 @@ def test_a_session_ahead_that_the_server_ended_is_not_given_a_task(running, task
     wait_until(lambda: not set(ahead) & set(running.value(
         "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity") or []), 10, 0.02, "the session ahead to end")
     row = running.wait_done(running.insert("SELECT 'ran'", owner=task_role, delete=False))
-    assert (row["state"], row["output"]) == ("DONE", "ran"), row
+    assert (row["state"], row["output"]) == ("DONE", "ran"), (row["error"], running.launchers[0].output()[-3000:])
     running.sql(f"ALTER ROLE {task_role} RESET idle_session_timeout")
 
 

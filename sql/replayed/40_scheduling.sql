@@ -94,6 +94,24 @@ CREATE FUNCTION pgtaskpy.owner_has_room(cap integer, running bigint, rank bigint
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT cap IS NULL OR rank + running <= cap $$;
 
+-- Claims a DBA's trigger on task made into no claim, its BEFORE UPDATE
+-- returning NULL (the row skipped) or another state or worker: those tasks,
+-- first in the order, were chosen again at every turn, never claimed, and
+-- held back the rest, the log silent.  They end FAIL (if still waiting).
+CREATE FUNCTION pgtaskpy.fail_skipped_claims(skipped bigint[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    one bigint;
+BEGIN
+    FOREACH one IN ARRAY skipped LOOP
+        RAISE WARNING 'pg_task_py: could not claim task %: a trigger on task made its claim no claim', one;
+    END LOOP;
+    PERFORM pgtaskpy.fail_waiting_tasks(skipped, 'ERROR:  could not claim the task: a trigger on task made its claim'
+                                                 ' no claim (returned NULL, or another state or worker)', NULL);
+END
+$$;
+
 -- Whether an error's SQLSTATE says the server is in trouble (a serialization
 -- failure or deadlock, no memory or disk, a lock not available, an operator's
 -- intervention), not the row it was writing: the scheduler's one-by-one ways
@@ -115,23 +133,27 @@ CREATE FUNCTION pgtaskpy.take_claimed(ids bigint[], claimer integer) RETURNS big
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    locked bigint[];
     taken bigint[];
     one bigint;
     refusal text;
     refusal_sqlstate text;
 BEGIN
     BEGIN
+        locked := ARRAY(SELECT l.id FROM @extschema@.task AS l WHERE l.id = ANY (ids) AND l.state = 'PLAN'
+                        FOR NO KEY UPDATE SKIP LOCKED);
         WITH claimed AS (
             UPDATE @extschema@.task AS t
             SET state = 'TAKE', worker = claimer
-            WHERE t.id = ANY (ARRAY(SELECT l.id FROM @extschema@.task AS l
-                                    WHERE l.id = ANY (ids) AND l.state = 'PLAN'
-                                    FOR NO KEY UPDATE SKIP LOCKED))
-              AND t.state = 'PLAN'
-            RETURNING t.id
+            WHERE t.id = ANY (locked) AND t.state = 'PLAN'
+            RETURNING t.id, t.state, t.worker
         )
-        SELECT array_agg(c.id) INTO taken FROM claimed AS c;
-        RETURN coalesce(taken, '{}');
+        SELECT array_agg(c.id) INTO taken FROM claimed AS c WHERE c.state = 'TAKE' AND c.worker = claimer;
+        taken := coalesce(taken, '{}');
+        IF cardinality(taken) < cardinality(locked) THEN
+            PERFORM pgtaskpy.fail_skipped_claims(ARRAY(SELECT unnest(locked) EXCEPT SELECT unnest(taken)));
+        END IF;
+        RETURN taken;
     EXCEPTION WHEN OTHERS THEN
         taken := '{}';  -- (the statement is undone: one by one below)
     END;
@@ -1410,6 +1432,7 @@ $$;
 
 -- Only the launcher (a superuser) schedules.
 REVOKE ALL ON FUNCTION pgtaskpy.take_claimed(bigint[], integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fail_skipped_claims(bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_due_tasks(integer, integer, bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.warn_ignored_setting(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.groups_due_soon(double precision, integer) FROM PUBLIC;
