@@ -227,7 +227,7 @@ DECLARE
     taken bigint[];
     n integer;
     -- Whether any group is paused, any rate-limited: when none is (the common case), the
-    -- claim calls neither check for each task it looks at, nor notes its claims.
+    -- claim calls neither check for the tasks it looks at.
     pauses boolean;
     limits boolean;
     caps boolean;  -- and whether any role has a running limit

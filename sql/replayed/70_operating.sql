@@ -1,10 +1,10 @@
 -- Operating a database's tasks: counters and the view task_stats, the event
 -- of a task's end (NOTIFY pg_task_py_done), pausing a group, rate limits.
 -- The scheduling functions (40_scheduling.sql) call in here with one line each:
--- finish_task (task_ended), the claims (group_paused, rate_has_room,
--- take_start_slot), start_task (note_start) and expire_inactive_tasks
--- (group_paused).  The tables are
--- in sql/created_once/36_operating.sql.
+-- finish_task (task_ended), the claims (group_paused, rate_room,
+-- rate_has_room, take_start_slot), start_task (note_start) and
+-- expire_inactive_tasks (group_paused).  The tables are in
+-- sql/created_once/36_operating.sql.
 
 -- --- Counters ---------------------------------------------------------------
 
