@@ -1256,8 +1256,8 @@ DECLARE
     result record;
     deleted integer := 0;
 BEGIN
-    -- (a deferred foreign key would fail the launcher's commit, not the deletion)
-    SET CONSTRAINTS ALL IMMEDIATE;
+    -- (A deferred foreign key is checked at the deletion, not at the launcher's commit: its
+    -- turn makes constraints immediate, Context.make_constraints_immediate in plans.py.)
     PERFORM set_config('pgtaskpy.one_by_one_left', '100', false),  -- (see delete_finished)
             set_config('pgtaskpy.retention_kept', '0', false);
     FOR policy IN
