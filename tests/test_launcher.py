@@ -381,10 +381,10 @@ def test_a_turn_held_up_by_a_lock_is_said_in_json_with_its_holder(db):
 
 
 def launcher_waits_for(db, locker) -> int:
-    """The backend of the launcher's turns (the only session of the scheduler's that reads tasks
-    while there is none), once it waits for `locker`'s lock."""
+    """The backend of the launcher's turns, once it waits for `locker`'s lock.  (Not any session of
+    the scheduler's that waits: a spare worker warming up reads tasks too, and waits with it.)"""
     return wait_until(lambda: db.value(
-        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'pg_task_py%%'"
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE '%%pgtaskpy.dispatch(%%'"
         " AND %s = ANY (pg_blocking_pids(pid))", [locker.info.backend_pid]), 20, 0.1, "the turn to wait for the lock")
 
 
