@@ -480,9 +480,17 @@ def test_an_end_a_trigger_refuses_holds_back_that_task_alone_in_a_burst(running)
         others = running.sql("SELECT state::text, count(*) FROM task WHERE id <> %s GROUP BY 1", [refused])
         assert others == [("DONE", 150)], others
         assert running.task(refused)["state"] == "WORK"
+        # Its worker closes: kept idle (as the spare, for good), it held the task WORK with it.
+        worker = running.task(refused)["worker"]
+        wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [worker]) == 0,
+                   5, 0.1, "the worker to close")
+        assert f"could not end task {refused}: the DBA refuses the end of {refused}" in running.launchers[0].output()
+        assert running.task(refused)["state"] == "WORK"  # (the trigger refuses FAIL too)
     finally:
         running.sql("DROP TRIGGER refuse_end ON task")
         running.sql("DROP FUNCTION refuse_end()")
+    row = running.wait_done(refused, 15)
+    assert row["state"] == "FAIL" and "task worker ended before the task finished" in row["error"], row
 
 
 @pytest.fixture
@@ -577,9 +585,11 @@ def test_a_deletion_a_trigger_refuses_keeps_that_task_alone(running):
 @pytest.fixture
 def deferred_refusal(running):
     """A DBA's deferred constraint trigger on task, which raises at the commit of a transaction
-    that changed a task whose input says poison-<state> to that state."""
+    that changed a task whose input says poison-<state> to that state; poison-TAKE refuses any
+    claim, also a worker's that starts the task at once (PLAN -> WORK, in a session ready for it)."""
     running.sql("CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                " IF NEW.input LIKE '%poison-' || NEW.state || '%' THEN"
+                " IF NEW.input LIKE '%poison-' || NEW.state || '%'"
+                " OR (NEW.input LIKE '%poison-TAKE%' AND OLD.state = 'PLAN' AND NEW.state = 'WORK') THEN"
                 " RAISE EXCEPTION 'the DBA refuses % of %', NEW.state, NEW.id; END IF; RETURN NULL; END $$")
     running.sql("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER UPDATE ON task DEFERRABLE INITIALLY DEFERRED"
                 " FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")
@@ -593,7 +603,8 @@ def test_a_transition_a_deferred_trigger_refuses_holds_back_that_task_alone(runn
     claim refused so, or an expiry (GONE), held back every role's tasks, and a worker's end of a
     task that had run, committed with its claim of the group's next task (refused), ended it FAIL
     as a lost run.  The scheduler's transactions check deferred constraints at each statement."""
-    first = running.insert("SELECT 'ran' /* before */", group="one_at_a_time", max=0, delete=False)
+    # (Long enough for the worker to have the next task's session ready when it claims it.)
+    first = running.insert("SELECT 'ran' FROM pg_sleep(0.5)", group="one_at_a_time", max=0, delete=False)
     claim = running.insert("SELECT 1 /* poison-TAKE */", group="one_at_a_time", max=0, delete=False)
     gone = running.insert("SELECT 2 /* poison-GONE */", plan="2020-01-01", active="1 s", delete=False)
     with running.conn.transaction():
@@ -611,12 +622,12 @@ def test_a_transition_a_deferred_trigger_refuses_holds_back_that_task_alone(runn
                == 100, 30, message="the burst to run")
     assert running.wait_done(running.insert("SELECT 'others run'", group="other"), 10)["output"] == "others run"
     assert running.task(gone)["state"] == "PLAN"
-    assert running.task(end)["state"] == "WORK"  # (its end refused: a launcher tries it again)
+    # Its end refused, its worker closes, and a launcher ends the run as lost (the trigger lets FAIL be).
+    row = running.wait_done(end, 15)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
     assert "scheduler error" not in running.launchers[0].output()
     running.sql("DROP TRIGGER refuse_at_commit ON task")
     assert running.wait_done(gone, 10)["state"] == "GONE"
-    # (its worker, idle, closes in seconds, and a launcher ends the run it could not end: FAIL)
-    assert running.wait_done(end, 60)["state"] == "FAIL"
     running.sql("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER UPDATE ON task DEFERRABLE INITIALLY DEFERRED"
                 " FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")  # (for the fixture to drop)
 

@@ -427,6 +427,9 @@ def describe(event: dict) -> tuple[int, str]:
             return logging.ERROR, f"task {event['id']} FAIL: its worker failed: {error}"
         return logging.WARNING, (f"task {event['id']}: its worker failed ({error}); the task waits again if it had"
                                  " not started, else it ends FAIL once its session has ended")
+    if kind == "unended":
+        return logging.ERROR, (f"could not end task {event['id']}: {event['message']}; its worker closes, and"
+                               " the task ends FAIL as a lost run once that end may be written")
     if kind == "claim_error":
         return logging.ERROR, f"a worker could not claim its group's next task: {event['message']}"
     if kind == "postponed":

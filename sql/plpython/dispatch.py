@@ -210,6 +210,12 @@ def collect(ctx, pool, name, worker, events):
             events.append({"event": "postponed", "id": task_id})
         if report["postponed"]:  # (once for the call: a burst's worker may report a hundred)
             limit_concurrency(ctx, pool)
+        for unended in report.get("unended", ()):
+            events.append({"event": "unended", **unended})
+    if report and report.get("unended") and not error:
+        # Runs whose end it could not write are WORK with its pid: recovery ends them FAIL (a lost
+        # run) once its backend is gone.  Kept as the spare, it held them WORK for good.
+        disconnect(ctx, pool, name)
     if error and first_task == WARM_UP:
         disconnect(ctx, pool, name)
         events.append({"event": "spare_failed", "message": error})

@@ -325,9 +325,10 @@ class BatchCall:
             raise
         except self.ctx.plpy.SPIError as exc:
             # The end's UPDATE failed (a trigger of a DBA's on task that raises, say): that task stays
-            # WORK, for a launcher to end once it may.  Raised on, it failed the whole call, and the
-            # other tasks of the batch, which ran, ended FAIL as lost runs.
-            self.ctx.plpy.warning(f"pg_task_py: could not end task {entry.task['id']}: {str(exc).splitlines()[0]}")
+            # WORK, and the launcher closes this worker, so that recovery ends the run as lost once it
+            # may.  Raised on, it failed the whole call, and the other tasks of the batch, which ran,
+            # ended FAIL as lost runs.
+            self.call.report["unended"].append({"id": entry.task["id"], "message": str(exc).splitlines()[0]})
             written = None
         if written == HELD:
             self.unwritten.append((entry, end))

@@ -122,7 +122,8 @@ class WorkerCall:
         self.claimer = claimer  # the launcher's session, which claimed the first task
         self.sessions = sessions or TaskSessions.of_worker(ctx)
         self.limit = None  # pg_task_py.output_limit
-        self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0, "claim_error": None}
+        self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0, "claim_error": None,
+                       "unended": []}
         self.early = None  # the sessions ahead's login fingerprint, for the first task's choice only
 
     def run(self, task_id):

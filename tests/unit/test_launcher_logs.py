@@ -64,6 +64,9 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
     ({"event": "postponed", "id": 4}, logging.WARNING, "task 4 waits: no free connection for its session"),
     ({"event": "claim_error", "message": "boom", "worker": "w1"}, logging.ERROR,
      "a worker could not claim its group's next task: boom"),
+    ({"event": "unended", "id": 5, "message": "the DBA refuses"}, logging.ERROR,
+     "could not end task 5: the DBA refuses; its worker closes, and the task ends FAIL as a lost run once that"
+     " end may be written"),
     ({"event": "spare_failed", "message": "no"}, logging.ERROR, "cannot open a worker backend: no"),
     ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
     ({"event": "unclaimed", "count": 2}, logging.INFO,
