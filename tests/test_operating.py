@@ -390,10 +390,16 @@ def test_who_may_pause_whose_group(running, authors):
 
 # --- Rate limits --------------------------------------------------------------------------------
 
-def test_a_rate_limit_spreads_starts_over_time(running, authors):
-    alice = authors["alice"]
-    alice.execute("SELECT task_limit('mail', 5, '1 second')")
-    ids = [insert_as(alice, "SELECT 1", group="mail", max=9, delete=False) for _ in range(50)]
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_rate_limit_spreads_starts_over_time(running, authors, where):
+    """Any second holds at most 5 starts, and the limit is used: the launcher's turn ends when the
+    window has room again.  (It waited for its next housekeeping, up to a second later: 50 tasks
+    took 12 s, not 9, and 15 s when only the launcher claims them, remote tasks.)"""
+    # (A remote task of a role without SUPERUSER needs a password, which the test cluster does not check.)
+    owner, info = (authors["alice"], None) if where == "local" else (running.conn, running.conn.info)
+    remote = {"remote": f"host={info.host} port={info.port} dbname={info.dbname}"} if info else {}
+    owner.execute("SELECT task_limit('mail', 5, '1 second')")
+    ids = [insert_as(owner, "SELECT 1", group="mail", max=9, delete=False, **remote) for _ in range(50)]
     running.wait_all_done(timeout=90)
     rows = running.sql("SELECT state::text, extract(epoch FROM start)::float8 FROM task WHERE id = ANY(%s)"
                        " ORDER BY start", [ids])
@@ -402,7 +408,7 @@ def test_a_rate_limit_spreads_starts_over_time(running, authors):
     # Any one second holds at most 5 starts: the limit counts the times in the `start` column.
     busiest = max(sum(1 for other in starts if start <= other < start + 0.999) for start in starts)
     assert busiest <= 5
-    assert starts[-1] - starts[0] >= 9 * 0.95  # 50 starts, 5 a second
+    assert 9 * 0.95 <= starts[-1] - starts[0] <= 9 * 1.25  # 50 starts, 5 a second
     assert busiest == 5  # and the limit was used, not just undershot
 
 

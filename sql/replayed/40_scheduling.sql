@@ -225,6 +225,7 @@ DECLARE
     claimed integer := 0;
     chosen_ids bigint[];
     taken bigint[];
+    room_returns timestamptz;  -- the earliest a group left for its rate limit has room again
     n integer;
     -- Whether any group is paused, any rate-limited: when none is (the common case), the
     -- claim calls neither check for the tasks it looks at.
@@ -409,7 +410,12 @@ BEGIN
         -- UPDATE, an open transaction's UPDATE or task_schedule) waits for its next
         -- turn; the claim waiting for it held the scheduling lock, and every role's
         -- tasks in every group waited with it.
-        SELECT ARRAY(SELECT c.id FROM chosen AS c) INTO chosen_ids;
+        SELECT ARRAY(SELECT c.id FROM chosen AS c),
+               (SELECT min(pgtaskpy.rate_room_returns(r.owner, r."group")) FROM rate_rooms AS r WHERE r.room <= 0)
+        INTO chosen_ids, room_returns;
+        IF room_returns IS NOT NULL THEN
+            PERFORM pgtaskpy.note_rate_room_returns(room_returns);
+        END IF;
         taken := pgtaskpy.take_claimed(chosen_ids, claimer);
         RETURN QUERY
         SELECT t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
@@ -1353,7 +1359,10 @@ BEGIN
 END
 $$;
 
--- Seconds until the earliest planned task that is not due yet (NULL: none).
+-- Seconds until a waiting task may be claimed that this turn's claim could
+-- not (NULL: none): the earliest planned task that is not due yet, or the
+-- earliest a group the claim left for its rate limit has room again
+-- (pgtaskpy.rate_room_returns, noted for the transaction by claim_due_tasks).
 -- ORDER BY ... LIMIT 1 rather than min(): a table not analyzed since a bulk
 -- insert looks one row long, and min() was then computed over every waiting
 -- task (12 ms a turn with 50,000).  PL/pgSQL, like groups_due_soon: its plan
@@ -1363,10 +1372,13 @@ CREATE FUNCTION pgtaskpy.seconds_to_next_plan() RETURNS double precision
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_sort = off SET jit = off
 AS $$
 BEGIN
-    RETURN (SELECT extract(epoch FROM t.plan - clock_timestamp())::double precision
-            FROM @extschema@.task AS t
-            WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > now() AND isfinite(t.plan)  -- (rows from before the bounds)
-            ORDER BY t.plan LIMIT 1);
+    RETURN least(
+        (SELECT extract(epoch FROM t.plan - clock_timestamp())::double precision
+         FROM @extschema@.task AS t
+         WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan > now() AND isfinite(t.plan)  -- (rows from before the bounds)
+         ORDER BY t.plan LIMIT 1),
+        nullif(current_setting('pgtaskpy.rate_room_returns', true), '')::double precision
+            - extract(epoch FROM clock_timestamp())::double precision);
 END
 $$;
 

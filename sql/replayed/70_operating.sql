@@ -370,6 +370,37 @@ BEGIN
 END
 $$;
 
+-- When the owner's group has room again, as far as its window tells (NULL:
+-- no start in it): its oldest start leaves the window.  Claims that left the
+-- group's due tasks for the limit note it (note_rate_room_returns), and the
+-- launcher's turn ends then (seconds_to_next_plan): a group whose tasks only
+-- the launcher claims (remote ones, say) waited for its next housekeeping,
+-- up to a second later, and ran a limit of 5 a second at 3.3.
+CREATE FUNCTION pgtaskpy.rate_room_returns(task_owner name, task_group text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT s.at OPERATOR(pg_catalog.+) l.per
+            FROM pgtaskpy.group_limit AS l
+            JOIN pgtaskpy.limited_start AS s ON s.owner OPERATOR(pg_catalog.=) l.owner
+                                            AND s."group" OPERATOR(pg_catalog.=) l."group"
+            WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
+              AND s.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per)
+            ORDER BY s.at LIMIT 1);
+END
+$$;
+
+-- The earliest of the times noted in this transaction (as seconds since the
+-- epoch: a timestamp's text depends on the session's DateStyle).
+CREATE FUNCTION pgtaskpy.note_rate_room_returns(returns timestamptz) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT set_config('pgtaskpy.rate_room_returns',
+                  least(extract(epoch FROM returns)::double precision,
+                        nullif(current_setting('pgtaskpy.rate_room_returns', true), '')::double precision)::text,
+                  true)
+$$;
+
 -- start_task's start counts in its group's window, if the group has a limit;
 -- the group's starts out of the window go.  (SKIP LOCKED: two workers, each
 -- starting several tasks in one transaction, would wait for each other's
@@ -709,6 +740,8 @@ REVOKE ALL ON FUNCTION pgtaskpy.recount_changed_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_truncated_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.note_start(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.rate_room_returns(name, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.note_rate_room_returns(timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.forget_limited_starts() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
