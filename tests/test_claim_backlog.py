@@ -148,14 +148,21 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     db.launcher()
     for _ in range(3):  # plans made on a table of a few rows, in the launcher and in a worker
         db.wait_done(db.insert("SELECT 1", delete=False))
+
+    def start_delays() -> list[float]:
+        delays = []
+        for _ in range(5):
+            row = db.wait_done(db.insert("SELECT 1", delete=False))
+            delays.append((row["start"] - row["plan"]).total_seconds())
+        return delays
+
+    before = start_delays()
     with db.connect() as bulk:
         bulk.execute("SET session_replication_role = replica")  # a bulk load: no trigger fires
         bulk.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || (i % 100),"
                      " now() + interval '1 day' FROM generate_series(1, 100000) AS i")
-    delays = []
-    for _ in range(5):
-        row = db.wait_done(db.insert("SELECT 1", delete=False))
-        delays.append((row["start"] - row["plan"]).total_seconds())
-    # (alone: 2.5-10 ms; beside the other test process on 2 cores, a median of 31 ms was seen once;
-    # the plans that read the load through the wrong index took 45-60 ms a start, every start)
-    assert statistics.median(delays) < 0.04, delays
+    after = start_delays()
+    # Against the same run's starts before the load, not a fixed bound: alone a start takes 2.5-10
+    # ms, beside the other test process on 2 cores a median of 31 ms was seen.  The plans that read
+    # the load through the wrong index added 35-50 ms to every start.
+    assert statistics.median(after) - statistics.median(before) < 0.025, (before, after)
