@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import resource
 import statistics
@@ -498,6 +499,34 @@ def chain(conn, launcher, rounds: int = 9) -> dict:
             "chain_cpu_ms_per_task": statistics.median(chained_cpu),
             "cpu_ratio": round(statistics.median(chained_cpu) / statistics.median(serial_cpu), 2),
             "rounds": list(zip(serial, chained))}
+
+
+def rate(cluster, conn, starts: int = 20, count: int = 100) -> dict:
+    """A rate limit used: `count` tasks of a group under task_limit(group, `starts`, '1 second'),
+    inserted at once, locally (workers go on with the group) and as remote tasks (to this
+    database: only the launcher claims those).  The `starts`-th start after each start may come
+    no sooner than a second later, so the last comes ceil(count / starts) - 1 seconds after the
+    first at best; of_limit is that span over the measured one (1: the limit used in full), and
+    busiest the most starts any second held (at most `starts`)."""
+    result = {}
+    for where, remote in (("local", None), ("remote", cluster.dsn("bench"))):
+        empty_task_table(conn)
+        group = f"rate_{where}"
+        conn.execute("SELECT task_limit(%s, %s, '1 second')", [group, starts])
+        conn.execute("INSERT INTO task (input, \"group\", max, remote, delete)"
+                     " SELECT 'SELECT 1', %s, 9, %s, false FROM generate_series(1, %s)", [group, remote, count])
+        wait_all_ended(conn)
+        times = [row[0] for row in conn.execute("SELECT extract(epoch FROM start)::float8 FROM task"
+                                                " WHERE state = 'DONE' ORDER BY start").fetchall()]
+        conn.execute("SELECT task_limit(%s, 0)", [group])
+        if len(times) != count:
+            raise TimedOut(f"only {len(times)} of {count} tasks DONE")
+        span = times[-1] - times[0]
+        result[f"{where}_span_s"] = round(span, 2)
+        result[f"{where}_of_limit"] = round((math.ceil(count / starts) - 1) / span, 3)
+        result[f"{where}_busiest"] = max(sum(1 for other in times if start <= other < start + 0.999)
+                                         for start in times)
+    return result
 
 
 def grown(cluster, samples: int = 20) -> dict:
@@ -1093,6 +1122,7 @@ SCENARIOS = {
     "stats": None,  # needs the cluster: see stats_view()
     "events": None,  # needs the launcher: see events()
     "worker_start": None,  # needs the cluster: see worker_start()
+    "rate": None,  # needs the cluster: see rate()
 }
 
 
@@ -1193,6 +1223,8 @@ def run_scenario(name: str, cluster, conn, launcher) -> dict:
         return retry(conn, launcher)
     if name == "worker_start":
         return worker_start(cluster)
+    if name == "rate":
+        return rate(cluster, conn)
     return SCENARIOS[name](conn, launcher)
 
 
