@@ -506,8 +506,10 @@ def rate(cluster, conn, starts: int = 20, count: int = 100) -> dict:
     inserted at once, locally (workers go on with the group) and as remote tasks (to this
     database: only the launcher claims those).  The `starts`-th start after each start may come
     no sooner than a second later, so the last comes ceil(count / starts) - 1 seconds after the
-    first at best; of_limit is that span over the measured one (1: the limit used in full), and
-    busiest the most starts any second held (at most `starts`)."""
+    first at best; of_limit is that span over the measured one (1: the limit used in full; the
+    group's `max` spreads the first second's starts, and each later one follows its own), busiest
+    the most starts any second held (at most `starts`), and reopen the seconds from each start to
+    the `starts`-th after it (1 at best), at p50 and at most."""
     result = {}
     for where, remote in (("local", None), ("remote", cluster.dsn("bench"))):
         empty_task_table(conn)
@@ -526,6 +528,9 @@ def rate(cluster, conn, starts: int = 20, count: int = 100) -> dict:
         result[f"{where}_of_limit"] = round((math.ceil(count / starts) - 1) / span, 3)
         result[f"{where}_busiest"] = max(sum(1 for other in times if start <= other < start + 0.999)
                                          for start in times)
+        reopen = [later - earlier for earlier, later in zip(times, times[starts:])]
+        result[f"{where}_reopen_p50_s"] = round(statistics.median(reopen), 3)
+        result[f"{where}_reopen_max_s"] = round(max(reopen), 3)
     return result
 
 
