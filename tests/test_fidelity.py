@@ -68,6 +68,20 @@ def test_syntax_error_names_its_position(shared):
     assert row["error"] == 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
 
 
+def test_a_remote_conninfo_over_the_server_s_startup_packet_says_so(shared):
+    """A server reads a startup packet of 10,000 bytes at most, and closes the connection on a
+    longer one: libpq said "server closed the connection unexpectedly ... terminated abnormally"."""
+    info = shared.conn.info
+    here = f"host={info.host} port={info.port} dbname={info.dbname} application_name="
+    row = shared.wait_done(shared.insert("SELECT current_setting('application_name')", remote=here + "a" * 9800))
+    assert (row["state"], row["output"]) == ("DONE", "a" * 63), row["error"]  # (the server keeps NAMEDATALEN - 1)
+    row = shared.wait_done(shared.insert("SELECT 1", remote=here + "a" * 10000))
+    assert row["state"] == "FAIL" and row["pid"] is None
+    assert row["error"].startswith("ERROR:  could not open the task's session: the conninfo's user, dbname, options"
+                                   " and application_name make a startup packet of "), row["error"]
+    assert "bytes, over the 10000 a PostgreSQL server reads\n" in row["error"], row["error"]
+
+
 @pytest.mark.parametrize("remote", ["application_name", "host=localhost port", "postgresql://[::1"])
 def test_a_malformed_remote_connects_nowhere(shared, remote):
     row = shared.wait_done(shared.insert("SELECT 1", remote=remote))

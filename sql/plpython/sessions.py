@@ -70,6 +70,11 @@ NEXT_SESSION_WAIT = 0.05
 # Seconds between a waiting remote connect's calls of its on_wait (open_remote).
 CONNECT_WAIT_STEP = 0.05
 
+# The longest startup packet a PostgreSQL server reads (MAX_STARTUP_PACKET_LENGTH, in bytes): it
+# closes the connection on a longer one, and libpq says only "server closed the connection
+# unexpectedly ... terminated abnormally", which sent a remote task's author looking at the server.
+STARTUP_PACKET_MOST = 10000
+
 # Where a worker keeps its TaskSessions in GD: they outlive the call that opened them.
 # (Code of 1.2 kept its sessions under other keys; dispatch's POOL_LAYOUT drops its workers.)
 SESSIONS_KEY = "pgtaskpy.task_sessions"
@@ -131,6 +136,17 @@ def send_prepare(ctx, session, task, started_with=None):
         return False
     session.send(PREPARE_QUERY, list(settings.values()))
     return True
+
+
+def startup_packet_bytes(options, fallback_application_name):
+    """The size of the startup packet libpq sends for a conninfo's options: its length and
+    protocol words, the parameters it passes on to the server, each name and value ended by a
+    NUL byte, and a last NUL.  (A service file's or the environment's options are not counted.)"""
+    sent = {"user": options.get("user"), "database": options.get("dbname"), "options": options.get("options"),
+            "replication": options.get("replication"),
+            "application_name": options.get("application_name") or fallback_application_name,
+            "client_encoding": TASK_CLIENT_ENCODING}
+    return 9 + sum(len(name) + len(value.encode()) + 2 for name, value in sent.items() if value)
 
 
 class KeptSession:
@@ -526,6 +542,10 @@ class TaskSessions:
         cannot make it do.
         """
         options = conninfo_options(task["remote"])  # a malformed one connects nowhere, not even as a dbname
+        packet = startup_packet_bytes(options, self.ctx.name_of("task"))
+        if packet > STARTUP_PACKET_MOST:
+            raise ConnectError(f"the conninfo's user, dbname, options and application_name make a startup packet of"
+                               f" {packet} bytes, over the {STARTUP_PACKET_MOST} a PostgreSQL server reads")
         checked = not self.owner_is_superuser(task["owner"])
         if checked and not options.get("password"):
             raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
