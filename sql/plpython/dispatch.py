@@ -212,16 +212,16 @@ def collect(ctx, pool, name, worker, events):
             limit_concurrency(ctx, pool)
         for unended in report.get("unended", ()):
             events.append({"event": "unended", **unended})
-    if report and report.get("unended") and not error:
-        # Runs whose end it could not write are WORK with its pid: recovery ends them FAIL (a lost
-        # run) once its backend is gone.  Kept as the spare, it held them WORK for good.
-        disconnect(ctx, pool, name)
     if error and first_task == WARM_UP:
         disconnect(ctx, pool, name)
         events.append({"event": "spare_failed", "message": error})
     elif error:
         disconnect(ctx, pool, name)
         worker_failed(ctx, worker, first_task, error, events)
+    elif report and report.get("unended"):
+        # Runs whose end it could not write are WORK with its pid: recovery ends them FAIL (a lost
+        # run) once its backend is gone.  Kept as the spare, it held them WORK for good.
+        disconnect(ctx, pool, name)
 
 
 def give_up_failing_starts(ctx, pool, given, error, events):

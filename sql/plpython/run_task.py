@@ -114,7 +114,8 @@ class WorkerCall:
     """One CALL of run_task: the task the launcher gave, then the group's next ones.
 
     `report` goes back to the launcher: the tasks started and ended, those that
-    wait again, and the key of the session kept for reuse.
+    wait again, those whose end could not be written (a burst's: run_batch.py), and
+    the key of the session kept for reuse.
     """
 
     def __init__(self, ctx, claimer, sessions=None):
