@@ -143,7 +143,9 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     (tens of ms each); the plans are made again for the grown table, and a task starts as soon
     as before.  Before PostgreSQL 15.20 the indexes built on the empty table still look empty
     then, and the plans made again read the load through whichever index (45-60 ms a start on
-    15.18) until the reads named an order one index alone gives."""
+    15.18) until the reads named an order one index alone gives; the check for anything due at
+    all named none until 1.3 and read the load through the priority index in some runs (12 ms a
+    turn, and a start's median 31 ms later beside another test process): see the next test."""
     db.sql("ALTER TABLE task SET (autovacuum_enabled = false)")
     db.launcher()
     for _ in range(3):  # plans made on a table of a few rows, in the launcher and in a worker
@@ -166,3 +168,24 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     # ms, beside the other test process on 2 cores a median of 31 ms was seen.  The plans that read
     # the load through the wrong index added 35-50 ms to every start.
     assert statistics.median(after) - statistics.median(before) < 0.025, (before, after)
+
+
+def test_a_claim_with_nothing_due_reads_a_few_pages_however_many_tasks_are_planned_ahead(db):
+    """The claim's first check, whether anything is due at all, runs on every turn.  Planned as
+    a scheduler backend plans it again after a bulk load (DISCARD PLANS; no ANALYZE, indexes
+    built empty), it reads the earliest plan from the plan index: a dozen pages.  Before, as an
+    EXISTS with no order, it read every task planned ahead through another index: 118 pages here
+    through the (hash, plan) index, 5,088 in a launcher through the priority index."""
+    db.sql("ALTER TABLE task SET (autovacuum_enabled = false)")
+    with db.connect() as scheduler:
+        scheduler.execute("SELECT * FROM pgtaskpy.claim_due_tasks(1, 0)")  # plans made on an empty table
+        with db.connect() as bulk:
+            bulk.execute("SET session_replication_role = replica")
+            bulk.execute("INSERT INTO task (input, \"group\", plan) SELECT 'SELECT 1', 'g' || (i % 100),"
+                         " now() + interval '1 day' FROM generate_series(1, 100000) AS i")
+        scheduler.execute("DISCARD PLANS")
+        [plan] = scheduler.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)"
+                                   " SELECT * FROM pgtaskpy.claim_due_tasks(1, 0)").fetchone()[0]
+    assert plan["Plan"]["Actual Rows"] == 0
+    pages = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert pages < 40, plan
