@@ -560,6 +560,44 @@ def grown(cluster, samples: int = 20) -> dict:
             "grown_p95_ms": after["p95_ms"], "ratio": round(after["median_ms"] / before["median_ms"], 2)}
 
 
+def crowded(cluster, ahead: int = 100_000, samples: int = 20, batch: int = 200) -> dict:
+    """Lone tasks (start - plan) and a batch of `batch` one-off tasks (tasks/s, from the first
+    start to the last stop) in the default group, on a launcher started on an empty table, then
+    the same once `ahead` tasks of that group are planned for tomorrow (analyzed): the group's
+    claims read its tasks in priority order, and those planned ahead come first (lower ids).
+    Beside them, the same in another group of the crowded table: what the crowd costs only its
+    own group."""
+    cluster.create_database("crowded")
+    with cluster.connect("crowded") as conn:
+        launcher = Launcher(cluster.dsn("crowded")).start()
+        try:
+            launcher.wait_active()
+
+            def figures(group: str) -> dict:
+                delays = []
+                for _ in range(samples):
+                    task_id = conn.execute("INSERT INTO task (\"group\", input, delete) VALUES (%s, 'SELECT 1', false)"
+                                           " RETURNING id", [group]).fetchone()[0]
+                    delays.append(start_delay_ms(conn, task_id, "state = 'DONE'", DEADLINE, "did not run"))
+                first_id = conn.execute("INSERT INTO task (\"group\", input, delete) SELECT %s, 'SELECT 1', false"
+                                        " FROM generate_series(1, %s) RETURNING id", [group, batch]).fetchone()[0]
+                where = f"id >= {int(first_id)} AND \"group\" = '{group}'"
+                wait_all_ended(conn, where=where, poll=0.1)
+                return {"median_ms": round(statistics.median(delays), 2),
+                        "tasks_per_s": round(batch / span_seconds(conn, where), 1)}
+
+            alone = figures("group")
+            conn.execute("INSERT INTO task (input, plan) SELECT 'SELECT 1', now() + interval '1 day'"
+                         " FROM generate_series(1, %s)", [ahead])
+            conn.execute("ANALYZE task")
+            crowd, other = figures("group"), figures("other")
+        finally:
+            launcher.stop()
+    return {"ahead": ahead, "median_ms": alone["median_ms"], "crowded_median_ms": crowd["median_ms"],
+            "other_group_median_ms": other["median_ms"], "tasks_per_s": alone["tasks_per_s"],
+            "crowded_tasks_per_s": crowd["tasks_per_s"], "other_group_tasks_per_s": other["tasks_per_s"]}
+
+
 def waiting(cluster) -> dict:
     """Claim cost of one due task with 100,000 tasks waiting for a prerequisite (planned a day
     ahead), against a table holding the one due task only; each in a database of its own, no
@@ -1121,6 +1159,7 @@ SCENARIOS = {
     "retry": None,  # needs the launcher: see retry()
     "backlog": None,  # needs the cluster: see backlog()
     "grown": None,  # needs the cluster: see grown()
+    "crowded": None,  # needs the cluster: see crowded()
     "idle": None,  # needs the launcher: see idle()
     "burst": None,  # a cluster of its own: see burst()
     "thousand": None,  # a cluster of its own: see burst()
@@ -1210,6 +1249,8 @@ def run_scenario(name: str, cluster, conn, launcher) -> dict:
         return backlog(cluster)
     if name == "grown":
         return grown(cluster)
+    if name == "crowded":
+        return crowded(cluster)
     if name == "burst":
         return burst()
     if name == "thousand":  # issue 20's scenario: 1,000 tasks at once, max_connections 1100
