@@ -207,8 +207,11 @@ RETURNS TABLE (id bigint, hash integer, owner name, remote text, reuse boolean)
 -- jit off wherever sorts are: the cost a sort that must be then gets passes
 -- any jit_above_cost, and a caller other than the scheduler (whose sessions
 -- have no JIT: dispatch.py) waited 0.5 s a claim for its compiling.
+-- enable_incremental_sort off too: a group's scan for due tasks could read the
+-- (hash, plan) index, in order of group alone, and sort each group's due tasks
+-- whole (a backlog of 100,000 in one group, for each claim).
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
-    SET enable_sort = off SET jit = off
+    SET enable_sort = off SET enable_incremental_sort = off SET jit = off
 AS $$
 DECLARE
     due_groups integer[];
@@ -356,10 +359,14 @@ BEGIN
                 -- order, filtered by group: every group's scan reads the tasks of
                 -- the groups before it, and a claim of 1,000 tasks in 1,000 groups
                 -- took 191 ms, not 21 (bench/RESULTS.md).
+                -- "t.plan <= now()" besides: that index checks it on each entry (its
+                -- last column), so that tasks of the group planned ahead of its due
+                -- ones cost an entry each, not a row each: 100,000 of them, 2 ms, not
+                -- 30.  The order still comes from that index alone (sorts off).
                 SELECT t.id, t.hash, t.max, t.owner, t."group"
                 FROM @extschema@.task AS t
                 WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= w.hash AND t.hash <= w.hash
-                  AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+                  AND t.plan <= now() AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
                   AND (last_id IS NULL OR t.max > last_max OR (t.max = last_max AND t.id <= last_id))
                   AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
                   AND t.id <> ALL (coalesce(held, '{}'))  -- (refused a session lately: dispatch.py, HOLD_POSTPONED)
@@ -464,8 +471,9 @@ CREATE FUNCTION pgtaskpy.claim_next_task(
 RETURNS @extschema@.task
 -- enable_sort off, and the group as a range first in ORDER BY: that order is the
 -- (hash, max DESC, id) index's alone (see claim_due_tasks), even when the
--- statistics of a table just filled say "one row".
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off SET jit = off
+-- statistics of a table just filled say "one row".  Incremental sorts off too.
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off SET enable_incremental_sort = off
+    SET jit = off
 AS $$
 DECLARE
     claimed @extschema@.task;
@@ -484,6 +492,7 @@ BEGIN
     SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= group_hash AND t.hash <= group_hash
+      AND t.plan <= now()  -- (checked in the index: see claim_due_tasks)
       AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE AND NOT t.exclusive
       AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
       AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
@@ -539,7 +548,8 @@ $$;
 -- group), where the priority index gives the first `most` at once.
 CREATE FUNCTION pgtaskpy.upcoming_in_group(group_hash integer, most integer, running_task bigint)
 RETURNS TABLE (id bigint, "group" text, timeout_s float8, max integer)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_sort = off SET jit = off
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_sort = off SET enable_incremental_sort = off
+    SET jit = off
 AS $$
 BEGIN
     RETURN QUERY

@@ -91,7 +91,7 @@ COMMENT ON COLUMN @extschema@.task.waiting_for IS 'how many prerequisites have n
 COMMENT ON COLUMN @extschema@.task.exclusive IS 'start only when no other task of the database runs, and let none start while it runs';
 DROP INDEX @extschema@.task_plan_waiting, @extschema@.task_hash_waiting, @extschema@.task_hash_plan_waiting;
 CREATE INDEX task_plan_waiting ON @extschema@.task (plan) WHERE state = 'PLAN' AND waiting_for = 0;
-CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
+CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id, plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_priority_waiting ON @extschema@.task (max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_blocked ON @extschema@.task (id) WHERE state = 'PLAN' AND waiting_for > 0;
