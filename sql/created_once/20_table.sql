@@ -98,8 +98,9 @@ CREATE INDEX task_stop_finished ON @extschema@.task (stop) WHERE state IN ('DONE
 -- at once (a series' runs never overlap).
 CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
 CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
--- Exclusive tasks waiting or running: each claim looks (an empty index, mostly).
-CREATE INDEX task_exclusive_pending ON @extschema@.task (plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
+-- Exclusive tasks waiting or running: each claim looks (an empty index, mostly),
+-- at those running and at those due (by state, then plan), not at those planned ahead.
+CREATE INDEX task_exclusive_pending ON @extschema@.task (state, plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
 
 -- pg_dump keeps users' tasks (the extension's objects are recreated by CREATE EXTENSION).
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.task', '');

@@ -95,7 +95,7 @@ CREATE INDEX task_hash_waiting ON @extschema@.task (hash, max DESC, id, plan) WH
 CREATE INDEX task_hash_plan_waiting ON @extschema@.task (hash, plan) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_priority_waiting ON @extschema@.task (max DESC, id) WHERE state = 'PLAN' AND waiting_for = 0;
 CREATE INDEX task_blocked ON @extschema@.task (id) WHERE state = 'PLAN' AND waiting_for > 0;
-CREATE INDEX task_exclusive_pending ON @extschema@.task (plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
+CREATE INDEX task_exclusive_pending ON @extschema@.task (state, plan) WHERE exclusive AND state IN ('PLAN', 'TAKE', 'WORK');
 CREATE TABLE pgtaskpy.pending_prerequisite (
     prerequisite bigint NOT NULL,
     dependent    bigint NOT NULL,
