@@ -386,20 +386,18 @@ CREATE FUNCTION pgtaskpy.exclusive_gate() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
 BEGIN
-    IF EXISTS (SELECT FROM @extschema@.task AS t WHERE t.exclusive AND t.state IN ('TAKE', 'WORK')) THEN
-        RETURN 'running';
-    END IF;
     -- (One that claim_exclusive_task would not claim, of a paused or rate-limited group or of a
-    -- role whose running limit is 0, is not due: it would hold every other task back.)
-    IF EXISTS (SELECT FROM @extschema@.task AS t
-               WHERE t.exclusive AND t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
-                 AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
-                 AND NOT pgtaskpy.group_paused(t.owner, t."group")
-                 AND pgtaskpy.rate_has_room(t.owner, t."group", 1)
-                 AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(t.owner), 0, 1)) THEN
-        RETURN 'due';
-    END IF;
-    RETURN NULL;
+    -- role whose running limit is 0, is not due: it would hold every other task back.  One
+    -- statement: each costs a claim 10-20 us.)
+    RETURN CASE WHEN EXISTS (SELECT FROM @extschema@.task AS t WHERE t.exclusive AND t.state IN ('TAKE', 'WORK'))
+                    THEN 'running'
+                WHEN EXISTS (SELECT FROM @extschema@.task AS t
+                             WHERE t.exclusive AND t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
+                               AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+                               AND NOT pgtaskpy.group_paused(t.owner, t."group")
+                               AND pgtaskpy.rate_has_room(t.owner, t."group", 1)
+                               AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(t.owner), 0, 1))
+                    THEN 'due' END;
 END
 $$;
 
