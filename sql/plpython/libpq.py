@@ -450,11 +450,14 @@ class Session:
         a shutdown) sends its error and closes the socket, which libpq reads only at the next
         query: the task sent there would fail without having run.  An idle session has nothing
         to read, so anything waiting on its socket means it is, or may be, gone: it is closed
-        here, and the task takes another.  Never waits."""
+        here, and the task takes another.  So does a FATAL that libpq read already, with the last
+        answer of the connection's start (ended just as it started, before its worker read that
+        answer): parsed here, it goes to _on_notice.  Never waits."""
         if not self.ok or self._polling is not None:
             return self.ok
         readable, _, _ = select.select([PQsocket(self.handle)], [], [], 0)
-        if readable:
+        PQisBusy(self.handle)  # (parses what libpq holds; reads nothing)
+        if readable or self.ended is not None:
             self.close()
         return self.ok
 

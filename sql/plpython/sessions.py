@@ -436,9 +436,11 @@ class TaskSessions:
                 if entry.fingerprint == fingerprint:
                     try:
                         entry.session.wait_connected()
-                        return entry
                     except ConnectError:
                         continue  # a failed attempt ahead of need is no task's failure: open one now
+                    if entry.session.open_while_idle():  # (else ended as it started: closed)
+                        return entry
+                    continue
             entry.session.close()
 
     def worker_returns(self):
