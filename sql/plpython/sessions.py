@@ -438,9 +438,8 @@ class TaskSessions:
                         entry.session.wait_connected()
                     except ConnectError:
                         continue  # a failed attempt ahead of need is no task's failure: open one now
-                    if entry.session.open_while_idle():  # (else ended as it started: closed)
+                    if entry.session.open_while_idle():  # (else it ended as it started)
                         return entry
-                    continue
             entry.session.close()
 
     def worker_returns(self):
