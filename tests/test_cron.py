@@ -75,6 +75,23 @@ def test_a_default_repeat_leaves_cron_tasks_alone(db):
     db.sql("RESET pg_task.repeat")
 
 
+def test_a_superusers_session_checks_its_rows_after_the_scheduler_made_a_next_run_in_it(db):
+    """task_cancel of a series' waiting run makes the series' next run in the caller's session,
+    marked as the scheduler's own (pgtaskpy.next_run) for that transaction.  After it, the mark
+    reads '' (not NULL): the superuser's session went on skipping every row check, and took a
+    cron of hour 25, an infinite plan and a cron beside a repeat."""
+    db.sql("SELECT task_schedule('nightly', '0 0 * * *', 'SELECT 1')")
+    assert db.value("SELECT task_cancel(id) FROM task WHERE key = 'nightly' AND state = 'PLAN'") is True
+    assert db.value("SELECT current_setting('pgtaskpy.next_run', true)") == ""
+    with pytest.raises(psycopg.errors.CheckViolation, match='invalid task.cron "0 25'):
+        db.insert("SELECT 1", cron="0 25 * * *")
+    with pytest.raises(psycopg.errors.CheckViolation, match="cron and task.repeat"):
+        db.insert("SELECT 1", cron="0 3 * * *", repeat="1 hour")
+    with pytest.raises(psycopg.errors.CheckViolation, match="plan"):
+        db.insert("SELECT 1", plan="infinity")
+    assert db.value("SELECT count(*) FROM task WHERE key IS NULL") == 0
+
+
 def test_day_fields_follow_vixie_cron(db):
     """A day matches both day fields when either starts with "*" (so "*/2" restricts with AND, as in
     pg_cron; croniter differs here), and either field when both are restricted."""

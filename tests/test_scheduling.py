@@ -54,6 +54,31 @@ def test_task_not_started_within_active_is_gone_and_repeats(running):
     assert state_of(running, running.value("SELECT id FROM task WHERE parent = %s", [task_id])) == "PLAN"
 
 
+def test_tasks_expired_in_bulk_end_gone_within_seconds_and_what_follows_them_follows(db):
+    """20,000 tasks past `active` (a launcher that was down longer): they end GONE a batch each
+    turn, 10 ms apart, not a batch a second (which took 20 s here), each counted in task_stats.
+    A series' run among them is followed by its next run, a dependent of one stops."""
+    db.sql("INSERT INTO task (input, plan, active) SELECT 'SELECT 1', now() - interval '2 hours', '1 hour'"
+           " FROM generate_series(1, 20000)")
+    series = db.value("INSERT INTO task (plan, active, repeat, input, delete)"
+                      " VALUES (now() - interval '2 hours', '1 hour', '1 day', 'SELECT 1', false) RETURNING id")
+    prerequisite = db.value("SELECT min(id) FROM task")
+    dependent = db.insert("SELECT 'never'", after=[prerequisite])
+    started = time.monotonic()
+    launcher = db.launcher()
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'GONE'") == 20001, 60, 0.2,
+               "every expired task GONE")
+    took = time.monotonic() - started
+    assert took < 12, took
+    assert db.value("SELECT error FROM task WHERE id = %s", [prerequisite]) == "ERROR:  task not active"
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", [series]) == 1
+    row = db.wait_done(dependent, 10)
+    assert (row["state"], row["error"]) == ("STOP", f"ERROR:  prerequisite task {prerequisite} ended GONE")
+    wait_until(lambda: db.value("SELECT gone_1h = 20001 AND gone_total = 20001 FROM task_stats"
+                                " WHERE \"group\" = 'group'"), 10, 0.1, "task_stats to count every GONE")
+    assert launcher.stop() == 0, launcher.output()
+
+
 def test_timeout_cancels_a_long_task(running):
     row = running.wait_done(running.insert("SELECT pg_sleep(10)", timeout="0.3 s"), 10)
     assert row["state"] == "FAIL"

@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # assembled with plans.py by sql/build.py
     from plans import WARM_AHEAD, Context, replan_after_growth
 
 HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longest sleep
+# Most tasks pgtaskpy.expire_inactive_tasks ends a call: a full batch means more are waiting to,
+# and the next turn, 10 ms later, ends the next batch (expire_inactive_tasks below).
+EXPIRE_BATCH = 1000
 RETENTION_WARN_EVERY = 60.0  # seconds between warnings that retention cannot delete (delete_finished_tasks)
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
@@ -395,7 +398,7 @@ def housekeeping(ctx, pool, events, run_limit):
             pool["cap"] = None
     recovered = ctx.run("recover", "SELECT pgtaskpy.recover_orphaned_tasks() AS n")[0]["n"]
     strays = unclaim_strays(ctx, pool)
-    expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    expire_inactive_tasks(ctx, pool, events)
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = delete_finished_tasks(ctx, pool, events)
     ctx.run("counts", "SELECT pgtaskpy.fold_group_counts()")  # task_stats' counters (70_operating.sql)
@@ -408,6 +411,14 @@ def housekeeping(ctx, pool, events, run_limit):
         events.append({"event": "recovered", "count": recovered})
     if strays:  # (no backend died: a row a client held when its claim was given back, say)
         events.append({"event": "unclaimed", "count": strays})
+
+
+def expire_inactive_tasks(ctx, pool, events):
+    """End GONE the waiting tasks past their `active`, a batch a call.  While batches come full
+    (100,000 tasks expired while the launcher was down), the next turns go on with them rather
+    than wait a second each: until they are gone, each claim of their groups reads them."""
+    expired = ctx.run("expire", "SELECT pgtaskpy.expire_inactive_tasks() AS n")[0]["n"]
+    pool["expiring"] = expired >= EXPIRE_BATCH
     if expired:
         events.append({"event": "expired", "count": expired})
 
@@ -738,7 +749,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
     set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))
     housekeeping_due = time.monotonic() >= pool["housekeeping_at"]
-    if cancel_running or housekeeping_due:
+    expiring = pool.get("expiring", False) and not housekeeping_due
+    if cancel_running or housekeeping_due or expiring:
         # Before any row (see lock_scheduling).  Other turns leave it to
         # claim_due_tasks, which takes it only when it may claim something:
         # while it is held, no worker can go on with its group.
@@ -747,6 +759,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         cancel_running_tasks(ctx, pool, events)
     if housekeeping_due:
         housekeeping(ctx, pool, events, run_limit)
+    elif expiring:
+        expire_inactive_tasks(ctx, pool, events)
     busy = running_tasks(pool)
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     claimer = pool["pid"]
@@ -757,6 +771,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     # the worker holding its reusable session idle.
     answering = reap(ctx, pool, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
+    if pool.get("expiring"):
+        waits.append(0.01)
     if not claimed:  # else the next turn, in 10 ms, looks
         next_plan = ctx.run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
         if next_plan is not None:

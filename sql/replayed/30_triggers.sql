@@ -230,7 +230,8 @@ CREATE TRIGGER task_check
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS NULL
-          OR pg_catalog.current_setting('pgtaskpy.next_run', true) OPERATOR(pg_catalog.=) 'off')
+          -- ('' too: what a setting made for the transaction is once the transaction has ended)
+          OR pg_catalog.current_setting('pgtaskpy.next_run', true) OPERATOR(pg_catalog.=) ANY (ARRAY['off', '']))
     EXECUTE FUNCTION pgtaskpy.check_task();
 
 -- The columns the scheduler keeps (state, start, stop, pid, worker, output,
