@@ -2,6 +2,7 @@
 that doubles up to retry_max; what may have run (a lost worker) is not, unless the task says
 it is safe; a series never has two waiting runs and keeps its beat; task_retry redrives."""
 
+import concurrent.futures
 from datetime import timedelta
 
 import psycopg
@@ -204,6 +205,54 @@ def test_task_retry_runs_an_ended_task_of_ones_own_again(running):
     finally:
         running.sql("DELETE FROM task")
         running.sql("DROP OWNED BY alice; DROP OWNED BY bob; DROP ROLE alice; DROP ROLE bob")
+
+
+def test_two_task_retry_calls_side_by_side_make_one_run(db):
+    """Two presses of "retry" at once, each in its own transaction: each saw no run of the task
+    yet and made one, and the work ran twice.  The second now waits for the first's commit and
+    is refused (55000); in REPEATABLE READ, whose snapshot cannot see that run, it fails to
+    serialize (40001)."""
+    db.sql("CREATE ROLE dana LOGIN IN ROLE pgtaskpy_user")
+    try:
+        first, second = db.connect("dana"), db.connect("dana")
+        failed = first.execute("INSERT INTO task (input) VALUES ('SELECT 1/0') RETURNING id").fetchone()[0]
+        db.sql("UPDATE task SET state = 'FAIL', stop = now() WHERE id = %s", [failed])  # (no launcher here)
+        for runs, isolation, refusal in ((1, "READ COMMITTED", psycopg.errors.ObjectNotInPrerequisiteState),
+                                         (2, "REPEATABLE READ", psycopg.errors.SerializationFailure)):
+            first.execute("BEGIN")
+            again = first.execute("SELECT task_retry(%s)", [failed]).fetchone()[0]
+            second.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+            second.execute("SELECT 1")  # (its snapshot: before the first's commit)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                call = pool.submit(second.execute, "SELECT task_retry(%s)", [failed])
+                wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE usename = 'dana'"
+                                            " AND wait_event_type = 'Lock'") == 1, 10, 0.02, "the second call to wait")
+                first.execute("COMMIT")
+                with pytest.raises(refusal):
+                    call.result(10)
+            second.execute("ROLLBACK")
+            assert db.value("SELECT count(*) FROM task WHERE parent = %s", [failed]) == runs
+            db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [again])  # (ended: the next round may retry)
+        first.close()
+        second.close()
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP OWNED BY dana; DROP ROLE dana")
+
+
+def test_task_retry_of_a_series_run_sees_its_automatic_retry(running):
+    """A series' run that failed and waits for its automatic retry (a row with the series' repeat,
+    attempt 2) is being run again already: task_retry took that row for the series' next regular
+    run and made a second run beside it."""
+    failed = running.value("SELECT task_enqueue('SELECT 1/0', repeat => '1 hour', retry => 1, retry_on => '{*}',"
+                           " retry_delay => '1 min')")
+    wait_until(lambda: running.task(failed)["state"] == "FAIL", 20, 0.02, "the first attempt's failure")
+    retry = running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2", [failed])
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                       match=f"task {failed} is being run again already: task {retry}"):
+        running.sql("SELECT task_retry(%s)", [failed])
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [failed]) == 1
+    running.sql("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
 
 
 def test_the_launcher_log_says_whether_and_when_a_failed_task_runs_again(db):

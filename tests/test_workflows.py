@@ -86,6 +86,31 @@ def test_stopped_or_deleted_prerequisite_stops_dependents(db):
     assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_prerequisite_deleted_in_the_transaction_that_inserted_its_dependent_stops_it(db):
+    """The dependent's commit settles its prerequisites before the DELETE's own trigger fires: it
+    took the deleted one for ended and released the dependent, which ran without it.  Inserted
+    before the transaction or in it, with a dependent of the dependent, and beside after_any."""
+    before = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 hour') RETURNING id")
+    with db.connect() as conn:
+        with conn.transaction():
+            inside = conn.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 hour')"
+                                  " RETURNING id").fetchone()[0]
+            dependents = [conn.execute("INSERT INTO task (input, after) VALUES ('SELECT 2', %s) RETURNING id",
+                                       [[p]]).fetchone()[0] for p in (before, inside)]
+            next_one = conn.execute("INSERT INTO task (input, after) VALUES ('SELECT 3', %s) RETURNING id",
+                                    [[dependents[0]]]).fetchone()[0]
+            any_of_them = conn.execute("INSERT INTO task (input, after, after_any) VALUES ('SELECT 4', %s, true)"
+                                       " RETURNING id", [[before, inside]]).fetchone()[0]
+            conn.execute("DELETE FROM task WHERE id = ANY(%s)", [[before, inside]])
+    for dependent, prerequisite in zip(dependents, (before, inside)):
+        assert (db.task(dependent)["state"], db.task(dependent)["error"]) == (
+            "STOP", f"ERROR:  prerequisite task {prerequisite} was deleted")
+    assert db.task(next_one)["error"] == f"ERROR:  prerequisite task {dependents[0]} ended STOP"
+    released = db.task(any_of_them)
+    assert (released["state"], released["waiting_for"]) == ("PLAN", 0)
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_stop_cascades_down_a_wide_fan_out(db):
     """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
     stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""

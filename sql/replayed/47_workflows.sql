@@ -158,15 +158,23 @@ BEGIN
         WHERE e.dependent = NEW.id AND e.prerequisite = handed.failed;
     END LOOP;
     IF NOT NEW.after_any THEN
-        SELECT p.id, p.state INTO ended FROM @extschema@.task AS p
-        WHERE p.id = ANY (prerequisites) AND p.state IN ('FAIL', 'GONE', 'STOP')
-        ORDER BY p.id LIMIT 1;
+        SELECT s.id, s.ended_as INTO ended
+        FROM (SELECT p.id, 'ended ' || p.state AS ended_as FROM @extschema@.task AS p
+              WHERE p.id = ANY (prerequisites) AND p.state IN ('FAIL', 'GONE', 'STOP')
+              UNION ALL
+              -- Deleted by this transaction after the INSERT (no other may: the INSERT locked it).
+              -- Its DELETE's trigger (prerequisite_deleted) fires after this one: it would find
+              -- no edge left, and the task ran without its prerequisite.
+              SELECT e.prerequisite, 'was deleted' FROM pgtaskpy.pending_prerequisite AS e
+              WHERE e.dependent = NEW.id AND NOT EXISTS (SELECT FROM @extschema@.task AS p WHERE p.id = e.prerequisite)
+             ) AS s
+        ORDER BY s.id LIMIT 1;
         IF FOUND THEN
             DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = NEW.id;
             PERFORM set_config('pgtaskpy.resolving', 'on', true);
             UPDATE @extschema@.task AS d
             SET state = 'STOP', stop = clock_timestamp(),
-                error = format('ERROR:  prerequisite task %s ended %s', ended.id, ended.state)
+                error = format('ERROR:  prerequisite task %s %s', ended.id, ended.ended_as)
             WHERE d.id = NEW.id;
             PERFORM set_config('pgtaskpy.resolving', '', true);
             PERFORM pgtaskpy.resolve_dependents(NEW.id, 'STOP');

@@ -369,7 +369,12 @@ BEGIN
     IF task_id IS NULL THEN
         RAISE EXCEPTION 'task_retry needs a task id, not NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
+    -- One call at a time for a task: a second waits here for the first's commit, and then sees
+    -- its run (READ COMMITTED), or fails to serialize (REPEATABLE READ, SERIALIZABLE).  Two calls
+    -- side by side each made a run.  (An UPDATE of nothing, not a lock alone: a REPEATABLE READ
+    -- call would lock the row after the first's commit and still read its snapshot's children.)
+    UPDATE @extschema@.task AS l SET data = l.data WHERE l.id = task_id
+    RETURNING l.* INTO t;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'task % does not exist or is not yours', task_id
             USING ERRCODE = 'no_data_found', HINT = 'A role sees and runs again only its own tasks.';
@@ -377,10 +382,12 @@ BEGIN
         RAISE EXCEPTION 'task % is %: only a FAIL, GONE or STOP task can be run again', task_id, t.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    -- (one run again at a time: an automatic retry still to come, or a run task_retry made)
+    -- (one run again at a time: an automatic retry still to come, or a run task_retry made; not
+    -- the next regular run of the task's series, attempt 1 with its repeat or cron; a series'
+    -- retry has them too)
     SELECT n.id INTO retry_id FROM @extschema@.task AS n
     WHERE n.parent = task_id AND n.owner = t.owner AND n.state IN ('PLAN', 'TAKE', 'WORK')
-      AND n.repeat = interval '0' AND n.cron IS NULL
+      AND (n.attempt > 1 OR (n.repeat = interval '0' AND n.cron IS NULL))
     ORDER BY n.id LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'task % is being run again already: task %', task_id, retry_id
