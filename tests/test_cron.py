@@ -57,6 +57,8 @@ def test_next_runs_are_those_before_the_year_10000(db):
     runs = next_runs(db, "0 0 1 1 *", "UTC", 10, "9994-06-01 00:00+00")
     assert [run.year for run in runs] == [9995, 9996, 9997, 9998, 9999]
     assert next_runs(db, "0 0 1 1 *", "UTC", 3, "9999-06-01 00:00+00") == []
+    # (20:00 on 31 December 9999 in New York is in the year 10000 in UTC, where no plan may be)
+    assert next_runs(db, "0 20 31 12 *", "America/New_York", 3, "9999-06-01 00:00+00") == []
     assert next_runs(db, "* * * * *", "Europe/Berlin", 3, "294276-12-31 23:59:59+00") == []  # (out of range)
 
 

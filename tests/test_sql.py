@@ -116,6 +116,13 @@ def test_cancel_of_a_waiting_series_run_with_stop_series_null_skips_the_run(shar
     shared.sql("UPDATE task SET state = 'STOP' WHERE parent = %s", [task_id])
 
 
+def test_task_wait_of_a_task_that_is_not_there_returns_null(shared):
+    """NULL itself (a deleted task, or one the caller cannot see), not a row of NULLs: a client
+    that tests the result for None took that row for a task's."""
+    assert shared.value("SELECT task_wait(-1)") is None
+    assert shared.value("SELECT task_wait(-1) IS NOT DISTINCT FROM NULL") is True
+
+
 def test_task_wait_says_when_it_cannot_see_the_end(shared):
     """Rather than wait out its time and blame the launcher: NULL arguments (a NULL time waited
     for ever), a negative time, a snapshot that never shows the end, and a task that cannot start before the

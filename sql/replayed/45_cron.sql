@@ -369,6 +369,10 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         candidate := pgtaskpy.cron_instant(local_time, tz);
+        IF candidate >= timestamptz '10000-01-01 00:00+00' THEN  -- (in the zone's 9999, past a plan's bound)
+            RAISE EXCEPTION 'cron expression has no match after % before the year 10000', after
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         -- (a local time whose first occurrence has passed, while a fall-back
         -- hour repeats, is not run again)
         IF candidate > after THEN

@@ -156,7 +156,9 @@ BEGIN
     END IF;
     LOOP
         SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
-        IF NOT FOUND OR t.state NOT IN ('PLAN', 'TAKE', 'WORK') THEN
+        IF NOT FOUND THEN
+            RETURN NULL;  -- (a NULL, not a row of NULLs, which a client reads as a row)
+        ELSIF t.state NOT IN ('PLAN', 'TAKE', 'WORK') THEN
             RETURN t;
         END IF;
         IF pause = 0.001 THEN  -- (the first look) It would wait in vain: its snapshot never shows the
