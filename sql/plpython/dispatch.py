@@ -765,7 +765,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
-    claimed = claim_for_workers(ctx, pool, max(0, limit - busy), idle + new_worker_room(ctx, pool), claimer)
+    room = max(0, limit - busy)
+    claimed = claim_for_workers(ctx, pool, room, idle + new_worker_room(ctx, pool), claimer)
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.
@@ -773,6 +774,11 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     waits = [pool["housekeeping_at"] - time.monotonic()]
     if pool.get("expiring"):
         waits.append(0.01)
+    if running_tasks(pool) < busy and len(claimed) >= room:
+        # A task's end woke this turn, whose claim came before its worker was collected and had
+        # no room for more (--run reached): claim again now.  Else due tasks waited for the
+        # next look, up to a second: with --run 1, a task a second.
+        waits.append(0.0)
     if not claimed:  # else the next turn, in 10 ms, looks
         next_plan = ctx.run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
         if next_plan is not None:
