@@ -111,6 +111,21 @@ def test_a_prerequisite_deleted_in_the_transaction_that_inserted_its_dependent_s
     assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_waiting_prerequisite_an_admin_ends_by_hand_is_followed_by_its_dependents(db):
+    """Superusers and pgtaskpy_admin may repair a row by hand: a waiting prerequisite set to DONE
+    or FAIL left its dependents waiting for ever (a waiting dependent never goes GONE)."""
+    ahead = "now() + interval '1 hour'"
+    done, failed = (db.value(f"INSERT INTO task (input, plan) VALUES ('SELECT 1', {ahead}) RETURNING id")
+                    for _ in range(2))
+    released, stopped = (db.insert("SELECT 2", after=[p]) for p in (done, failed))
+    db.sql("UPDATE task SET state = 'DONE', stop = now() WHERE id = %s", [done])
+    db.sql("UPDATE task SET state = 'FAIL', stop = now(), error = 'by hand' WHERE id = %s", [failed])
+    assert (db.task(released)["state"], db.task(released)["waiting_for"]) == ("PLAN", 0)
+    assert (db.task(stopped)["state"], db.task(stopped)["error"]) == (
+        "STOP", f"ERROR:  prerequisite task {failed} ended FAIL")
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_stop_cascades_down_a_wide_fan_out(db):
     """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
     stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""

@@ -313,15 +313,18 @@ END
 $$;
 
 -- A user's STOP of a waiting or claimed task (UPDATE, task_cancel,
--- task_unschedule) is an end its dependents follow; every other end goes
--- through finish_task.  As the transaction commits (a deferred constraint
--- trigger): its lock on the task's id is then held until the commit only.
--- SECURITY DEFINER: the dependents' edges are the scheduler's.
+-- task_unschedule) is an end its dependents follow, and so is an admin's
+-- hand repair of a waiting task to DONE or FAIL (its dependents waited for
+-- ever); every other end goes through finish_task (whose end of a waiting
+-- task as FAIL this follows again, finding its edges taken).  As the
+-- transaction commits (a deferred constraint trigger): its lock on the task's
+-- id is then held until the commit only.  SECURITY DEFINER: the dependents'
+-- edges are the scheduler's.
 CREATE FUNCTION pgtaskpy.prerequisite_stopped() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pgtaskpy.resolve_dependents(NEW.id, 'STOP');
+    PERFORM pgtaskpy.resolve_dependents(NEW.id, NEW.state);
     RETURN NULL;
 END
 $$;
@@ -370,7 +373,8 @@ BEGIN
                    WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_stopped') THEN
         CREATE CONSTRAINT TRIGGER task_prerequisite_stopped
             AFTER UPDATE OF state ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
-            FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE') AND NEW.state = 'STOP'
+            FOR EACH ROW WHEN ((OLD.state IN ('PLAN', 'TAKE') AND NEW.state = 'STOP'
+                                OR OLD.state = 'PLAN' AND NEW.state IN ('DONE', 'FAIL'))
                                AND pg_catalog.current_setting('pgtaskpy.resolving', true) IS DISTINCT FROM 'on')
             EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
     END IF;
