@@ -106,6 +106,23 @@ def test_a_running_task_is_never_started_twice_nor_hidden(running, authors):
     assert running.value("SELECT count(*) FROM task WHERE parent = %s OR id = %s", [task_id, task_id]) == 1
 
 
+def test_a_superusers_stop_of_a_running_task_is_refused_not_taken(running):
+    """pg_task's users stop tasks with UPDATE ... SET state = 'STOP', as superusers: of a running
+    task it was taken, the row read STOP while its run went on and committed, and no end was
+    ever recorded.  It is refused, with the hint that names task_cancel, whether or not the
+    UPDATE stamps stop."""
+    running.sql("CREATE TABLE ran (n integer)")
+    task_id = running.insert("SELECT pg_sleep(1); INSERT INTO ran VALUES (1); SELECT 'finished'", delete=False)
+    wait_state(running, task_id, "WORK")
+    for update in ("UPDATE task SET state = 'STOP' WHERE id = %s",
+                   "UPDATE task SET state = 'STOP', stop = now() WHERE id = %s"):
+        with pytest.raises(psycopg.errors.ObjectInUse, match=f"task {task_id} is running: a STOP does not stop it"):
+            running.sql(update, [task_id])
+    row = running.wait_done(task_id)
+    assert row["state"] == "DONE" and row["output"].endswith("finished")
+    assert running.value("SELECT count(*) FROM ran") == 1
+
+
 def test_stop_is_stamped_and_the_waiting_definition_can_change(running, authors):
     alice = authors["alice"]
     later = running.value("SELECT now() + interval '1 hour'")

@@ -242,7 +242,7 @@ CREATE TRIGGER task_check
 -- definition while it is not running; a running task is cancelled through
 -- task_cancel, not deleted (its run would go on, with no end recorded, no
 -- retry, and its dependents stopped as if it had never run).  Superusers and members of pgtaskpy_admin may write anything,
--- to repair rows by hand.  Whoever sets STOP, stop is stamped, so that
+-- to repair rows by hand, but a running task's STOP, which would not stop its run.  Whoever sets STOP, stop is stamped, so that
 -- retention sees the row.
 CREATE FUNCTION pgtaskpy.guard_task() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -257,6 +257,14 @@ BEGIN
                       HINT = format('Cancel it with task_cancel(%s); delete it when it has ended.', OLD.id);
         END IF;
         RETURN OLD;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.state = 'WORK' AND NEW.state = 'STOP' THEN
+        -- (whoever: a superuser's STOP, as pg_task users stop tasks, was taken, and the run went on,
+        -- committed its work, and its end was never recorded)
+        RAISE EXCEPTION 'task % is running: a STOP does not stop it', OLD.id
+            USING ERRCODE = 'object_in_use',
+                  HINT = format('Cancel it with task_cancel(%s) (it ends FAIL); task_cancel(%s, true) ends its '
+                                'series too.  A run whose worker is gone ends by itself, FAIL.', OLD.id, OLD.id);
     END IF;
     IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN  -- (true for superusers)
         IF TG_OP = 'UPDATE' AND NEW.id IS DISTINCT FROM OLD.id THEN
@@ -321,7 +329,7 @@ CREATE TRIGGER task_guard_update
     BEFORE UPDATE ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
-          OR (NEW.state = 'STOP' AND NEW.stop IS NULL))
+          OR (NEW.state = 'STOP' AND (NEW.stop IS NULL OR OLD.state = 'WORK')))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 CREATE TRIGGER task_guard_delete
