@@ -1,6 +1,7 @@
 """Output and error text, byte for byte as pg_task writes them (README: Table `task`)."""
 
 import pytest
+from pg_task_py_testing import wait_until
 
 TAB = "\t"
 
@@ -140,6 +141,23 @@ def test_copy_to_stdout_past_the_output_limit_is_cancelled_and_rolled_back(runni
     assert running.value("SELECT count(*) FROM copied_big") == 0
     after = run(running, "COPY (SELECT 'still here') TO STDOUT")  # the worker and its next session are fine
     assert (after["state"], after["output"]) == ("DONE", "still here\nCOPY 1"), after
+
+
+def test_an_error_is_cut_at_the_output_limit_and_its_log_line_at_a_thousand_characters(running):
+    """A task's error had no bound: one of 200 MB was written whole to its row, and its first line
+    to the launcher, whose turn, every role's, took 6-27 s to log it (a probe)."""
+    huge = "DO $$ BEGIN RAISE EXCEPTION '%', repeat('x', 3000000); END $$"
+    row = run(running, huge)
+    assert row["state"] == "FAIL" and len(row["error"]) < 3000000 + 1000, len(row["error"])  # (within 100 MB)
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 100000")
+    row = run(running, huge)
+    assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  xxx")
+    assert len(row["error"]) < 100100
+    assert row["error"].endswith("\n(the rest of the error dropped: pg_task_py.output_limit)")
+    [launcher] = running.launchers
+    wait_until(lambda: f"task {row['id']} FAIL" in launcher.output(), 10, 0.05, "the launcher to log the end")
+    [line] = [line for line in launcher.output().splitlines() if f"task {row['id']} FAIL" in line]
+    assert 1000 < len(line) < 1200 and line.endswith("x..."), len(line)
 
 
 def test_statements_that_cannot_run_in_a_transaction_block(shared):

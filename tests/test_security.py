@@ -301,6 +301,39 @@ def test_an_admin_steers_another_roles_tasks_but_cannot_change_what_they_run(run
         running.sql("DROP ROLE ops")
 
 
+def test_an_admin_cannot_start_another_roles_task_nor_point_its_cancel_at_a_superusers_query(running):
+    """A member of pgtaskpy_admin who is not a member of a superuser set that superuser's finished
+    task back to waiting with a repeat of a second (it ran again and again as the superuser), and
+    set a waiting one WORK with a pid of its choosing, which task_cancel then signalled: a
+    superuser's query, which the admin's own pg_cancel_backend may not cancel (a probe).  It may
+    still stop such a task and repair its end."""
+    running.sql("CREATE ROLE ops2 LOGIN IN ROLE pgtaskpy_user, pgtaskpy_admin")
+    victim = running.connect()
+    try:
+        later = running.value("SELECT now() + interval '1 hour'")
+        finished = running.insert("SELECT 'once'", delete=False)
+        running.wait_done(finished)
+        waiting = running.insert("SELECT 1", plan=later)
+        with running.connect("ops2") as ops:
+            pid = victim.info.backend_pid
+            for change, target in (("state = 'PLAN', stop = NULL", finished),
+                                   (f"state = 'WORK', start = now(), pid = {pid}", waiting),
+                                   (f"pid = {pid}", finished)):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"denied to run task {target}"):
+                    ops.execute(f"UPDATE task SET {change} WHERE id = %s", [target])
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="change what task .* runs"):
+                ops.execute("UPDATE task SET repeat = '1 second' WHERE id = %s", [waiting])
+            ops.execute("UPDATE task SET error = 'noted by hand' WHERE id = %s", [finished])
+            ops.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [waiting])
+        assert victim.execute("SELECT pg_sleep(0.1), 'still here'").fetchone()[1] == "still here"
+        assert running.sql("SELECT state::text, error FROM task WHERE id IN (%s, %s) ORDER BY id",
+                           [finished, waiting]) == [("DONE", "noted by hand"), ("STOP", None)]
+        assert running.value("SELECT count(*) FROM task WHERE parent = %s", [finished]) == 0
+    finally:
+        victim.close()
+        running.sql("DROP ROLE ops2")
+
+
 def test_an_authors_security_definer_function_a_superuser_calls_acts_on_no_other_roles_tasks(running):
     """The privileged halves of task_cancel and task_unschedule checked the session's user: a
     task author's SECURITY DEFINER function calling them directly, called by a superuser,

@@ -161,6 +161,15 @@ def format_error(result, statement, fallback=""):
     return "\n".join(lines)
 
 
+def bounded_error(error, most):
+    """A task's error, cut at `most` characters (pg_task_py.output_limit, as its output and
+    notices are) with a line that says so: a task could raise an error of 200 MB, every byte of
+    it written to its row."""
+    if error is None or len(error) <= most:
+        return error
+    return error[:most] + "\n(the rest of the error dropped: pg_task_py.output_limit)"
+
+
 def format_message(message, statement, hint=None, detail=None, severity="ERROR"):
     """An error of the scheduler's own, or one of the server's without its PGresult (the server's
     end of a session: FATAL), in the same layout."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         MalformedConninfo,
         lost_sqlstate,
     )
-    from output import OutputTooLarge, OutputWriter, format_error, format_message, settled
+    from output import OutputTooLarge, OutputWriter, bounded_error, format_error, format_message, settled
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
     from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
@@ -64,6 +64,8 @@ INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
 CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
 FRESH_AHEAD = 2  # most new sessions kept starting or ready for the due tasks of a worker's group
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
+OUTPUT_LIMIT_DEFAULT = 100 * 1024 * 1024  # pg_task_py.output_limit's, in characters
+ERROR_LINE_MOST = 1000  # characters of an error's first line in the launcher's log of the task's end
 WARM_UP = 0  # the "task id" of the launcher's call that loads PL/Python in a new spare worker
 # The SQLSTATEs of the scheduler's own errors (a FAIL's sqlstate, which retry_on matches).
 LOST_RUN = "08006"  # the session broke while the task ran: it may have done its work (pgtaskpy.lost_run_sqlstate)
@@ -219,6 +221,7 @@ class WorkerCall:
         """finish_task, not committed, and the end in the report; the end state, or None if
         the task had ended already (HELD, unless_held: see finish_task).  `stop`: when it ended
         (time.time()), if not now: its seconds in the report end then too."""
+        error = bounded_error(error, self.limit or OUTPUT_LIMIT_DEFAULT)
         ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
                             sqlstate=sqlstate, stop=stop, unless_held=unless_held)
         if ended is not None and ended != HELD:
@@ -426,7 +429,7 @@ class WorkerCall:
 
     def fail_unstarted(self, task, message, hint, detail=None, sqlstate=None):
         """End a task that never started FAIL with an error of the scheduler's own."""
-        error = format_message(message, task["input"], hint, detail)
+        error = bounded_error(format_message(message, task["input"], hint, detail), self.limit or OUTPUT_LIMIT_DEFAULT)
         state = finish_task(self.ctx, task["id"], "FAIL", None, error, sqlstate=sqlstate)
         self.record_end(task, state or "FAIL", None, error, sqlstate)
         self.ctx.commit()
@@ -436,7 +439,10 @@ class WorkerCall:
         and whether and when it is tried again (a task with retries)."""
         entry = {"id": task["id"], "state": state, "seconds": seconds}
         if error:
-            entry["error"] = error.split("\n", 1)[0]
+            # (its first line, and at most ERROR_LINE_MOST characters of it: an error of 200 MB
+            # went whole to the launcher, whose turn, every role's, took 6-27 s to log it)
+            first = error.split("\n", 1)[0]
+            entry["error"] = first if len(first) <= ERROR_LINE_MOST else first[:ERROR_LINE_MOST] + "..."
         if state == "FAIL" and sqlstate:
             entry["sqlstate"] = sqlstate
         if state == "FAIL" and task["retry"] > 0:
@@ -568,7 +574,7 @@ def output_limit(ctx):
         cached = ctx.GD["pgtaskpy.output_limit"] = (row["v"], row["source"], time.monotonic() + SETTING_FRESH)
     value, source, _ = cached
     if not value:
-        return 100 * 1024 * 1024
+        return OUTPUT_LIMIT_DEFAULT
     if not (value.strip().isascii() and value.strip().isdigit()):  # (str.isdigit: '²' too, which int() refuses)
         raise SettingError(f'invalid value for setting "pg_task_py.output_limit" of {source}: "{value}"')
     return int(value)
