@@ -774,11 +774,17 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     waits = [pool["housekeeping_at"] - time.monotonic()]
     if pool.get("expiring"):
         waits.append(0.01)
-    if running_tasks(pool) < busy and len(claimed) >= room:
-        # A task's end woke this turn, whose claim came before its worker was collected and had
-        # no room for more (--run reached): claim again now.  Else due tasks waited for the
-        # next look, up to a second: with --run 1, a task a second.
-        waits.append(0.0)
+    if len(claimed) >= room:
+        if running_tasks(pool) < busy:
+            # A task's end woke this turn, whose claim came before its worker was collected and
+            # had no room for more (--run reached): claim again now.  Else due tasks waited for
+            # the next look, up to a second: with --run 1, a task a second.
+            waits.append(0.0)
+        elif any(w["task"] == WARM_UP for w in pool["workers"].values()):
+            # A spare loading PL/Python counts against --run (running_tasks) until it is
+            # collected: look again soon, as for a worker about to answer (its wake may come
+            # before its call returns).
+            waits.append(0.05)
     if not claimed:  # else the next turn, in 10 ms, looks
         next_plan = ctx.run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
         if next_plan is not None:
