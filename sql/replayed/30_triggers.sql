@@ -177,21 +177,6 @@ BEGIN
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
                          'pgtaskpy_admin may insert one.';
     END IF;
-    -- A task runs as its owner: an admin who is not a member of that role steers its tasks
-    -- but may not change what they run, which would then run as that role (an admin made
-    -- a superuser's waiting task ALTER ROLE ... SUPERUSER, and it ran), nor make them run
-    -- again and again (repeat, cron: a superuser's statement replayed every second).
-    IF TG_OP = 'UPDATE' AND OLD.owner IS DISTINCT FROM current_user
-       AND (NEW.input, NEW.remote, NEW.target, NEW.repeat, NEW.cron)
-           IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.repeat, OLD.cron)
-       AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-       AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = OLD.owner)
-                AND pg_has_role(current_user, OLD.owner, 'MEMBER')) THEN
-        RAISE EXCEPTION 'permission denied to change what task % of role "%" runs', OLD.id, OLD.owner
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'A task runs as its owner: only superusers and members of that role may change its '
-                         'input, remote, target, repeat or cron.';
-    END IF;
     IF TG_OP = 'UPDATE' AND NEW.owner IS NOT DISTINCT FROM OLD.owner THEN
         RETURN NEW;
     END IF;
@@ -251,6 +236,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     written text;
+    rewritten boolean;  -- what the task runs, or how often
 BEGIN
     IF TG_OP = 'DELETE' THEN
         IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
@@ -268,20 +254,32 @@ BEGIN
                   HINT = format('Cancel it with task_cancel(%s) (it ends FAIL); task_cancel(%s, true) ends its '
                                 'series too.  A run whose worker is gone ends by itself, FAIL.', OLD.id, OLD.id);
     END IF;
-    -- An admin who is not a member of a task's owner steers its tasks (STOP, task_cancel, a
-    -- pause) and repairs their ends, but starts none of them: set back to waiting, a superuser's
-    -- finished task ran again as that superuser, and with a pid of its choosing on a task set
-    -- running, task_cancel signalled any backend of the owner's (a superuser's query).
-    IF TG_OP = 'UPDATE' AND OLD.owner IS DISTINCT FROM current_user
-       AND (NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('PLAN', 'TAKE', 'WORK')
-            OR (NEW.pid, NEW.worker, NEW.start) IS DISTINCT FROM (OLD.pid, OLD.worker, OLD.start))
-       AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-       AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = OLD.owner)
-                AND pg_has_role(current_user, OLD.owner, 'MEMBER')) THEN
-        RAISE EXCEPTION 'permission denied to run task % of role "%"', OLD.id, OLD.owner
-            USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = 'Its state, pid, worker and start were to change: a task runs as its owner.',
-                  HINT = 'Only superusers and members of that role may set its task waiting or running again.';
+    -- A task runs as its owner: an admin who is not a member of that role steers its tasks
+    -- (STOP, task_cancel, a pause) and repairs their ends, but may not change what they run,
+    -- which would then run as that role (an admin made a superuser's waiting task ALTER ROLE
+    -- ... SUPERUSER, and it ran), nor make them run again and again (repeat, cron: a
+    -- superuser's statement replayed every second), nor start them: set back to waiting, a
+    -- superuser's finished task ran again as that superuser, and with a pid of its choosing on
+    -- a task set running, task_cancel signalled any backend of the owner's (a superuser's query).
+    IF TG_OP = 'UPDATE' AND OLD.owner IS DISTINCT FROM current_user THEN
+        rewritten := (NEW.input, NEW.remote, NEW.target, NEW.repeat, NEW.cron)
+                     IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.repeat, OLD.cron);
+        IF (rewritten OR NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('PLAN', 'TAKE', 'WORK')
+                OR (NEW.pid, NEW.worker, NEW.start) IS DISTINCT FROM (OLD.pid, OLD.worker, OLD.start))
+           AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+           AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = OLD.owner)
+                    AND pg_has_role(current_user, OLD.owner, 'MEMBER')) THEN
+            IF rewritten THEN
+                RAISE EXCEPTION 'permission denied to change what task % of role "%" runs', OLD.id, OLD.owner
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = 'A task runs as its owner: only superusers and members of that role may change '
+                                 'its input, remote, target, repeat or cron.';
+            END IF;
+            RAISE EXCEPTION 'permission denied to run task % of role "%"', OLD.id, OLD.owner
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'Its state, pid, worker and start were to change: a task runs as its owner.',
+                      HINT = 'Only superusers and members of that role may set its task waiting or running again.';
+        END IF;
     END IF;
     IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN  -- (true for superusers)
         IF TG_OP = 'UPDATE' AND NEW.id IS DISTINCT FROM OLD.id THEN

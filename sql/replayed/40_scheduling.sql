@@ -870,6 +870,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ended @extschema@.task[];
+    ended_ids bigint[];
     prerequisite bigint;
 BEGIN
     WITH ended_now AS (
@@ -881,10 +882,10 @@ BEGIN
                    OR (end_state = 'FAIL' AND task.attempt <= task.retry))
         RETURNING task.*
     )
-    SELECT coalesce(array_agg(e), '{}') INTO ended FROM ended_now AS e;
+    SELECT coalesce(array_agg(e), '{}'), coalesce(array_agg(e.id), '{}') INTO ended, ended_ids FROM ended_now AS e;
     FOR prerequisite IN
         SELECT DISTINCT p.prerequisite FROM pgtaskpy.pending_prerequisite AS p
-        WHERE p.prerequisite = ANY (ARRAY(SELECT e.id FROM unnest(ended) AS e)) ORDER BY p.prerequisite
+        WHERE p.prerequisite = ANY (ended_ids) ORDER BY p.prerequisite
     LOOP
         PERFORM pgtaskpy.resolve_dependents(prerequisite, end_state);
     END LOOP;
@@ -892,7 +893,7 @@ BEGIN
     IF cardinality(ended) > 0 THEN
         PERFORM pgtaskpy.wake_launchers();
     END IF;
-    RETURN ARRAY(SELECT e.id FROM unnest(ended) AS e);
+    RETURN ended_ids;
 END
 $$;
 

@@ -364,12 +364,9 @@ BEGIN
     local_time := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
     LOOP
         local_time := pgtaskpy.cron_next_local(spec, local_time);
-        IF local_time IS NULL THEN
-            RAISE EXCEPTION 'cron expression has no match after % before the year 10000', after
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        candidate := pgtaskpy.cron_instant(local_time, tz);
-        IF candidate >= timestamptz '10000-01-01 00:00+00' THEN  -- (in the zone's 9999, past a plan's bound)
+        candidate := pgtaskpy.cron_instant(local_time, tz);  -- (STRICT: NULL after the zone's 9999)
+        -- (nor in the year 10000 in UTC, past a plan's bound)
+        IF candidate IS NULL OR candidate >= timestamptz '10000-01-01 00:00+00' THEN
             RAISE EXCEPTION 'cron expression has no match after % before the year 10000', after
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
