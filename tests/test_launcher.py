@@ -910,8 +910,14 @@ def test_the_extension_dropped_and_created_again_under_the_launcher_says_so(runn
     running.sql("BEGIN; DROP EXTENSION pg_task_py CASCADE; CREATE EXTENSION pg_task_py CASCADE; COMMIT")
     assert running.wait_done(running.insert("SELECT 'after'", delete=False))["output"] == "after"
     output = running.launchers[0].output()
-    assert lines_with("the extension was dropped and created again: closed", output), output
-    assert "cache lookup failed" not in output, output
+    recreated = lines_with("the extension was dropped and created again: closed", output)
+    # A turn that had begun as the drop committed fails on the dropped functions, and the launcher
+    # reconnects: the old workers end with its session, and nothing names the new table's tasks
+    # (one CI run in many).
+    raced = [line for line in lines_with("cache lookup failed for function", output)
+             if "scheduler error" in line and "reconnecting" in line]
+    assert recreated or raced, output
+    assert len(lines_with("cache lookup failed", output)) == len(raced), output
     assert not lines_with(f"task {long_ones[0]}:", output), output
 
 
