@@ -345,12 +345,16 @@ def test_retention_is_read_afresh_and_covers_stop_rows(db):
 
 def test_orphan_recovery_knows_this_databases_workers(running, cluster):
     """A WORK row naming a backend that is alive but is no worker of this database (a restored
-    copy's row, a reused pid) is recovered all the same."""
+    copy's row, a reused pid; after a failover, the pid of the new primary's launcher, connected
+    while it was a standby) is recovered all the same."""
+    launcher_backend = running.value(  # (named so during its turns, where recovery runs)
+        "SELECT pid FROM pg_stat_activity WHERE application_name IN ('pg_task_py', 'pg_task_py launcher')"
+        " AND datname = current_database()")
     with cluster.connect("postgres", application_name="pg_task_py worker") as elsewhere, \
             running.connect() as here:
         rows = [running.value("INSERT INTO task (state, worker, start, input) VALUES ('WORK', %s, now(), 'SELECT 1')"
                               " RETURNING id", [pid])
-                for pid in (elsewhere.info.backend_pid, here.info.backend_pid)]
+                for pid in (elsewhere.info.backend_pid, here.info.backend_pid, launcher_backend)]
         taken = running.value("INSERT INTO task (state, worker, input) VALUES ('TAKE', %s, 'SELECT ''again''')"
                               " RETURNING id", [elsewhere.info.backend_pid])
         for task_id in rows:

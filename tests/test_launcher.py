@@ -990,7 +990,8 @@ def test_a_databases_tiny_statement_timeout_and_read_only_default_do_not_stop_th
 def test_a_sql_ascii_database_is_scheduled_and_a_task_its_worker_cannot_read_fails(cluster):
     """psycopg reads a SQL_ASCII database's text as bytes: the launcher (and `status`) failed with
     a TypeError, restarted in a loop.  A task whose input is not UTF-8 there cannot be read by its
-    worker (PL/Python reads text as UTF-8): claimed and given back for ever, it now ends FAIL."""
+    worker (PL/Python reads text as UTF-8): claimed and given back for ever, it now ends FAIL.  A
+    task whose error has a character past ASCII failed the launcher's turn that reported it."""
     name = "ascii_db"
     with cluster.connect() as admin:
         admin.execute(f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
@@ -1002,6 +1003,8 @@ def test_a_sql_ascii_database_is_scheduled_and_a_task_its_worker_cannot_read_fai
             launcher.wait_active()
             fine = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''café''', false) RETURNING id"
                                 ).fetchone()[0]
+            failing = conn.execute("INSERT INTO task (input, delete) VALUES ($$SELECT 'é'::int$$, false)"
+                                   " RETURNING id").fetchone()[0]
             conn.execute("SET client_encoding = 'LATIN1'")  # (no conversion into SQL_ASCII: the byte E9 is stored)
             unreadable = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''café''', false)"
                                       " RETURNING id").fetchone()[0]
@@ -1009,13 +1012,15 @@ def test_a_sql_ascii_database_is_scheduled_and_a_task_its_worker_cannot_read_fai
             ended = "SELECT state::text FROM task WHERE id = %s AND state NOT IN ('PLAN', 'TAKE', 'WORK')"
             assert wait_until(lambda: conn.execute(ended, [fine]).fetchone(), 20, 0.05, "the UTF-8 task") == ("DONE",)
             assert wait_until(lambda: conn.execute(ended, [unreadable]).fetchone(), 30, 0.05, "the other") == ("FAIL",)
+            assert conn.execute(ended, [failing]).fetchone() == ("FAIL",)
+            wait_until(lambda: f"task {failing} FAIL" in launcher.output(), 10, message="its FAIL line")
             error = conn.execute("SELECT convert_from(convert_to(error, 'SQL_ASCII'), 'UTF8') FROM task WHERE id = %s",
                                  [unreadable]).fetchone()[0]
             assert error.startswith("ERROR:  pg_task_py worker failed 3 times before the task started: "), error
         status = subprocess.run([str(LAUNCHER), "status", "--dsn", cluster.dsn(name)], capture_output=True, text=True,
                                 timeout=60)
         assert status.returncode == 0 and "Traceback" not in status.stderr, status
-        assert "Traceback" not in launcher.output(), launcher.output()
+        assert "Traceback" not in launcher.output() and "scheduler error" not in launcher.output(), launcher.output()
     finally:
         if launcher is not None:
             launcher.kill()

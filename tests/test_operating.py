@@ -554,6 +554,27 @@ def test_task_cancel_of_a_waiting_run_skips_it_and_its_series_goes_on(running, a
     assert running.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 0
 
 
+def test_task_cancel_of_a_claimed_run_skips_it_and_its_series_goes_on(db):
+    """A run a launcher has claimed (TAKE) and no worker started yet is stopped as a waiting one
+    is: its series went on with no next run, and ended without a word (11 of 80 cancels of a new
+    series' first run, under a running launcher)."""
+    hourly = db.insert("SELECT 1", repeat="1 hour", plan=db.value("SELECT now() + interval '1 hour'"), delete=False)
+    nightly = db.value("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1')")
+    for claimed, step in ((hourly, timedelta(hours=1)), (nightly, timedelta(days=1))):
+        db.sql("UPDATE task SET state = 'TAKE', worker = pg_backend_pid() WHERE id = %s", [claimed])  # (a claim)
+        assert db.value("SELECT task_cancel(%s)", [claimed]) is True
+        following = db.sql("SELECT n.id, n.state::text, n.plan - s.plan FROM task AS n"
+                           " JOIN task AS s ON s.id = n.parent WHERE s.id = %s", [claimed])
+        assert [(state, gap) for _, state, gap in following] == [("PLAN", step)], following
+        assert states(db, [claimed]) == ["STOP"]
+        ended = following[0][0]
+        db.sql("UPDATE task SET state = 'TAKE', worker = pg_backend_pid() WHERE id = %s", [ended])
+        assert db.value("SELECT task_cancel(%s, true)", [ended]) is True
+        assert db.value("SELECT count(*) FROM task WHERE parent = %s", [ended]) == 0
+    assert db.value("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE')") == 0
+    assert db.value("SELECT count(*) FROM task_series") == 0
+
+
 def test_another_roles_row_naming_a_run_as_parent_does_not_end_its_series(running, authors):
     """Any role may name any id as the parent of its own rows (ids are sequential; pg_task.id is
     a setting): bob's rows naming alice's waiting run are not that series' next run, and her

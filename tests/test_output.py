@@ -214,6 +214,17 @@ def test_a_task_that_sets_its_own_client_encoding_reads_and_writes_what_it_says(
     row = run(shared, "SET client_encoding = 'SJIS'; SELECT 'ア' AS katakana, 1/0")
     assert row["state"] == "FAIL" and row["output"] == "SET" and "division by zero" in row["error"], row
     assert run(shared, "SET client_encoding = 'SJIS'; SELECT 'ア'")["output"] == "SET\nア"
+    # The error's text too, once the SET has committed (it was 'ERROR:  invalid input syntax for type
+    # integer: "\ufffd"'; an error in the SET's own transaction undoes it, and psql shows such an error's
+    # bytes as they came, too).
+    row = run(shared, "SET client_encoding = 'LATIN1'; COMMIT;"
+                      " DO $$BEGIN RAISE EXCEPTION 'é' USING DETAIL = 'ü', HINT = 'ö'; END$$")
+    assert row["error"].startswith("ERROR:  é\nDETAIL:  ü\nHINT:  ö\n"), row
+    row = run(shared, "SET client_encoding = 'WIN1252'; COMMIT; SELECT 'é'::int")
+    assert 'for type integer: "é"' in row["error"], row
+    # EUC_TW, which Python has no codec of, is converted by the server (it was stored as U+FFFD, DONE).
+    row = run(shared, "SET client_encoding = 'EUC_TW'; DO $$BEGIN RAISE NOTICE '中'; END$$; SELECT '中文'")
+    assert (row["state"], row["output"], row["notice"]) == ("DONE", "SET\nDO\n中文", "NOTICE:  中"), row
     kept = {"group": "latin1", "count": 3, "save": True}
     first = shared.insert("SET client_encoding = 'LATIN1'", delete=False, **kept)
     second = shared.insert("SELECT 'é'", delete=False, **kept)

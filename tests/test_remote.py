@@ -99,6 +99,21 @@ def test_malformed_remote_conninfo_fails_the_task(running):
         "STATEMENT:  SELECT 1")
 
 
+@pytest.mark.parametrize("uri", ["postgresql://remote_user:Se@cretPW@localhost/remotedb",
+                                 "postgres://remote_user:Se/cretPW@localhost/remotedb"])
+def test_a_uri_whose_password_is_not_percent_encoded_fails_saying_so_and_not_what_it_is(running, uri):
+    """libpq reads a "@" or "/" of a password as a host's or a port's: its error quoted the piece
+    ('could not translate host name "cretPW@localhost"', 'invalid integer value "Se" for connection
+    option "port"') into `error`, task_stats and the launcher's log."""
+    row = run(running, "SELECT 1", remote=uri)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "22023"), row
+    assert row["error"].startswith('ERROR:  PQconninfoParse failed\nDETAIL:  a URI\'s user or password holds "@" or'
+                                   ' "/": write them percent-encoded (%40, %2F)\n'), row
+    assert "Se" not in row["error"].replace("SELECT", "")
+    encoded = uri.replace("Se@cret", "Se%40cret").replace("Se/cret", "Se%2Fcret")
+    assert "PQconninfoParse" not in run(running, "SELECT 1", remote=encoded)["error"]  # (no server: refused)
+
+
 @pytest.mark.parametrize(("option", "words"), [
     ("connect_timeout=soon", 'invalid integer value "soon" for connection option "connect_timeout"'),
     ("port=abc", 'invalid integer value "abc" for connection option "port"'),
@@ -194,6 +209,8 @@ def test_stopping_the_launcher_takes_back_a_task_whose_remote_server_never_answe
     assert launcher.stop(timeout=20) == 0, launcher.output()
     assert db.task(task_id)["state"] == "PLAN"
     assert silent_server.closed_by_client.wait(10), "the worker kept waiting for the silent server"
+    # The log says so: it said only "task N started", "cancelling 1 running task(s)" and "stopped".
+    assert "took back 1 claimed task(s) that no worker started: they wait again" in launcher.output()
 
 
 def test_a_remote_that_refuses_for_lack_of_connections_is_tried_again_once_a_second(running, remote):

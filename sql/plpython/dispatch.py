@@ -676,8 +676,10 @@ def cancel_running_tasks(ctx, pool, events):
     its worker gives the attempt up), which wait again."""
     pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
     given = given_tasks(pool)
-    ctx.run("unclaim_unstarted", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"],
-            [given, pool["pid"]])
+    taken_back = ctx.run("unclaim_unstarted", "SELECT pgtaskpy.unclaim_tasks($1, $2) AS n", ["bigint[]", "integer"],
+                         [given, pool["pid"]])[0]["n"]
+    if taken_back:  # (their "started" lines said they were given to a worker: this says they did not run)
+        events.append({"event": "unclaimed", "count": taken_back})
     # Not a row a client holds (a SELECT ... FOR SHARE of its task): task_cancel waited for it in
     # this turn, which holds the scheduling lock, and the stop took as long as the client's
     # transaction.  Such a task is not cancelled; it ends on its own.  task_cancel with both of its
@@ -727,6 +729,15 @@ def subscribed(ctx, pool, events):
     return pool["subscription"] is not None
 
 
+def events_json(events):
+    """The turn's events as the jsonb dispatch returns.  Text as it is, not as \\u escapes: jsonb
+    reads an escape of a character past ASCII into the database's encoding, which SQL_ASCII
+    cannot (`conversion between UTF8 and SQL_ASCII is not supported`), and every turn that had a
+    task's error in another script to report failed, its log lines lost.  The events' text came
+    from this database, in its encoding."""
+    return json.dumps(events, ensure_ascii=False)
+
+
 def main(plpy, GD, SD, run_limit, cancel_running):
     """The entry point: sql/build.py passes PL/Python's globals of these names."""
     ctx = Context(plpy, GD, SD)
@@ -734,7 +745,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     if in_recovery(ctx):
         # A standby is read-only and its rows are the primary's, whose launcher runs them:
         # claim, recover and start nothing here; look again soon for a promotion.
-        return json.dumps([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
+        return events_json([{"event": "standby"}]), STANDBY_LOOK_EVERY, 0
     ctx.make_constraints_immediate()
     replan_after_growth(ctx)
     events = []
@@ -744,7 +755,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         # recover and start nothing here, as on a standby; workers going on with their group
         # stop, as for a stopping launcher.
         set_session_name(ctx, pool, ctx.name_of("stopping launcher"))
-        return json.dumps(events), SUBSCRIPTION_LOOK_EVERY, len(given_tasks(pool))
+        return events_json(events), SUBSCRIPTION_LOOK_EVERY, len(given_tasks(pool))
     # Workers go on with their group's tasks only while their launcher's session
     # has the accepting name (pgtaskpy.claim_next_task): a stopping launcher drops it.
     set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))
@@ -801,4 +812,4 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         waits.append(0.01)  # the next turn replaces the spare these may have used
     elif run_limit > 0 and not answering and warm_workers(ctx, pool, events, run_limit):
         waits.append(0.1)  # more to warm: the next few, soon
-    return json.dumps(events), max(0.0, min(waits)), len(given_tasks(pool))
+    return events_json(events), max(0.0, min(waits)), len(given_tasks(pool))

@@ -127,7 +127,9 @@ def _text(pointer, length=None, codec="utf-8", errors="replace"):
 
 # Python's codec of each encoding a task may switch its session to (SET client_encoding): the
 # server then sends that encoding, and reads what it is sent as that encoding.  A session starts
-# in UTF-8 (sessions.py); one not listed here (MULE_INTERNAL, EUC_TW) is read as UTF-8.
+# in UTF-8 (sessions.py).  Python has no codec of EUC_TW (nor of MULE_INTERNAL, which the server
+# does not send): a task's results in it are read as UTF-8, and converted by the server once the
+# input has ended (run_task.py, InputResults.end).
 _CODECS = {
     "UTF8": "utf-8", "SQL_ASCII": "utf-8", "LATIN1": "latin-1", "LATIN2": "iso8859-2", "LATIN3": "iso8859-3",
     "LATIN4": "iso8859-4", "LATIN5": "iso8859-9", "LATIN6": "iso8859-10", "LATIN7": "iso8859-13",
@@ -182,6 +184,9 @@ class MalformedConninfo(ConnectError):
 
 def conninfo_options(conninfo):
     """The options a conninfo string or URI sets, {keyword: value}; ConnectError if it is malformed."""
+    if _uri_with_unencoded_userinfo(conninfo):
+        raise MalformedConninfo("a URI's user or password holds \"@\" or \"/\": write them percent-encoded"
+                                " (%40, %2F)")
     error = _P()
     options = PQconninfoParse(conninfo.encode(), ctypes.byref(error))
     if not options:
@@ -190,6 +195,19 @@ def conninfo_options(conninfo):
             PQfreemem(error)
         raise MalformedConninfo(_without_conninfo_text((message or "invalid connection string").strip(), conninfo))
     return _options_set(options)
+
+
+def _uri_with_unencoded_userinfo(conninfo):
+    """Whether a URI has "@" after its first "@" or "/" before it, in its part before "?": a password
+    with "@" or "/" not percent-encoded, which libpq reads as part of the host or as a port
+    ('postgresql://u:Se@cret@db/x', host "cret@db"), and whose piece its error then quotes, into the
+    task's `error` and the launcher's log.  (A "@" in the database's name must be encoded too.)"""
+    scheme, found, rest = conninfo.strip().partition("://")
+    if not found or scheme not in ("postgresql", "postgres"):
+        return False
+    rest = rest.split("?", 1)[0]
+    at = rest.find("@")
+    return at >= 0 and ("@" in rest[at + 1:] or "/" in rest[:at])
 
 
 def _without_conninfo_text(message, conninfo):
@@ -499,11 +517,20 @@ class Session:
             PQfreeCancel(cancel)
 
     @property
-    def codec(self):
-        """Python's codec of the session's client_encoding now: a task may SET it, and the server
-        then writes and reads that encoding (libpq follows it, the server reports each change)."""
+    def encoding(self):
+        """The session's client_encoding now: a task may SET it, and the server then writes and
+        reads that encoding (libpq follows it, the server reports each change)."""
         name = PQparameterStatus(self.handle, b"client_encoding") if self.handle else None
-        return _CODECS.get(ctypes.string_at(name).decode("ascii", "replace"), "utf-8") if name else "utf-8"
+        return ctypes.string_at(name).decode("ascii", "replace") if name else "UTF8"
+
+    @property
+    def codec(self):
+        """Python's codec of the session's client_encoding (UTF-8 for EUC_TW, which has none)."""
+        return _CODECS.get(self.encoding, "utf-8")
+
+    @property
+    def has_codec(self):
+        return self.encoding in _CODECS
 
     def send(self, query, params=None):
         self._raise_if_ended()

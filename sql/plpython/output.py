@@ -112,17 +112,17 @@ class OutputWriter:
         return "\n".join(self.lines) if self.lines else None
 
 
-def settled(text, codec):
+def settled(text, decode):
     """Text read with its undecodable bytes kept (Result's `escaped`), made plain: the lines that
-    hold such bytes are read again in `codec`, the session's client_encoding once the input has
-    ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
+    hold such bytes are read again by `decode` (bytes to str), in the session's client_encoding
+    once the input has ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
     that encoding at once, but libpq learns of the change only as the input ends: its results
     were read as UTF-8, and 'café' was stored 'caf\ufffd'.  Bytes that are not text in `codec`
     either are replaced (U+FFFD).  None stays None."""
     if text is None or _is_plain(text):
         return text
-    return "\n".join(line if _is_plain(line) else line.encode("utf-8", "surrogateescape").decode(codec, "replace")
-                     for line in text.split("\n"))
+    return "\n".join(line if _is_plain(line) else decode(line.encode("utf-8", "surrogateescape"))
+                      for line in text.split("\n"))
 
 
 def _is_plain(text):
@@ -141,9 +141,12 @@ def with_tabs(text):
 
 def format_error(result, statement, fallback=""):
     """An error result as the server log prints it (elog.c, send_message_to_server_log), ending
-    with the statement: the same lines, labels, positions and tabs."""
+    with the statement: the same lines, labels, positions and tabs.  Its fields are read as the
+    output is (`escaped`), for `settled` to read again in the session's encoding: a task that SET
+    client_encoding had its error's 'é' stored as U+FFFD."""
     severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
-    first = f"{severity}:  {with_tabs(result.field(PG_DIAG_MESSAGE_PRIMARY) or fallback or 'missing error text')}"
+    message = result.field(PG_DIAG_MESSAGE_PRIMARY, escaped=True)
+    first = f"{severity}:  {with_tabs(message or fallback or 'missing error text')}"
     position = result.field(PG_DIAG_STATEMENT_POSITION) or result.field(PG_DIAG_INTERNAL_POSITION)
     if position and int(position) > 0:
         first += f" at character {position}"
@@ -154,7 +157,7 @@ def format_error(result, statement, fallback=""):
         ("QUERY", PG_DIAG_INTERNAL_QUERY),
         ("CONTEXT", PG_DIAG_CONTEXT),
     ):
-        value = result.field(code)
+        value = result.field(code, escaped=True)
         if value:
             lines.append(f"{label}:  {with_tabs(value)}")
     lines.append(f"STATEMENT:  {with_tabs(statement)}")

@@ -374,7 +374,7 @@ class WorkerCall:
 
     def send_query(self, session, task):
         """Send the task's input to its session; the InputResults that reads what it returns."""
-        reader = InputResults(task, OutputWriter(task, self.limit))
+        reader = InputResults(self.ctx, task, OutputWriter(task, self.limit))
         session.limit_notices(self.limit)
         session.send(task["input"])
         return reader
@@ -454,7 +454,8 @@ class InputResults:
     """What a task's input returns, result by result: the output, written as it comes, and
     the error and SQLSTATE it ended with."""
 
-    def __init__(self, task, writer):
+    def __init__(self, ctx, task, writer):
+        self.ctx = ctx
         self.task = task
         self.writer = writer
         self.error = self.sqlstate = None
@@ -524,9 +525,26 @@ class InputResults:
                 self.take(session, result)
         elif session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
-        codec = session.codec  # (known now: see output.settled)
-        return (settled(self.writer.text(), codec), self.error, self.sqlstate,
-                settled("\n".join(session.notices) or None, codec))
+        decode = self.decoder(session)  # (its encoding known now: see output.settled)
+        return (settled(self.writer.text(), decode), settled(self.error, decode), self.sqlstate,
+                settled("\n".join(session.notices) or None, decode))
+
+    def decoder(self, session):
+        """How text in the session's client_encoding is read: by Python's codec, or, for the
+        encoding Python has none of (EUC_TW: its text was stored as U+FFFD, DONE), by the server's
+        conversion into the database's encoding (text it cannot convert is replaced, as by a codec)."""
+        if session.has_codec:
+            codec = session.codec
+            return lambda raw: raw.decode(codec, "replace")
+        encoding = session.encoding
+
+        def by_the_server(raw):
+            try:
+                return self.ctx.run("convert_from", "SELECT pg_catalog.convert_from($1, $2) AS t",
+                                    ["bytea", "name"], [raw, encoding])[0]["t"]
+            except self.ctx.plpy.SPIError:
+                return raw.decode("utf-8", "replace")
+        return by_the_server
 
 
 def is_bad_conninfo_value(message):

@@ -282,8 +282,13 @@ BEGIN
     END IF;
     IF t.state = 'TAKE' THEN
         -- Claimed, not started: the worker that would start it finds it STOP
-        -- (it takes only a task still TAKE by its claimer).
+        -- (it takes only a task still TAKE by its claimer).  A series goes on
+        -- with its next run, as after a waiting run's stop (it ended the series).
         UPDATE @extschema@.task SET state = 'STOP', worker = NULL WHERE id = task_id;
+        IF (t.repeat > interval '0' OR t.cron IS NOT NULL) AND stop_series IS NOT TRUE THEN
+            INSERT INTO pgtaskpy.steering_proof (task_id) VALUES (task_id);
+            PERFORM pgtaskpy.follow_skipped_run(task_id);
+        END IF;
         RETURN true;
     END IF;
     IF stop_series THEN
@@ -314,7 +319,7 @@ BEGIN
         -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.pid);
-    ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start) THEN
+    ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.worker_backend_alive(t.worker, t.start) THEN
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;

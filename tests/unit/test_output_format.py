@@ -43,7 +43,7 @@ class Result:
     def __init__(self, **fields: str) -> None:
         self.fields = {CODES[f"PG_DIAG_{name}"]: value for name, value in fields.items()}
 
-    def field(self, code: int) -> str | None:
+    def field(self, code: int, escaped: bool = False) -> str | None:
         return self.fields.get(code)
 
 
@@ -162,7 +162,9 @@ def test_settled_reads_the_bytes_that_were_not_utf8_again_in_the_sessions_encodi
     """A task that SET client_encoding had its later results sent in it; the lines read as UTF-8
     with those bytes kept are read again in the encoding the session ended with, the others kept."""
     latin1 = "café".encode("latin-1").decode("utf-8", "surrogateescape")
-    assert output.settled(f"SET\n{latin1}\nété", "latin-1") == "SET\ncafé\nété"
-    assert output.settled(latin1, "utf-8") == "caf\ufffd"  # not text in the session's encoding either
-    assert output.settled("plain", "latin-1") == "plain"
-    assert output.settled(None, "latin-1") is None
+    read_latin1 = lambda raw: raw.decode("latin-1")  # noqa: E731
+    assert output.settled(f"SET\n{latin1}\nété", read_latin1) == "SET\ncafé\nété"
+    # not text in the session's encoding either
+    assert output.settled(latin1, lambda raw: raw.decode("utf-8", "replace")) == "caf\ufffd"
+    assert output.settled("plain", read_latin1) == "plain"
+    assert output.settled(None, read_latin1) is None
