@@ -129,6 +129,78 @@ def test_a_standby_launcher_is_healthy_while_it_waits(pair):
         time.sleep(0.5)
 
 
+def test_a_launcher_on_a_standby_with_hot_standby_off_says_so_once_and_takes_over_within_2_s():
+    """Such a standby refuses connections (57P03): the launcher logged a warning at each attempt,
+    its backoff grew to 10 s, and the takeover after a promotion took as long."""
+    with replicated_pair() as pair:
+        with pair.primary.connect() as conn:
+            conn.execute(f"CREATE DATABASE {DB}")
+        with pair.primary.connect(DB) as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+        pair.wait_replayed()
+        pair.standby.stop()
+        with open(pair.standby.data / "postgresql.conf", "a") as conf:
+            conf.write("hot_standby = off\n")
+        pair.standby.start(wait=False)
+        launcher = Launcher(pair.standby.dsn(DB), args=("--grace", "1")).start()
+        try:
+            wait_log(launcher, "not accepting connections")
+            time.sleep(4)  # (four more attempts, unlogged)
+            assert launcher.output().count("not accepting connections") == 1, launcher.output()
+            assert "trying again each second" in launcher.output()
+            pair.fail_over("fast")
+            promoted = time.monotonic()
+            wait_log(launcher, ACTIVE, timeout=15)
+            assert time.monotonic() - promoted < 2.0, launcher.output()
+            with pair.primary.connect(DB) as conn:
+                task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT 1', false) RETURNING id"
+                                       ).fetchone()[0]
+                wait_until(lambda: conn.execute("SELECT state::text FROM task WHERE id = %s", [task_id]).fetchone()[0]
+                           == "DONE", 10, message="a task run on the promoted standby")
+        finally:
+            launcher.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return answer.read().decode()
+    except OSError:
+        return ""  # not listening yet
+
+
+def test_a_launcher_whose_primary_comes_back_as_a_standby_exports_none_of_its_groups(pair):
+    """It went on exporting its last snapshot as the primary, frozen: the due tasks, lateness and
+    pauses the new primary's launcher exports too (sums counted each group twice, an alert on a
+    late group fired for good).  A standby's launcher says it is one."""
+    port = free_port()
+    launcher = Launcher(pair.primary.dsn(DB), args=("--grace", "1", "--metrics", f"127.0.0.1:{port}")).start()
+    pair.launchers.append(launcher)
+    launcher.wait_active()
+    with pair.primary.connect(DB) as conn:
+        conn.execute("SELECT task_pause('held')")
+        conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'held')")
+    wait_until(lambda: 'pg_task_py_paused_seconds{database=' in metrics(port)
+               and 'group="held"' in metrics(port), 10, message="the paused group's metrics")
+    assert re.search(r"^pg_task_py_standby\{[^}]*\} 0\.0$", metrics(port), re.MULTILINE), metrics(port)
+    mark = len(launcher.output())
+    pair.fail_over("fast")
+    pair.rejoin("base backup")
+    wait_log(launcher, WAITING, timeout=60, after=mark)
+    wait_until(lambda: re.search(r"^pg_task_py_standby\{[^}]*\} 1\.0$", metrics(port), re.MULTILINE), 5,
+               message="pg_task_py_standby 1")
+    text = metrics(port)
+    assert 'group="held"' not in text, text
+    assert re.search(r"^pg_task_py_workers\{[^}]*\} 0\.0$", text, re.MULTILINE), text
+    assert health(port) == 200
+
+
 @pytest.mark.parametrize("mode, rejoin", [("fast", "base backup"), ("immediate", "pg_rewind")])
 def test_failover_takes_over_within_2_s_and_loses_nothing(pair, mode, rejoin):
     old_primary = pair.primary

@@ -848,6 +848,12 @@ def test_status_says_why_it_cannot_read(db):
     result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.cluster.dsn("no_such_database")],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and 'database "no_such_database" does not exist' in result.stderr
+    # A conninfo libpq cannot read: exit 2, as `run`, and none of it told (libpq's message quoted it all:
+    # 'missing "]" in IPv6 host address in URI: "postgresql://u:SECRETPW@[bad/db"').
+    for dsn in ("postgresql://u:SECRETPW@[bad/db", "postgresql://u:SECRET%zzPW@localhost/db", "port=x password=SECRET"):
+        result = subprocess.run([str(LAUNCHER), "status", "--dsn", dsn], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and "SECRET" not in result.stderr + result.stdout, result
+        assert result.stderr.startswith("pg_task_py status: --dsn "), result
 
 
 def test_a_full_window_is_counted_once_a_claim_whatever_its_due_tasks(db):

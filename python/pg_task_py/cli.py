@@ -375,7 +375,13 @@ def reload_configuration(databases: Databases, reload: Callable[[], list[Setting
 
 
 def status(args: argparse.Namespace) -> int:
-    """`pg_task_py status`: 0, or 1 with one line on stderr when the database cannot be read."""
+    """`pg_task_py status`: 0, or 1 with one line on stderr when the database cannot be read, or 2
+    for a --dsn that libpq would refuse (told as `run` tells it: libpq's message quotes the
+    conninfo, password and all)."""
+    problem = conninfo_problem(args.dsn)
+    if problem is not None:
+        print(f"pg_task_py status: --dsn {problem}", file=sys.stderr)
+        return 2
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda _signum, _frame: stopping.set())
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())

@@ -36,8 +36,12 @@ SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (wi
 # pg_is_in_recovery() and now() run by the launcher's superuser session.
 SESSION_SETTINGS = ("statement_timeout=0", "lock_timeout=0", "idle_in_transaction_session_timeout=0",
                     "idle_session_timeout=0", "default_transaction_read_only=off", "search_path=pg_catalog,pg_temp")
-# libpq's words when target_session_attrs refuses a standby (read-write; primary).
-STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode")
+# libpq's words when target_session_attrs refuses a standby (read-write; primary), and the server's
+# when a standby accepts no connections (hot_standby off; not consistent yet) or a server starts.
+STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode",
+                   "the database system is not accepting connections", "the database system is not yet accepting",
+                   "the database system is starting up")
+STANDBY_LOG_EVERY = 60.0  # seconds between the lines of a standby's refusals, the same each second
 NEEDS_SUPERUSER = "the launcher must connect as a superuser (it drives PL/Python and dblink)"
 # Connection errors that retrying cannot fix: wrong password, role or database, a conninfo
 # that cannot be read (a bad option value: "connect_timeout=abc", "postgresql://%zz").
@@ -96,6 +100,7 @@ class Scheduler:
     def run(self) -> None:
         """Loop, reconnecting with backoff; raises SetupError for what retrying cannot fix."""
         backoff = 0.5
+        told: tuple[str, float] | None = None  # a standby's refusal logged last, and when
         while not self.stopping.is_set():
             try:
                 # (Each turn of dispatch() gives the session the name workers and recovery look for.)
@@ -103,9 +108,17 @@ class Scheduler:
             except psycopg.Error as exc:
                 if is_fatal(exc):
                     raise SetupError(f"{self.name}: {first_line(exc)}") from None
-                if only_standbys(exc):  # a promotion may be under way: look again soon
+                reason = first_line(exc)
+                if only_standbys(exc):
+                    # A promotion may be under way: look again soon, as on a standby that accepts
+                    # connections, and say so once a minute, not each second (3,600 lines an hour).
                     backoff = min(backoff, PROMOTION_LOOK_EVERY * 2)
-                log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, first_line(exc), backoff)
+                    if told is None or told[0] != reason or time.monotonic() - told[1] >= STANDBY_LOG_EVERY:
+                        log.warning("%s: cannot connect (%s); trying again each second while it refuses so",
+                                    self.name, reason)
+                        told = (reason, time.monotonic())
+                else:
+                    log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, reason, backoff)
                 if self.metrics:
                     self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
@@ -212,7 +225,7 @@ class Scheduler:
                 log.info("%s: a standby (in recovery): running nothing, waiting for a promotion", self.name)
                 announced = True
             if self.metrics:  # (a look is a standby's turn: /health said 503 on every standby)
-                self.metrics.turn(self.name, [], 0)
+                self.metrics.standby_look(self.name)
             self.stopping.wait(PROMOTION_LOOK_EVERY)
         return False
 
@@ -356,7 +369,9 @@ def wake_channel(conn: psycopg.Connection) -> str:
 
 def only_standbys(exc: psycopg.Error) -> bool:
     """Whether a failed attempt reached a server, but one that target_session_attrs refuses as a
-    standby (libpq's words for read-write and primary): no primary yet, during a failover."""
+    standby (libpq's words for read-write and primary), or a standby that accepts no connections
+    (hot_standby off), or one starting: no primary yet, during a failover.  A backoff up to 10 s
+    put off the takeover after a promotion as long."""
     return any(phrase in str(exc) for phrase in STANDBY_PHRASES)
 
 

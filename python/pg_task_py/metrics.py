@@ -47,6 +47,8 @@ class Metrics:
                                   ["database"], registry=self.registry)
         self.last_turn = Gauge("pg_task_py_last_turn_timestamp_seconds", "Unix time of the last successful turn",
                                ["database"], registry=self.registry)
+        self.standby = Gauge("pg_task_py_standby", "1 while the server is a standby: the launcher runs nothing and "
+                             "waits for a promotion", ["database"], registry=self.registry)
         self.lock = threading.Lock()
         self.turns: dict[str, float] = {}  # database -> time.monotonic() of its last turn
         # database -> the (owner, group) labels set last time: of due groups, of paused ones
@@ -97,7 +99,7 @@ class Metrics:
                 self.ended.remove(old, state)
 
     def _remove_gauges(self, old: str) -> None:
-        for gauge in (self.running, self.workers, self.last_turn):
+        for gauge in (self.running, self.workers, self.last_turn, self.standby):
             with contextlib.suppress(KeyError):
                 gauge.remove(old)
         for owner, group in self.groups.pop(old, set()):
@@ -108,6 +110,7 @@ class Metrics:
 
     def turn(self, database: str, events: list[dict], running: int) -> None:
         """One successful turn of dispatch() and what it returned."""
+        self.standby.labels(database).set(0)
         if events:
             with self.lock:
                 self.counted.add(database)
@@ -149,6 +152,15 @@ class Metrics:
         for owner, group in self.paused_groups.get(database, set()) - still:  # resumed: drop the series
             self.paused.remove(database, owner, group)
         self.paused_groups[database] = still
+
+    def standby_look(self, database: str) -> None:
+        """A look whether a standby was promoted: a turn (healthy), with nothing due, paused or
+        running here.  Its rows are the primary's, which its own launcher exports: a launcher whose
+        primary came back as a standby kept exporting its last snapshot, frozen, beside the new
+        primary's (sums counted each group twice, a lateness alert fired for good)."""
+        self.turn(database, [], 0)
+        self.snapshot(database, [], [], 0, [])
+        self.standby.labels(database).set(1)
 
     def reconnect(self, database: str) -> None:
         with self.lock:

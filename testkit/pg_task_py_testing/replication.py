@@ -60,13 +60,15 @@ class Node(Cluster):
         self.port = get_unused_port()
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Start the server; return when it accepts connections (a standby: read-only ones)."""
+    def start(self, timeout: float = 60.0, wait: bool = True) -> None:
+        """Start the server; return when it accepts connections (a standby: read-only ones), or at
+        once without `wait` (a standby with hot_standby off accepts none)."""
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(
                 server_program("postgres", "-D", str(self.data), "-p", str(self.port), "-k", str(self.socket_dir)),
                 stdout=log, stderr=subprocess.STDOUT)
-        wait_until(self._accepting, timeout, 0.1, f"{self.name} to accept connections; its log:\n{self.log_tail()}")
+        if wait:
+            wait_until(self._accepting, timeout, 0.1, f"{self.name} to accept connections; its log:\n{self.log_tail()}")
 
     def _accepting(self) -> bool:
         if self.process is None or self.process.poll() is not None:

@@ -16,6 +16,11 @@ def test_a_standby_refused_by_target_session_attrs_is_retried_soon_and_not_fatal
     assert only_standbys(error) and not is_fatal(error)
     assert only_standbys(psycopg.OperationalError("connection to server failed: server is in hot standby mode"))
     assert not only_standbys(psycopg.OperationalError('connection to server failed: No such file or directory'))
+    # hot_standby off, a standby not consistent yet, a server starting: the server's FATAL, 57P03
+    for words in ("the database system is not accepting connections\nDETAIL:  Hot standby mode is disabled.",
+                  "the database system is not yet accepting connections", "the database system is starting up"):
+        error = psycopg.OperationalError(f'connection to server on socket "/run/a/.s" failed: FATAL:  {words}')
+        assert only_standbys(error) and not is_fatal(error), words
 
 
 def test_a_conninfo_that_cannot_be_read_is_fatal_not_retried():
