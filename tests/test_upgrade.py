@@ -174,6 +174,38 @@ def test_a_dump_restored_with_the_tables_triggers_off_is_the_same_database(clust
         drop_database(cluster, name)
 
 
+def test_a_dump_of_an_older_version_restored_as_readme_says_is_updated(cluster: Cluster, tmp_path):
+    """The dump's CREATE EXTENSION names no version: restored alone, it installed the newest, whose
+    update steps never ran on the restored rows (task_stats counted nothing, then went negative as
+    retention deleted them; STOP rows kept no stop time, and retention never deleted them).
+    README: create the dump's version first (the dump's CREATE EXTENSION IF NOT EXISTS keeps it),
+    restore, then update."""
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py; CREATE EXTENSION pg_task_py VERSION '1.2'")
+        db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop)"
+               " SELECT 'SELECT 1', 'old', s::state, t, t, CASE WHEN s <> 'STOP' THEN t END"
+               " FROM unnest('{DONE,FAIL,DONE,STOP}'::text[]) WITH ORDINALITY AS u(s, i),"
+               " LATERAL (SELECT now() - (10 - i) * interval '1 min') AS p(t)")
+        dump = tmp_path / "old.dump"
+        subprocess.run([str(PG_BIN / "pg_dump"), "-Fc", "-f", str(dump), "-d", db.dsn], check=True, timeout=120)
+    name = "restored_from_1_2"
+    with cluster.connect() as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    try:
+        with cluster.connect(name) as restored:
+            restored.execute("CREATE EXTENSION pg_task_py VERSION '1.2' CASCADE")
+            subprocess.run([str(PG_BIN / "pg_restore"), "-d", cluster.dsn(name), str(dump)], check=True,
+                           timeout=120, env={**os.environ, "PGOPTIONS": "-c session_replication_role=replica"})
+            restored.execute("ALTER EXTENSION pg_task_py UPDATE")
+            assert restored.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'"
+                                    ).fetchone() == (CURRENT,)
+            assert restored.execute("SELECT done_total, fail_total, stop_total FROM task_stats"
+                                    " WHERE \"group\" = 'old'").fetchall() == [(2, 1, 1)]
+            assert restored.execute("SELECT count(*) FROM task WHERE stop IS NULL").fetchone() == (0,)
+    finally:
+        drop_database(cluster, name)
+
+
 def test_the_counters_of_an_updated_database_start_from_its_finished_rows(cluster: Cluster):
     """The 1.3 update fills task_stats' counters from the rows already there, failures in a row too."""
     with new_database(cluster) as db:
