@@ -1,5 +1,7 @@
 """Tasks with `remote`: run on another server with the same output, errors, timeouts and cancel."""
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -53,6 +55,29 @@ def test_remote_cancel(running, remote):
     assert running.value("SELECT task_cancel(%s)", [task_id]) is True
     row = running.wait_done(task_id, 10)
     assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  canceling statement due to user request")
+
+
+def test_cancelling_a_task_whose_remote_server_stopped_answering_ends_it(running, remote):
+    """A remote backend that answers nothing (here stopped: a frozen host, a network cut with no
+    reset) answers neither its query nor the cancel: the task stayed WORK, its group held, a
+    launcher's graceful stop left it running, and every later cancel returned true for nothing.
+    The worker gives the session up CANCEL_ANSWER_WAIT (10 s) after the cancel, and the task
+    ends FAIL, not retried (a cancel's end)."""
+    task_id = running.insert("SELECT pg_sleep(60)", remote=conninfo(remote), retry=2, delete=False)
+    wait_until(lambda: running.task(task_id)["state"] == "WORK", message="WORK")
+    frozen = running.task(task_id)["pid"]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        cancelled = time.monotonic()
+        assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+        row = running.wait_done(task_id, 30)
+        assert 9 < time.monotonic() - cancelled < 25
+        assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row
+        assert row["error"].startswith("ERROR:  the task's session did not end its query within 10 s"), row
+        assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0  # not retried
+        assert run(running, "SELECT 'next'")["output"] == "next"  # its worker is free
+    finally:
+        os.kill(frozen, signal.SIGCONT)
 
 
 def test_failed_login_shows_libpq_message_never_the_password(running, remote):

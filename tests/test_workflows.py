@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import Launcher, most_at_once, new_database, throwaway_cluster, wait_until
+from pg_task_py_testing import Launcher, insert_as, most_at_once, new_database, throwaway_cluster, wait_until
 
 
 def rows(db, ids: list[int]) -> dict[int, dict]:
@@ -310,6 +310,32 @@ def test_exclusive_task_waits_for_the_running_and_runs_alone(db, launchers):
     others = db.sql("SELECT start, stop FROM task WHERE id <> %s", [exclusive])
     assert not any(start < row["stop"] and stop > row["start"] for start, stop in others)
     assert db.value("SELECT min(start) FROM task WHERE id = ANY(%s)", [later]) >= row["stop"]
+
+
+def test_a_turn_begun_before_an_exclusive_task_was_due_claims_nothing_else_after(db):
+    """A launcher's turn judged "due" by its transaction's start: one that began before the
+    exclusive task's plan and waited for the scheduling lock past it claimed other tasks, which
+    started after the exclusive task was due, and held it back while they ran."""
+    db.launcher()
+    with db.connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE pgtaskpy.scheduling_lock IN EXCLUSIVE MODE")
+        with db.connect() as author, author.transaction():  # (one commit: the turn it wakes sees both)
+            plan = author.execute("SELECT now() + interval '1 s'").fetchone()[0]
+            exclusive = insert_as(author, "SELECT pg_sleep(0.5)", exclusive=True, plan=plan, delete=False,
+                                  group="maintenance")
+            # (due already at the start of any turn that may be waiting: one woken before this commit)
+            other = insert_as(author, "SELECT 1", group="other", delete=False, plan=plan - timedelta(seconds=10))
+        wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                    " AND application_name IN ('pg_task_py', 'pg_task_py launcher')") == 1, 10,
+                   message="the launcher's turn to wait for the scheduling lock")
+        assert db.value("SELECT now() < %s", [plan])
+        wait_until(lambda: db.value("SELECT clock_timestamp() > %s + interval '0.3 s'", [plan]), 5,
+                   message="the exclusive task to be due")
+        holder.execute("COMMIT")
+    row = db.wait_done(exclusive)
+    assert row["state"] == "DONE"
+    assert db.wait_done(other)["start"] >= row["stop"], (db.task(other), row)
 
 
 def test_two_exclusive_tasks_never_run_at_once(db):

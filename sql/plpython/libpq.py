@@ -352,6 +352,7 @@ class Session:
         self.notice_room = None  # characters the notices may still take (limit_notices); None: no limit
         self.notice_limit = 0
         self.answered = True  # no query sent, or every result of the last one read
+        self.cancelled_at = None  # time.monotonic() of the first cancel of the query sent last
         self.ended = None  # (message, SQLSTATE) of the server's FATAL that came while the session was idle
         # Kept on self: ctypes must not collect the callback while libpq holds it.  Set before
         # the attempt is taken on: the server's end of a session that waited connected before
@@ -515,6 +516,8 @@ class Session:
             buffer = ctypes.create_string_buffer(256)
             PQcancel(cancel, buffer, 256)
             PQfreeCancel(cancel)
+            if self.cancelled_at is None:
+                self.cancelled_at = time.monotonic()
 
     @property
     def encoding(self):
@@ -534,6 +537,7 @@ class Session:
 
     def send(self, query, params=None):
         self._raise_if_ended()
+        self.cancelled_at = None
         codec = self.codec
         try:
             encoded = query.encode(codec)

@@ -61,6 +61,9 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
 
 
 INTERRUPT_EVERY = 0.05  # seconds between interrupt checks while a task runs
+# Seconds a task's session may take to end its query once cancelled (task_cancel of a remote task,
+# a launcher's stop): a remote server that stopped answering held the task WORK for good.
+CANCEL_ANSWER_WAIT = 10.0
 CHAIN_SECONDS = 1.0  # longest a worker goes on with its group before the launcher decides again
 FRESH_AHEAD = 2  # most new sessions kept starting or ready for the due tasks of a worker's group
 SETTING_FRESH = 1.0  # seconds a scheduler setting read from the catalog and files is used
@@ -360,7 +363,7 @@ class WorkerCall:
         """Send the input as one top-level query; return (output, error, sqlstate, notices)."""
         reader = self.send_query(session, task)
         try:
-            for result in session.results(on_wait=lambda: self.serve_interrupts(session),
+            for result in session.results(on_wait=lambda: self.serve_task_interrupts(session),
                                           wait_step=INTERRUPT_EVERY):
                 reader.take(session, result)
         except OutputTooLarge as exc:
@@ -398,6 +401,18 @@ class WorkerCall:
             for session in sessions:
                 session.cancel()
         self.ctx.commit()
+
+    def serve_task_interrupts(self, session):
+        """serve_interrupts for a task's session, which is given up (closed: ConnectError, the
+        task's end) when it has not ended its query CANCEL_ANSWER_WAIT after its cancel.  A remote
+        server that stops answering (a frozen host, a network cut with no reset) answers neither
+        the query nor its cancel, and the task stayed WORK, its group held, for as long."""
+        self.serve_interrupts(session)
+        if session.cancelled_at is not None and time.monotonic() - session.cancelled_at > CANCEL_ANSWER_WAIT:
+            session.close()
+            raise ConnectError(f"the task's session did not end its query within {CANCEL_ANSWER_WAIT:g} s of its"
+                               " cancel: its server does not answer; the worker closed the session, and the"
+                               " query may go on there until that server sees it closed", "57014")
 
     def session_failed(self, task, exc):
         """The task's session could not be opened or used: the task waits for a connection

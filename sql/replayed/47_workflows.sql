@@ -393,10 +393,16 @@ $do$;
 -- running tasks drain), NULL otherwise.  Two probes of an index that holds only
 -- exclusive tasks that wait or run, by state then plan: those planned ahead are
 -- not read (1,000 of them cost each claim, the launcher's and every worker's,
--- 0.45 ms when they were).
+-- 0.45 ms when they were).  Due by the clock, not by now(): a claim whose
+-- transaction began before the task came due, and waited for the scheduling
+-- lock meanwhile, claimed other tasks after it was due (25 of them 66-356 ms
+-- after, three launchers and a busy table); it claims nothing now, and the next
+-- turn claims the exclusive task.
 CREATE FUNCTION pgtaskpy.exclusive_gate() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
+DECLARE
+    at timestamptz := clock_timestamp();  -- (a value: the index's plan bound, as now() was)
 BEGIN
     -- (One that claim_exclusive_task would not claim, of a paused or rate-limited group or of a
     -- role whose running limit is 0, is not due: it would hold every other task back.  One
@@ -404,8 +410,8 @@ BEGIN
     RETURN CASE WHEN EXISTS (SELECT FROM @extschema@.task AS t WHERE t.exclusive AND t.state IN ('TAKE', 'WORK'))
                     THEN 'running'
                 WHEN EXISTS (SELECT FROM @extschema@.task AS t
-                             WHERE t.exclusive AND t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
-                               AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+                             WHERE t.exclusive AND t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= at
+                               AND (t.plan <= at AND t.plan + t.active > at) IS TRUE
                                AND NOT pgtaskpy.group_paused(t.owner, t."group")
                                AND pgtaskpy.rate_has_room(t.owner, t."group", 1)
                                AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(t.owner), 0, 1))
