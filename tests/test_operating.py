@@ -783,6 +783,10 @@ def test_metrics_flag_is_checked():
     for bad in ("9187", "host:", "host:port", "host:70000"):
         result = subprocess.run([str(LAUNCHER), "run", "--metrics", bad], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and "--metrics: must be ADDR:PORT" in result.stderr, result.stderr
+    # An address that does not resolve: exit 2 too (it was 1, from the launcher's start).
+    result = subprocess.run([str(LAUNCHER), "run", "--metrics", "999.1.1.1:9187"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2 and "--metrics: cannot listen on 999.1.1.1" in result.stderr, result.stderr
 
 
 # --- pg_task_py status --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -125,7 +126,12 @@ def listen_address(text: str) -> tuple[str, int]:
     address, _, port = text.rpartition(":")
     if not _ or not ascii_digits(port) or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError("must be ADDR:PORT, e.g. 127.0.0.1:9187 or :9187")
-    return address.strip("[]") or "0.0.0.0", int(port)
+    host = address.strip("[]") or "0.0.0.0"
+    try:  # (a name that does not resolve is a bad value: it ended the launcher with exit 1, once started)
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot listen on {host}: {getattr(exc, 'strerror', None) or exc}") from None
+    return host, int(port)
 
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]

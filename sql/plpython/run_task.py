@@ -76,6 +76,7 @@ NO_SESSION = "08001"  # the task's session could not be opened
 BAD_SETTING = "22023"  # a setting, or a remote conninfo, that cannot be used
 OUTPUT_TOO_LARGE = "54000"
 NOT_SUPPORTED = "0A000"  # COPY FROM STDIN
+UNTRANSLATABLE = "22P05"  # a remote task's text that the database's encoding cannot hold
 # The server ended the session for being idle (idle_session_timeout) before it read the input:
 # the task has not run there, and moves to a new session, up to SESSIONS_A_TASK in all.
 IDLE_ENDED = "57P05"
@@ -225,8 +226,19 @@ class WorkerCall:
         the task had ended already (HELD, unless_held: see finish_task).  `stop`: when it ended
         (time.time()), if not now: its seconds in the report end then too."""
         error = bounded_error(error, self.limit or OUTPUT_LIMIT_DEFAULT)
-        ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
-                            sqlstate=sqlstate, stop=stop, unless_held=unless_held)
+        try:
+            ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
+                                sqlstate=sqlstate, stop=stop, unless_held=unless_held)
+        except self.ctx.plpy.spiexceptions.UntranslatableCharacter as exc:
+            # A remote task's text with a character this database's encoding lacks (a '€' into a
+            # LATIN1 database): the end could not be written, the worker's call failed, and the
+            # task ended later as a lost run (08006, retried as a network error).  It fails saying so.
+            output = notices = None
+            error, sqlstate = format_message(
+                "the task's output, error or notices hold a character this database's encoding cannot hold",
+                task["input"], detail=str(exc).split("\n", 1)[0]), UNTRANSLATABLE
+            ended = finish_task(self.ctx, task["id"], "FAIL", None, error, None, wake=wake, sqlstate=sqlstate,
+                                stop=stop, unless_held=unless_held)
         if ended is not None and ended != HELD:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])

@@ -73,3 +73,15 @@ def test_settings_that_cannot_go_in_startup_options_are_refused(group):
     """Not ASCII (the server reads these bytes in no client encoding), or too long for a startup
     packet: the session is sent them instead."""
     assert libpq.startup_options({"pg_task.id": "7", "pg_task.group": group}) is None
+
+
+def test_a_uri_with_a_password_not_percent_encoded_is_refused_without_its_text():
+    """libpq reads a "@" or "/" of a URI's password as part of the host or a port, and quoted the
+    piece in its connection error."""
+    for uri in ("postgresql://u:Se@cret@db/x", "postgres://u:Se/cret@db/x", "postgresql://u:a@b@c@db"):
+        with pytest.raises(libpq.MalformedConninfo) as raised:
+            libpq.conninfo_options(uri)
+        assert "cret" not in str(raised.value) and "percent-encoded (%40, %2F)" in str(raised.value)
+    for fine in ("postgresql://u:Se%40cret@db/x", "postgresql://db/x", "postgresql://u@db/x?application_name=a@b",
+                 "host=db password=Se@cret/x", "postgresql://u:pw@db/x"):
+        libpq.conninfo_options(fine)
