@@ -12,9 +12,14 @@ from prometheus_client import generate_latest
 
 
 @pytest.mark.parametrize(("text", "address"), [("127.0.0.1:9187", ("127.0.0.1", 9187)), (":9187", ("0.0.0.0", 9187)),
-                                               ("[::1]:9187", ("::1", 9187)), ("host:1", ("host", 1))])
+                                               ("[::1]:9187", ("::1", 9187)), ("localhost:1", ("localhost", 1))])
 def test_metrics_address(text, address):
     assert listen_address(text) == address
+
+
+def test_metrics_address_that_does_not_resolve_is_refused():
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot listen on 999.1.1.1"):
+        listen_address("999.1.1.1:9187")
 
 
 @pytest.mark.parametrize("text", ["9187", "host:", "host:port", "host:0", "host:65536", "host:²", "host:١٩"])
