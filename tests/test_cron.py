@@ -383,8 +383,10 @@ def test_a_running_series_key_takes_no_one_off_task(running):
 def test_one_second_series_through_the_launcher_and_a_restart(db):
     launcher = db.launcher()
     wait_until(lambda: spare_worker_warm(db), 10, 0.02, "the spare worker to be warm")
+    before = db.value("SELECT now()")
     first = db.insert("SELECT 1", cron="1 seconds", delete=False)
-    assert db.task(first)["plan"] > db.value("SELECT now()")  # the first whole second after the insert
+    plan = db.task(first)["plan"]  # the first whole second after the insert (read before it: a busy machine's
+    assert plan > before and plan.microsecond == 0  # next statement came after that second)
     wait_until(lambda: len(ended(series(db, first))) >= 5, 20, 0.05, "5 runs")
     assert launcher.stop() == 0, launcher.output()
     before_restart = len(ended(series(db, first)))
