@@ -16,6 +16,7 @@ from pg_task_py_testing import (
     LAUNCHER,
     Launcher,
     extension_version,
+    insert_as,
     most_at_once,
     new_database,
     throwaway_cluster,
@@ -985,6 +986,29 @@ def test_a_databases_tiny_statement_timeout_and_read_only_default_do_not_stop_th
     row = db.wait_done(db.insert("SELECT 'ran', current_setting('transaction_read_only')", delete=False))
     assert (row["state"], row["output"]) == ("DONE", "?column?\tcurrent_setting\nran\ton"), row  # (its own: read-only)
     assert "scheduler error" not in launcher.output(), launcher.output()
+
+
+def test_a_database_without_standard_conforming_strings_schedules_as_any(db):
+    """standard_conforming_strings off reads a backslash in a literal as an escape: the row checks'
+    patterns no longer compiled (every INSERT failed, `invalid regular expression: quantifier
+    operand invalid`), others matched otherwise (a cron's "2 seconds"), and the launcher's log
+    had the server's `nonstandard use of escape in a string literal` warnings."""
+    db.sql(f"ALTER DATABASE {db.name} SET standard_conforming_strings = off")
+    with db.connect() as conn:  # (a new session: the database's setting)
+        assert conn.execute("SHOW standard_conforming_strings").fetchone() == ("off",)
+        retried = insert_as(conn, "SELECT 1/0", retry=1, retry_delay="0 s", retry_on=["22012", "*"], delete=False)
+        series = insert_as(conn, "SELECT 2", cron="2 seconds", delete=False)
+        assert conn.execute("SELECT count(*) FROM task_next_runs('*/5 * * * *', NULL, 3)").fetchone() == (3,)
+        assert conn.execute("SELECT extract(second FROM plan)::int %% 2 FROM task WHERE id = %s",
+                            [series]).fetchone() == (0,)
+    launcher = db.launcher()
+    assert db.wait_done(retried)["state"] == "FAIL"
+    assert db.wait_done(db.value("SELECT id FROM task WHERE parent = %s", [retried]))["state"] == "FAIL"
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE input = 'SELECT 2' AND state = 'DONE'") >= 2, 15,
+               message="two runs of the series")
+    assert launcher.stop() == 0
+    log = launcher.output()
+    assert "nonstandard" not in log and "scheduler error" not in log and "Traceback" not in log, log
 
 
 def test_a_sql_ascii_database_is_scheduled_and_a_task_its_worker_cannot_read_fails(cluster):

@@ -694,7 +694,8 @@ def test_bad_retention_settings_keep_rows_and_say_why(db):
         notices.clear()
         conn.execute("SELECT pgtaskpy.delete_old_tasks()")
         assert notices == []
-    # ... and in the launcher's log too, once.
+    # ... and in the launcher's log too, once, whatever the database's client_min_messages (error hid it).
+    db.sql(f"ALTER DATABASE {db.name} SET client_min_messages = error")
     launcher = db.launcher()
     wait_until(lambda: launcher.output().count('ignoring pg_task_py.retention_done = "soon" of database') == 1,
                10, 0.1, "the launcher's log to say it")
@@ -843,6 +844,16 @@ def test_status_reads_the_extensions_schema_off_the_search_path(db):
     result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[2].split()[:2] == ["postgres", "odd"], result.stdout
+
+
+def test_status_reads_a_database_of_another_interval_style(db):
+    """psycopg reads intervals in IntervalStyle postgres only: a database's iso_8601 (or a role's)
+    failed `status` with a traceback on the lateness of a due task."""
+    db.sql(f"ALTER DATABASE {db.name} SET IntervalStyle = 'iso_8601'")
+    db.insert("SELECT 1", plan=db.value("SELECT now() - interval '5 min'"), group="late")
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", db.dsn], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result
+    assert "late" in result.stdout and "5m" in result.stdout, result.stdout
 
 
 def test_status_says_why_it_cannot_read(db):

@@ -33,9 +33,13 @@ SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (wi
 # sql/plpython/dispatch.py, SCHEDULER_SETTINGS): a database's statement_timeout of 30 ms cancelled
 # the first turn, for ever, and default_transaction_read_only failed every claim.  And the
 # search_path: a database's owner may set the database's (`evil, pg_catalog`), and had its own
-# pg_is_in_recovery() and now() run by the launcher's superuser session.
+# pg_is_in_recovery() and now() run by the launcher's superuser session.  And how the session
+# talks: psycopg reads intervals in IntervalStyle postgres only (`status` failed with a traceback
+# under a database's iso_8601), the server's warnings reach the log at client_min_messages notice
+# (a database's error hid them), and string literals are standard.
 SESSION_SETTINGS = ("statement_timeout=0", "lock_timeout=0", "idle_in_transaction_session_timeout=0",
-                    "idle_session_timeout=0", "default_transaction_read_only=off", "search_path=pg_catalog,pg_temp")
+                    "idle_session_timeout=0", "default_transaction_read_only=off", "search_path=pg_catalog,pg_temp",
+                    "intervalstyle=postgres", "client_min_messages=notice", "standard_conforming_strings=on")
 # libpq's words when target_session_attrs refuses a standby (read-write; primary), and the server's
 # when a standby accepts no connections (hot_standby off; not consistent yet) or a server starts.
 STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode",

@@ -79,6 +79,7 @@ SCHEDULER_SETTINGS = {
     "jit": "off",
     "max_parallel_workers_per_gather": "0",
     "pg_task_py.wake": "on",  # (a database's off would leave the launchers their once-a-second look)
+    "standard_conforming_strings": "on",  # (the scheduler's SQL is written so)
 }
 
 

@@ -33,7 +33,7 @@ AS $$
     SELECT CASE WHEN pg_catalog.array_ndims(codes) > 1 THEN false  -- (array_position refuses those)
                 ELSE pg_catalog.array_position(codes, NULL) IS NULL
                      AND NOT EXISTS (SELECT FROM pg_catalog.unnest(codes) AS c(code)  -- (each: '{"22,22012"}' is one)
-                                     WHERE c.code OPERATOR(pg_catalog.!~) '^([0-9A-Z]{2}|[0-9A-Z]{5}|\*)$')
+                                     WHERE c.code OPERATOR(pg_catalog.!~) E'^([0-9A-Z]{2}|[0-9A-Z]{5}|\\*)$')
            END
 $$;
 
@@ -127,7 +127,7 @@ BEGIN
         -- million characters passed the server's 1 GB allocation limit, an internal error.  Its
         -- bytes, then: the trimmed characters are ASCII, which no other character's bytes hold.)
         WHEN NOT (btrim(left(NEW.input, 100), E' \t\r\n;') <> ''
-                  OR btrim(convert_to(NEW.input, current_setting('server_encoding')), '\x090a0d203b'::bytea) <> ''::bytea)
+                  OR btrim(convert_to(NEW.input, current_setting('server_encoding')), E'\\x090a0d203b'::bytea) <> ''::bytea)
             THEN 'task.input must not be empty'
         -- (a longer key fails the unique index of waiting keys with the server's raw message)
         WHEN NOT (NEW.key <> '' AND octet_length(NEW.key) <= 1000) THEN 'task.key must not be empty nor over 1000 bytes'

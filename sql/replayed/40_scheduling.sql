@@ -663,7 +663,7 @@ BEGIN
         CROSS JOIN unnest(s.setconfig) AS c
         WHERE s.setrole = to_regrole(quote_ident(role))
           AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
-          AND c LIKE 'pg\_task\_py.role\_running\_limit=%'
+          AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'
         ORDER BY s.setdatabase DESC
         LIMIT 1);
 END
@@ -680,7 +680,7 @@ AS $$
 BEGIN
     RETURN EXISTS (SELECT FROM pg_catalog.pg_db_role_setting AS s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c
                    WHERE s.setrole OPERATOR(pg_catalog.<>) 0
-                     AND c OPERATOR(pg_catalog.~~) 'pg\_task\_py.role\_running\_limit=%')
+                     AND c OPERATOR(pg_catalog.~~) E'pg\\_task\\_py.role\\_running\\_limit=%')
         OR EXISTS (SELECT FROM pg_catalog.pg_roles AS r  -- (a CONNECTION LIMIT: see role_running_limit)
                    WHERE r.rolconnlimit OPERATOR(pg_catalog.>=) 0 AND NOT r.rolsuper);
 END
@@ -703,7 +703,7 @@ DECLARE
 BEGIN
     IF setting IS NULL THEN
         RETURN connections;
-    ELSIF setting ~ '^\s*[0-9]+\s*$' THEN
+    ELSIF setting ~ E'^\\s*[0-9]+\\s*$' THEN
         RETURN least(setting::numeric, 2147483647, connections)::integer;  -- (more than any server runs at once)
     END IF;
     RETURN 0;
@@ -723,10 +723,10 @@ BEGIN
     FOR bad IN
         SELECT r.rolname, pgtaskpy.role_running_limit_setting(r.rolname) AS setting
         FROM (SELECT DISTINCT s.setrole FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
-              WHERE s.setrole <> 0 AND c LIKE 'pg\_task\_py.role\_running\_limit=%') AS w
+              WHERE s.setrole <> 0 AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%') AS w
         JOIN pg_roles AS r ON r.oid = w.setrole
     LOOP
-        CONTINUE WHEN bad.setting IS NULL OR bad.setting ~ '^\s*[0-9]+\s*$';  -- (the whole numbers role_running_limit reads)
+        CONTINUE WHEN bad.setting IS NULL OR bad.setting ~ E'^\\s*[0-9]+\\s*$';  -- (the whole numbers role_running_limit reads)
         failed := failed + pgtaskpy.fail_waiting_tasks(
             ARRAY(SELECT t.id FROM @extschema@.task AS t
                   WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.owner = bad.rolname AND t.plan <= now()

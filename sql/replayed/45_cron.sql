@@ -60,7 +60,7 @@ DECLARE
 BEGIN
     <<parse>>
     BEGIN
-        IF cron ~ '^[0-9]+\s*seconds?$' THEN  -- pg_cron's interval form
+        IF cron ~ E'^[0-9]+\\s*seconds?$' THEN  -- pg_cron's interval form
             step := pgtaskpy.cron_value(substring(cron FROM '^[0-9]+'), 0);
             IF step NOT BETWEEN 1 AND 59 THEN
                 problem := format('cron interval "%s": the seconds must be from 1 to 59', source);
@@ -80,7 +80,7 @@ BEGIN
                 EXIT parse;
             END IF;
         END IF;
-        fields := regexp_split_to_array(cron, '\s+');
+        fields := regexp_split_to_array(cron, E'\\s+');
         IF cardinality(fields) <> 5 OR cron = '' THEN
             problem := format('cron expression "%s" has %s fields: expected 5 (minute hour day-of-month month '
                               'day-of-week), a macro such as @daily, or ''N seconds''',
@@ -90,7 +90,7 @@ BEGIN
         FOR f IN 1..5 LOOP
             mask := 0;
             FOREACH part IN ARRAY string_to_array(fields[f], ',') LOOP
-                m := regexp_match(part, '^(?:(\*)|([a-z0-9]+|\$)(?:-([a-z0-9]+))?)(?:/([0-9]+))?$');
+                m := regexp_match(part, E'^(?:(\\*)|([a-z0-9]+|\\$)(?:-([a-z0-9]+))?)(?:/([0-9]+))?$');
                 IF m IS NULL THEN
                     problem := format('cron field "%s": "%s" is not a value, a range or a step', field_names[f], part);
                     EXIT parse;

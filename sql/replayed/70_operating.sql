@@ -529,7 +529,7 @@ DECLARE
 BEGIN
     IF setting IS NULL OR batch <= 0 THEN
         RETURN 0;
-    ELSIF setting !~ '^\s*[0-9]+\s*$' THEN
+    ELSIF setting !~ E'^\\s*[0-9]+\\s*$' THEN
         PERFORM pgtaskpy.warn_ignored_setting('pg_task_py.keep_runs', setting,
                                               'of ' || pgtaskpy.scheduler_setting_source('pg_task_py.keep_runs'),
                                               'not a whole number of runs');
