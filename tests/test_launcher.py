@@ -459,10 +459,16 @@ def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp
     cannot be used changes nothing.  (SIGHUP ended the launcher once, then was ignored.)"""
     config = tmp_path / "pg_task.json"
     config.write_text(json.dumps([{"dsn": db.dsn, "run": 1}]))
+    # The long task runs until the test lets it go (it had 2 s, which a busy machine's reload and
+    # the other database's first task took: it ended before the task beside it started).
+    db.sql("CREATE TABLE gate ()")
+    gatekeeper = db.connect()
+    gatekeeper.execute("BEGIN")
+    gatekeeper.execute("LOCK TABLE gate IN ACCESS EXCLUSIVE MODE")
     launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
     try:
         launcher.wait_active()
-        long_task = db.insert("SELECT 'long' FROM pg_sleep(2)", group="long", delete=False)
+        long_task = db.insert("SELECT 'long' FROM (SELECT count(*) FROM gate) AS g", group="long", delete=False)
         wait_until(lambda: state_of(db, long_task) == "WORK", message="the long task running")
         with new_database(cluster) as other:
             config.write_text(json.dumps([{"dsn": db.dsn, "run": 2}, {"dsn": other.dsn}]))
@@ -472,8 +478,10 @@ def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp
             assert other.wait_done(other.insert("SELECT 'other'", delete=False))["output"] == "other"
             # run 2: a second task runs beside the long one, which the reload did not touch
             beside = db.insert("SELECT 'beside'", group="beside", delete=False)
-            assert db.wait_done(beside)["start"] < db.wait_done(long_task)["stop"]
-            assert db.task(long_task)["output"] == "long"
+            assert db.wait_done(beside)["state"] == "DONE"
+            gatekeeper.execute("COMMIT")
+            assert db.wait_done(long_task)["output"] == "long"
+            assert db.task(beside)["start"] < db.task(long_task)["stop"]
 
             for refusals, bad in enumerate(("[{\"dsn\": ",
                                             json.dumps([{"dsn": db.dsn + " port=99999"}, {"dsn": other.dsn}])), 1):
@@ -513,6 +521,7 @@ def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp
             assert launcher.stop() == 0, launcher.output()
     finally:
         launcher.kill()
+        gatekeeper.close()
 
 
 def test_sighup_without_a_config_file_changes_nothing(db):
