@@ -425,6 +425,57 @@ def test_running_task_of_the_key_is_untouched(running):
         assert done["start"] >= ran["stop"]
 
 
+def test_a_claimed_task_of_a_key_given_back_after_the_key_got_a_waiting_task_ends_stop(db):
+    """A claimed (TAKE) task of a key counts as started: task_enqueue inserts the key's next
+    waiting task beside it.  Given back to PLAN (no free connection, its launcher gone), it was
+    the key's second waiting task: the unique violation of task_key_waiting failed every turn of
+    every launcher (`scheduler error (duplicate key value ...); reconnecting`), and nothing of
+    the database started.  It ends STOP, never run, and the key's waiting task runs."""
+    claimed = db.value("SELECT task_enqueue('SELECT 1', key => 'k')")
+    with db.connect() as claimer:  # (a launcher that claimed it, then died)
+        assert claimer.execute("SELECT count(*) FROM pgtaskpy.claim_due_tasks(10, pg_backend_pid())"
+                               ).fetchone() == (1,)
+    assert db.task(claimed)["state"] == "TAKE"
+    waiting = db.value("SELECT task_enqueue('SELECT 2', key => 'k', on_conflict => 'skip')")
+    assert waiting != claimed
+    other = db.insert("SELECT 'other'", delete=False)
+    launcher = db.launcher()
+    assert db.wait_done(waiting)["output"] == "2"
+    assert db.wait_done(other)["output"] == "other"
+    row = db.task(claimed)
+    assert (row["state"], row["start"]) == ("STOP", None), row
+    assert row["error"].startswith(f"ERROR:  task {waiting} of key 'k' waits in its place"), row
+    assert launcher.stop() == 0
+    assert "scheduler error" not in launcher.output(), launcher.output()
+
+
+def test_a_dependent_inserted_as_its_prerequisite_is_cancelled_never_waits_for_nothing(db):
+    """The INSERT read its prerequisites' states in two statements, whether one had ended otherwise
+    than DONE, then how many were still to end: a task_cancel committed between them made the
+    dependent wait for nothing (waiting_for 0, PLAN), and it ran (3 races in 300 here, 120 in
+    1,250 beside launchers).  Each race here ends with the dependent STOP."""
+    with db.connect() as canceller, db.connect() as author:
+        canceller.autocommit = author.autocommit = True
+        dependents = []
+        for _ in range(400):
+            prerequisite = canceller.execute(
+                "SELECT task_enqueue('SELECT 1', plan => now() + interval '1 hour')").fetchone()[0]
+            both = threading.Barrier(2)
+
+            def insert_dependent(prerequisite=prerequisite, both=both):
+                both.wait()
+                dependents.append(author.execute("SELECT task_enqueue('SELECT 2', after => ARRAY[%s]::bigint[])",
+                                                 [prerequisite]).fetchone()[0])
+            inserter = threading.Thread(target=insert_dependent)
+            inserter.start()
+            both.wait()
+            canceller.execute("SELECT task_cancel(%s)", [prerequisite])
+            inserter.join()
+    waiting = db.sql("SELECT id, state::text, waiting_for FROM task WHERE id = ANY(%s) AND state <> 'STOP'",
+                     [dependents])
+    assert len(dependents) == 400 and waiting == [], waiting
+
+
 def test_task_chain(running):
     ids = running.value("SELECT task_chain(ARRAY['SELECT 1', 'SELECT 1/0', 'SELECT 3'], 'etl')")
     assert len(ids) == 3

@@ -584,17 +584,39 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     unclaimed integer;
+    taken bigint[];
+    keyed record;
 BEGIN
     IF task_ids IS NULL AND claimer IS NULL THEN
         RAISE EXCEPTION 'unclaim_tasks needs the tasks or their claimer';
     END IF;
+    taken := ARRAY(SELECT l.id FROM @extschema@.task AS l
+                   WHERE l.state = 'TAKE' AND (task_ids IS NULL OR l.id = ANY (task_ids))
+                     AND (claimer IS NULL OR l.worker = claimer)
+                   FOR NO KEY UPDATE SKIP LOCKED);
     UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL
-    WHERE t.id = ANY (ARRAY(SELECT l.id FROM @extschema@.task AS l
-                            WHERE l.state = 'TAKE' AND (task_ids IS NULL OR l.id = ANY (task_ids))
-                              AND (claimer IS NULL OR l.worker = claimer)
-                            FOR NO KEY UPDATE SKIP LOCKED))
-      AND t.state = 'TAKE';
+    WHERE t.id = ANY (taken) AND t.state = 'TAKE' AND t.key IS NULL;
     GET DIAGNOSTICS unclaimed = ROW_COUNT;
+    -- A claimed task of a key may have got a waiting task of the key meanwhile (task_enqueue and
+    -- task_schedule take a claimed one for started): back to PLAN it is the key's second waiting
+    -- task, which task_key_waiting refuses, and the unique violation failed every launcher turn
+    -- that tried.  It never ran: it ends STOP, and the key's waiting task goes on for it.
+    FOR keyed IN SELECT t.id, t.owner, t.key FROM @extschema@.task AS t
+                 WHERE t.id = ANY (taken) AND t.state = 'TAKE' AND t.key IS NOT NULL ORDER BY t.id
+    LOOP
+        BEGIN
+            UPDATE @extschema@.task AS t SET state = 'PLAN', worker = NULL WHERE t.id = keyed.id;
+            unclaimed := unclaimed + 1;
+        EXCEPTION WHEN unique_violation THEN
+            UPDATE @extschema@.task AS t
+            SET state = 'STOP', worker = NULL, stop = clock_timestamp(), error = format(
+                'ERROR:  task %s of key %s waits in its place: it was inserted while this one was claimed, which'
+                ' then could not start; this one never ran',
+                (SELECT w.id FROM @extschema@.task AS w WHERE w.owner = keyed.owner AND w.key = keyed.key
+                   AND w.state = 'PLAN'), quote_literal(keyed.key))
+            WHERE t.id = keyed.id;
+        END;
+    END LOOP;
     RETURN unclaimed;
 END
 $$;

@@ -80,19 +80,21 @@ BEGIN
                               ELSE 'Insert the prerequisites first (task_chain, or one transaction), under the same role.'
                          END;
     END IF;
-    IF NOT NEW.after_any THEN
-        SELECT t.id, t.state INTO ended FROM @extschema@.task AS t
-        WHERE t.id = ANY (NEW.after) AND t.state IN ('FAIL', 'GONE', 'STOP')
-        ORDER BY t.id LIMIT 1;
-        IF FOUND AND NEW.state = 'PLAN' THEN
-            NEW.state := 'STOP';
-            NEW.error := format('ERROR:  prerequisite task %s ended %s', ended.id, ended.state);
-            NEW.stop := clock_timestamp();
-            RETURN NEW;
-        END IF;
+    -- The first prerequisite that ended otherwise than DONE, and those still to end, in one
+    -- statement: one snapshot.  The locks above do not hold a state (FOR KEY SHARE lets a
+    -- task_cancel's STOP through), and a STOP committed between two statements was neither
+    -- ended for the first nor waited for by the second: the task waited for nothing, and ran.
+    SELECT (array_agg(t.id ORDER BY t.id) FILTER (WHERE t.state IN ('FAIL', 'GONE', 'STOP')))[1] AS id,
+           (array_agg(t.state ORDER BY t.id) FILTER (WHERE t.state IN ('FAIL', 'GONE', 'STOP')))[1] AS state,
+           count(*) FILTER (WHERE t.state IN ('PLAN', 'TAKE', 'WORK')) AS waiting
+    INTO ended FROM @extschema@.task AS t WHERE t.id = ANY (NEW.after);
+    IF NOT NEW.after_any AND ended.id IS NOT NULL AND NEW.state = 'PLAN' THEN
+        NEW.state := 'STOP';
+        NEW.error := format('ERROR:  prerequisite task %s ended %s', ended.id, ended.state);
+        NEW.stop := clock_timestamp();
+        RETURN NEW;
     END IF;
-    NEW.waiting_for := (SELECT count(*) FROM @extschema@.task AS t
-                        WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK'));
+    NEW.waiting_for := ended.waiting;
     RETURN NEW;
 END
 $$;
