@@ -554,6 +554,26 @@ def test_task_cancel_of_a_waiting_run_skips_it_and_its_series_goes_on(running, a
     assert running.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 0
 
 
+def test_a_task_claimed_before_its_group_was_paused_does_not_start(db):
+    """A claim reads the groups' pauses before it waits for the scheduling lock, and a claimed
+    task started after task_pause had returned (up to 115 ms after it, in 32 tries of 77 under a
+    steady feed).  Its start looks at the pause again: it waits with its group."""
+    task_id = db.insert("SELECT 'held'", group="mail", delete=False)
+    with db.connect() as claimer:  # (a launcher's claim, then a worker's start of it)
+        assert claimer.execute("SELECT count(*) FROM pgtaskpy.claim_due_tasks(10, pg_backend_pid())"
+                               ).fetchone() == (1,)
+        assert db.task(task_id)["state"] == "TAKE"
+        assert db.value("SELECT task_pause('mail')") is True
+        assert claimer.execute("SELECT (pgtaskpy.start_task(%s, pg_backend_pid(), pg_backend_pid())).id",
+                               [task_id]).fetchone() == (None,)
+    assert (db.task(task_id)["state"], db.task(task_id)["start"]) == ("PLAN", None)
+    db.launcher()
+    assert db.wait_done(db.insert("SELECT 'other'", delete=False))["output"] == "other"
+    assert db.task(task_id)["state"] == "PLAN"
+    assert db.value("SELECT task_resume('mail')") is True
+    assert db.wait_done(task_id)["output"] == "held"
+
+
 def test_task_cancel_of_a_claimed_run_skips_it_and_its_series_goes_on(db):
     """A run a launcher has claimed (TAKE) and no worker started yet is stopped as a waiting one
     is: its series went on with no next run, and ended without a word (11 of 80 cancels of a new

@@ -637,9 +637,17 @@ BEGIN
     SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
     WHERE t.id = task_id
       AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
+      AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
     RETURNING t.* INTO started;
     IF started.id IS NOT NULL THEN
         PERFORM pgtaskpy.note_start(started);  -- (a rate limit's window: 70_operating.sql)
+    ELSIF claimer IS NOT NULL AND EXISTS (
+            SELECT FROM @extschema@.task AS t WHERE t.id = task_id AND t.state = 'TAKE' AND t.worker = claimer
+              AND pgtaskpy.group_paused(t.owner, t."group")) THEN
+        -- Claimed before task_pause committed (a claim reads the pauses before it waits for
+        -- the scheduling lock, and a claimed task started up to 115 ms after the pause had
+        -- returned): it waits again, unstarted, with its group.
+        PERFORM pgtaskpy.unclaim_tasks(ARRAY[task_id], claimer);
     END IF;
     RETURN started;
 END
