@@ -1125,38 +1125,23 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- Whether `backend`, the holder of a claim (TAKE), is a live launcher or worker
--- backend of this database that started no later than `since` (NULL: any
--- time).  A pid alone is not enough:
--- a restored copy of the database holds pids of another database's backends,
--- and pids are reused.
-CREATE FUNCTION pgtaskpy.scheduler_backend_alive(backend integer, since timestamptz DEFAULT NULL) RETURNS boolean
+-- Whether `backend` is a live backend of this database with the name of one of
+-- the scheduler's `kinds` (pgtaskpy.name_of) that started no later than `since`
+-- (NULL: any time).  A pid alone is not enough: a restored copy of the database
+-- holds pids of another database's backends, and pids are reused.  A claim
+-- (TAKE) is held by a launcher or a worker; a run (WORK) by a worker only, which
+-- started before it: after a failover the new primary's launcher, connected
+-- while it was a standby, can have the pid of a run's worker on the old primary
+-- (the run stayed WORK, and held its group's slot, as long as that launcher ran).
+CREATE FUNCTION pgtaskpy.scheduler_backend_alive(backend integer, since timestamptz, kinds text[]) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_stat_get_activity(backend) AS a  -- (NULL would list every backend)
         WHERE backend IS NOT NULL
           AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())
-          AND a.application_name OPERATOR(pg_catalog.=) ANY (ARRAY[
-              pgtaskpy.name_of('launcher'), pgtaskpy.name_of('stopping launcher'), pgtaskpy.name_of('worker')])
+          AND a.application_name OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pgtaskpy.name_of(k) FROM unnest(kinds) AS k))
           AND (since IS NULL OR a.backend_start OPERATOR(pg_catalog.<=) since))
-$$;
-
--- Whether `backend`, a running task's worker, is a live worker backend of this
--- database that started no later than the run (`since`).  Only workers run
--- tasks: a launcher's backend with that pid is not the run's.  (After a
--- failover the new primary's launcher, connected while it was a standby, can
--- have the pid of a run's worker on the old primary: the run stayed WORK, and
--- held its group's slot, as long as that launcher ran.)
-CREATE FUNCTION pgtaskpy.worker_backend_alive(backend integer, since timestamptz) RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT EXISTS (
-        SELECT FROM pg_catalog.pg_stat_get_activity(backend) AS a
-        WHERE backend IS NOT NULL
-          AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())
-          AND a.application_name OPERATOR(pg_catalog.=) pgtaskpy.name_of('worker')
-          AND a.backend_start OPERATOR(pg_catalog.<=) since)
 $$;
 
 -- Whether the session of a run whose worker is gone has ended.  The worker
@@ -1174,7 +1159,7 @@ AS $$
 DECLARE
     old_level text := current_setting('client_min_messages');
 BEGIN
-    IF t.state <> 'WORK' OR pgtaskpy.worker_backend_alive(t.worker, t.start) THEN
+    IF t.state <> 'WORK' OR pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
         RETURN false;
     END IF;
     IF t.pid IS NULL OR t.remote IS NOT NULL OR t.target IS NOT NULL OR NOT EXISTS (
@@ -1207,11 +1192,12 @@ DECLARE
 BEGIN
     recovered := pgtaskpy.unclaim_tasks(
         ARRAY(SELECT t.id FROM @extschema@.task AS t
-              WHERE t.state = 'TAKE' AND NOT pgtaskpy.scheduler_backend_alive(t.worker)), NULL);
+              WHERE t.state = 'TAKE' AND NOT pgtaskpy.scheduler_backend_alive(t.worker, NULL,
+                                                                '{launcher,stopping launcher,worker}')), NULL);
 
     FOR orphan IN
         SELECT t.* FROM @extschema@.task AS t
-        WHERE t.state = 'WORK' AND NOT pgtaskpy.worker_backend_alive(t.worker, t.start)
+        WHERE t.state = 'WORK' AND NOT pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}')
         FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF pgtaskpy.lost_session_ended(orphan) AND pgtaskpy.end_task_safely(orphan.id, 'FAIL',

@@ -319,7 +319,7 @@ BEGIN
         -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.pid);
-    ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.worker_backend_alive(t.worker, t.start) THEN
+    ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
