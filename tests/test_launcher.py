@@ -243,6 +243,20 @@ def test_a_databases_timeouts_and_isolation_do_not_cut_the_scheduler(db):
     assert "connection lost" not in launcher.output(), launcher.output()
 
 
+def test_dblink_moved_under_a_running_launcher_costs_a_task_one_retry(db):
+    """ALTER EXTENSION dblink SET SCHEMA made the launcher's plans name the old schema for good:
+    every task waited, claimed and given back 400 times a second, a log line each time."""
+    launcher = db.launcher()
+    db.wait_done(db.insert("SELECT 1", delete=False))  # the launcher's plans are made
+    db.sql("CREATE SCHEMA elsewhere")
+    db.sql("ALTER EXTENSION dblink SET SCHEMA elsewhere")
+    task = db.wait_done(db.insert("SELECT 2", delete=False))
+    assert (task["state"], task["output"]) == ("DONE", "2"), task
+    assert launcher.stop() == 0, launcher.output()
+    waits = [line for line in launcher.output().splitlines() if "waits: no worker backend" in line]
+    assert len(waits) <= 3, waits
+
+
 def test_a_databases_jit_settings_do_not_slow_the_scheduler(db):
     """An analytics database's JIT thresholds (0: compile every query) are for its clients: the
     scheduler's own queries run in microseconds, and compiling each took a lone task's start from

@@ -47,6 +47,10 @@ MOST_WARM = 1000  # most idle workers kept warm for tasks coming due
 # pg_hba.conf, say): turns that claimed a task, failed to connect and gave it back, 10 ms apart,
 # logged 390 lines a second and loaded the server with failed logins.
 CONNECT_RETRY_AFTER = 1.0
+# Seconds a launcher claims nothing after it could not send a worker its task (dblink's functions
+# moved under it, say; a dead connection's send does not fail, its worker's answer does): turns
+# that claimed the task and gave it back, a few milliseconds apart, logged 400 lines a second.
+START_RETRY_AFTER = 1.0
 # Worker calls that may fail before a task they were given starts (it waits again each time, as
 # if never claimed).  An error that comes back at every call (a task the worker cannot read)
 # would claim and give back the task for ever: at this many, it ends FAIL with that error.
@@ -501,6 +505,7 @@ def start(ctx, pool, tasks, claimer, events):
     call = (f"CALL pgtaskpy.run_task({int(task['id'])}, {int(claimer)}, NULL)" if len(tasks) == 1 else
             f"CALL pgtaskpy.run_tasks(ARRAY[{', '.join(str(int(t['id'])) for t in tasks)}]::bigint[],"
             f" {int(claimer)}, NULL)")
+    name = None
     try:
         name = pick_worker(ctx, pool, task)
         ctx.run("send", "SELECT dblink.dblink_send_query($1, $2)", ["text", "text"], [name, call])
@@ -509,6 +514,8 @@ def start(ctx, pool, tasks, claimer, events):
         ctx.run("unclaim", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"],
                 [[t["id"] for t in tasks], claimer])
         limit_concurrency(ctx, pool)
+        if name is not None:  # a worker that was there, and the send itself failed
+            pool["start_retry_at"] = time.monotonic() + START_RETRY_AFTER
         for t in tasks:
             events.append({"event": "start_failed", "id": t["id"], "message": spi_message(exc)})
         return False
@@ -778,7 +785,9 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     claimer = pool["pid"]
     limit = run_limit if pool.get("cap") is None else min(run_limit, pool["cap"])
     room = max(0, limit - busy)
-    claimed = claim_for_workers(ctx, pool, room, idle + new_worker_room(ctx, pool), claimer)
+    start_retry_in = pool.get("start_retry_at", 0.0) - time.monotonic()
+    claimed = [] if start_retry_in > 0 else claim_for_workers(ctx, pool, room, idle + new_worker_room(ctx, pool),
+                                                              claimer)
     # Collect after claiming: a task whose end freed its group's slot for this
     # claim has its worker collected now, so that the group's next task finds
     # the worker holding its reusable session idle.
@@ -797,7 +806,9 @@ def main(plpy, GD, SD, run_limit, cancel_running):
             # collected: look again soon, as for a worker about to answer (its wake may come
             # before its call returns).
             waits.append(0.05)
-    if not claimed:  # else the next turn, in 10 ms, looks
+    if start_retry_in > 0:
+        waits.append(start_retry_in)
+    elif not claimed:  # else the next turn, in 10 ms, looks
         next_plan = ctx.run("next_plan", "SELECT pgtaskpy.seconds_to_next_plan() AS s")[0]["s"]
         if next_plan is not None:
             waits.append(next_plan)

@@ -19,6 +19,10 @@ REPLAN_LEAST_BYTES = 256 * 1024
 # warm worker's session ahead is of the owner of the first of them (run_task.py).
 WARM_AHEAD = 3.0
 
+# The SQLSTATEs of a plan that names a schema or function no longer there (undefined_function,
+# invalid_schema_name, undefined_table): Context.run then forgets dblink's schema.
+MOVED_SQLSTATES = ("42883", "3F000", "42P01")
+
 # JSON's escapes of the characters a string may not hold as they are.
 _JSON_ESCAPES = {**{code: f"\\u{code:04x}" for code in range(0x20)}, ord('"'): '\\"', ord("\\"): "\\\\"}
 
@@ -53,12 +57,25 @@ class Context:
             query = query.replace("{ext}.", self.schema_of("pg_task_py") + ".")
             if "dblink." in query:
                 query = query.replace("dblink.", self.schema_of("dblink") + ".")
+                self.SD.setdefault("dblink_plans", set()).add(name)
             self.SD[name] = self.plpy.prepare(query, list(types))
         return self.SD[name]
 
     def run(self, name, query, types=(), args=()):
         """Run the plan `name`, prepared from `query` on its first use in this backend."""
-        return self.plpy.execute(self.prepared(name, query, types), list(args))
+        try:
+            return self.plpy.execute(self.prepared(name, query, types), list(args))
+        except self.plpy.SPIError as exc:
+            if "dblink." in query and getattr(exc, "sqlstate", None) in MOVED_SQLSTATES:
+                self.forget_dblink_plans()
+            raise
+
+    def forget_dblink_plans(self):
+        """Look dblink's schema up again, and prepare again the plans that name it: dblink was
+        moved (ALTER EXTENSION dblink SET SCHEMA, its schema renamed) under a running launcher,
+        whose plans, made again from their text, named the old schema at every turn for good."""
+        for key in ["schema:dblink", *self.SD.pop("dblink_plans", ())]:
+            self.SD.pop(key, None)
 
     def make_constraints_immediate(self):
         """Deferred constraints and constraint triggers (a DBA's on task) are checked at the end of
