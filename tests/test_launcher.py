@@ -257,6 +257,22 @@ def test_dblink_moved_under_a_running_launcher_costs_a_task_one_retry(db):
     assert len(waits) <= 3, waits
 
 
+def test_idle_workers_that_a_dba_terminates_are_replaced_without_an_error(db):
+    """A DBA's reaper of idle sessions terminates the launcher's idle workers: the next tasks run
+    on new ones, and the log says so as a warning, not `cannot open a worker backend`."""
+    launcher = db.launcher()
+    for round in range(3):
+        wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                    " AND application_name = 'pg_task_py worker' AND state = 'idle'"),
+                   message="an idle worker")
+        db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+               " AND application_name = 'pg_task_py worker' AND state = 'idle'")
+        task = db.wait_done(db.insert(f"SELECT {round}", delete=False))
+        assert (task["state"], task["output"]) == ("DONE", str(round)), task
+    assert launcher.stop() == 0, launcher.output()
+    assert " ERROR " not in launcher.output(), launcher.output()
+
+
 def test_a_databases_jit_settings_do_not_slow_the_scheduler(db):
     """An analytics database's JIT thresholds (0: compile every query) are for its clients: the
     scheduler's own queries run in microseconds, and compiling each took a lone task's start from

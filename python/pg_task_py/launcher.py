@@ -455,6 +455,9 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
     if kind == "spare_failed":
         return logging.ERROR, f"cannot open a worker backend: {event['message']}"
+    if kind == "spare_lost":  # (its first line, as of worker_error)
+        error = str(event.get("message") or "").strip().split("\n", 1)[0]
+        return logging.WARNING, f"an idle worker backend failed ({error}); another is opened when needed"
     if kind == "extension_recreated":
         return logging.WARNING, (f"the extension was dropped and created again: closed {event['workers']} worker(s)"
                                  " of the dropped one's tasks (their ends went with its table)")

@@ -221,8 +221,9 @@ def collect(ctx, pool, name, worker, events):
         for unended in report.get("unended", ()):
             events.append({"event": "unended", **unended})
     if error and first_task == WARM_UP:
+        # (a spare that a DBA's reaper of idle sessions terminated, say: another is opened)
         disconnect(ctx, pool, name)
-        events.append({"event": "spare_failed", "message": error})
+        events.append({"event": "spare_lost", "message": error})
     elif error:
         disconnect(ctx, pool, name)
         worker_failed(ctx, worker, first_task, error, events)

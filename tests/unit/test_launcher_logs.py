@@ -68,6 +68,9 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
      "could not end task 5: the DBA refuses; its worker closes, and the task ends FAIL as a lost run once that"
      " end may be written"),
     ({"event": "spare_failed", "message": "no"}, logging.ERROR, "cannot open a worker backend: no"),
+    ({"event": "spare_lost", "message": "FATAL:  terminating connection due to administrator command\nserver closed"},
+     logging.WARNING, "an idle worker backend failed (FATAL:  terminating connection due to administrator command);"
+     " another is opened when needed"),
     ({"event": "recovered", "count": 2}, logging.WARNING, "recovered 2 task(s) of dead backends"),
     ({"event": "unclaimed", "count": 2}, logging.INFO,
      "took back 2 claimed task(s) that no worker started: they wait again"),
