@@ -99,8 +99,8 @@ PGRES_COPY_BOTH, PGRES_SINGLE_TUPLE = 8, 9
 PQTRANS_INTRANS, PQTRANS_INERROR = 2, 3
 PQERRORS_DEFAULT, PQERRORS_VERBOSE = 1, 2
 
-# What PQERRORS_VERBOSE adds to a server's error: its SQLSTATE after the severity, and a last
-# line with the function, file and line that raised it (both labels in the server's language).
+# What PQERRORS_VERBOSE adds to a server's error: its SQLSTATE after the severity, and a line
+# with the function, file and line that raised it (both labels in the server's language).
 _VERBOSE_SQLSTATE = r"(\S:  )([0-9A-Z]{5}): "
 _VERBOSE_LOCATION = r"\n[^\n]*:  [^\n]*, [^\n]*\.c:[0-9]+$"
 
@@ -163,7 +163,7 @@ def _without_sqlstate(message):
     if found is None:
         return message, None
     message = message[:found.end(1)] + message[found.end():]
-    return re.sub(_VERBOSE_LOCATION, "", message), found.group(2)
+    return re.sub(_VERBOSE_LOCATION, "", message, flags=re.MULTILINE), found.group(2)
 
 
 # The server's words as it ends a session for being idle (idle_session_timeout, 57P05): when its
@@ -172,10 +172,12 @@ def _without_sqlstate(message):
 _IDLE_ENDED_WORDS = "terminating connection due to idle-session timeout"
 
 
-def lost_sqlstate(message):
-    """The SQLSTATE of a session that broke with libpq's `message` and none of the server's:
-    57P05 when the server had ended it for being idle (the query never ran), else None."""
-    return "57P05" if _IDLE_ENDED_WORDS in message else None
+def lost_sqlstate(message, sqlstate=None):
+    """The SQLSTATE of a session that broke with libpq's `message` and no result of the server's:
+    57P05 when the server had ended it for being idle (the query never ran), else None.  Told by
+    the SQLSTATE in libpq's verbose words (Session.error), in any language; else, from a session
+    whose words are not verbose (a remote one connected by libpq's blocking call), by English ones."""
+    return "57P05" if sqlstate == "57P05" or _IDLE_ENDED_WORDS in message else None
 
 
 class MalformedConninfo(ConnectError):
@@ -376,7 +378,10 @@ class Session:
             message, sqlstate = _without_sqlstate(_text(PQerrorMessage(self.handle)).strip())
             self.close()
             raise ConnectError(message, sqlstate)
-        PQsetErrorVerbosity(self.handle, PQERRORS_DEFAULT)  # the task's own errors read as usual
+        # Verbose from here on too: an error libpq keeps as words only (the server's end of the
+        # session, come as the worker writes to it) carries its SQLSTATE in them (Session.error).
+        # The task's own errors are read from their fields, which the verbosity leaves as they are.
+        PQsetErrorVerbosity(self.handle, PQERRORS_VERBOSE)
 
     def advance(self, timeout=0.0):
         """Take the connection attempt a step on if its socket is ready; True once it is done."""
@@ -502,8 +507,14 @@ class Session:
     def transaction_status(self):
         return PQtransactionStatus(self.handle)
 
+    def error(self):
+        """libpq's last error: (its words as its default verbosity writes them, the server's
+        SQLSTATE in them or None)."""
+        message = (_text(PQerrorMessage(self.handle)) or "").strip()
+        return _without_sqlstate(message) if message else ("", None)
+
     def error_message(self):
-        return (_text(PQerrorMessage(self.handle)) or "").strip()
+        return self.error()[0]
 
     def cancel(self):
         """Ask the server to cancel the running query (safe from any thread).  Not while the
@@ -553,8 +564,8 @@ class Session:
                 (_S * len(values))(*values), None, None, 0,
             )
         if not sent:
-            message = self.error_message()
-            raise ConnectError(message, lost_sqlstate(message))
+            message, sqlstate = self.error()
+            raise ConnectError(message, lost_sqlstate(message, sqlstate))
         self.answered = False
         # One row at a time keeps a worker's memory flat on huge results.
         PQsetSingleRowMode(self.handle)
@@ -639,8 +650,9 @@ class Session:
         for result in self.results():
             with result:
                 if result.status == PGRES_FATAL_ERROR:
-                    error = result.field(PG_DIAG_MESSAGE_PRIMARY) or self.error_message()
-                    sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(error)
+                    words, verbose_sqlstate = self.error()
+                    error = result.field(PG_DIAG_MESSAGE_PRIMARY) or words
+                    sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(words, verbose_sqlstate)
                     severity = result.field(PG_DIAG_SEVERITY)
                 rows.extend(result.rows())
         if error:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
         PGRES_FATAL_ERROR,
         ConnectError,
         Session,
+        lost_sqlstate,
     )
     from output import OutputTooLarge, format_message
     from plans import Context, replan_after_growth, to_json
@@ -268,8 +269,9 @@ class BatchCall:
         for result in entry.session.arrived_results():
             with result:
                 if result.status == PGRES_FATAL_ERROR and entry.error is None:
-                    entry.error = result.field(PG_DIAG_MESSAGE_PRIMARY) or entry.session.error_message()
-                    entry.sqlstate = result.field(PG_DIAG_SQLSTATE)
+                    words, verbose_sqlstate = entry.session.error()
+                    entry.error = result.field(PG_DIAG_MESSAGE_PRIMARY) or words
+                    entry.sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(words, verbose_sqlstate)
                     entry.severity = result.field(PG_DIAG_SEVERITY)
         if not entry.session.answered:
             return

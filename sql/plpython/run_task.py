@@ -513,9 +513,10 @@ class InputResults:
                     for _ in session.copy_data():
                         pass
             elif status == PGRES_FATAL_ERROR:
-                self.error = format_error(result, self.task["input"], session.error_message())
+                words, verbose_sqlstate = session.error()
+                self.error = format_error(result, self.task["input"], words)
                 # (none: libpq's own error, the connection broke; ended idle, if its words say so)
-                self.sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(session.error_message()) or LOST_RUN
+                self.sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(words, verbose_sqlstate) or LOST_RUN
 
     def copy_out(self, session, binary):
         """The rows of a COPY ... TO STDOUT into the output.  Past the output's limit, the COPY

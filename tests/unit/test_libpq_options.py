@@ -85,3 +85,19 @@ def test_a_uri_with_a_password_not_percent_encoded_is_refused_without_its_text()
     for fine in ("postgresql://u:Se%40cret@db/x", "postgresql://db/x", "postgresql://u@db/x?application_name=a@b",
                  "host=db password=Se@cret/x", "postgresql://u:pw@db/x"):
         libpq.conninfo_options(fine)
+
+
+def test_a_verbose_error_reads_as_the_default_one_with_its_sqlstate_in_any_language():
+    """A task session's errors are verbose (the SQLSTATE of an error libpq keeps as words only):
+    the words a task's `error` gets are those of the default verbosity, the LOCATION line gone
+    wherever it is."""
+    verbose = ("FATAL:  57P05: Verbindung wird abgebrochen wegen Zeitüberschreitung in inaktiver Sitzung\n"
+               "ORT:  ProcessInterrupts, postgres.c:3366\n"
+               "Server hat die Verbindung unerwartet geschlossen")
+    words, sqlstate = libpq._without_sqlstate(verbose)
+    assert (words, sqlstate) == ("FATAL:  Verbindung wird abgebrochen wegen Zeitüberschreitung in inaktiver Sitzung\n"
+                                 "Server hat die Verbindung unerwartet geschlossen", "57P05")
+    assert libpq.lost_sqlstate(words, sqlstate) == "57P05"
+    assert libpq.lost_sqlstate("FATAL:  terminating connection due to idle-session timeout") == "57P05"
+    assert libpq.lost_sqlstate("server closed the connection unexpectedly", None) is None
+    assert libpq.lost_sqlstate("FATAL:  terminating connection due to administrator command", "57P01") is None
