@@ -149,6 +149,40 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
         running.sql("DROP ROLE carol")
 
 
+def test_a_remote_without_user_or_host_logs_in_as_the_owner_on_this_server(running):
+    """`remote => 'dbname=other'` (pg_cron's schedule_in_database): libpq's defaults logged in as
+    the server's OS user, postgres, whoever owned the task, and on the socket and port libpq was
+    built with, not this server's."""
+    running.sql("CREATE ROLE cron_admin SUPERUSER LOGIN")
+    try:
+        with running.connect("cron_admin") as admin:
+            task_id = admin.execute("INSERT INTO task (input, remote, delete) VALUES"
+                                    " ('SELECT current_database(), current_user, session_user', 'dbname=postgres',"
+                                    " false) RETURNING id").fetchone()[0]
+        row = running.wait_done(task_id, 30)
+        assert (row["state"], row["output"]) == (
+            "DONE", "current_database\tcurrent_user\tsession_user\npostgres\tcron_admin\tcron_admin"), row["error"]
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE cron_admin")
+
+
+def test_a_remote_without_user_logs_in_as_the_owner_with_its_password(running, remote):
+    """A role's remote conninfo with a password and no user logs in as the role (the remote's role
+    of that name), not as the server's OS user."""
+    running.sql("CREATE ROLE remote_user LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("remote_user") as author:
+            task_id = author.execute(
+                "INSERT INTO task (input, remote, delete) VALUES ('SELECT current_user', %s, false) RETURNING id",
+                [f"host={remote.socket_dir} port={remote.port} dbname=remotedb password='{PASSWORD}'"]).fetchone()[0]
+        row = running.wait_done(task_id, 30)
+        assert (row["state"], row["output"]) == ("DONE", "remote_user"), row["error"]
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE remote_user")
+
+
 def test_malformed_remote_conninfo_fails_the_task(running):
     row = run(running, "SELECT 1", remote="host=x port")
     assert row["state"] == "FAIL" and row["error"] == (

@@ -551,7 +551,8 @@ class TaskSessions:
         if checked and not options.get("password"):
             raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
                                "password= in its conninfo")
-        keywords = {"dbname": task["remote"], "fallback_application_name": self.ctx.name_of("task"),
+        keywords = {**self.remote_defaults(task["owner"], options), "dbname": task["remote"],
+                    "fallback_application_name": self.ctx.name_of("task"),
                     "client_encoding": TASK_CLIENT_ENCODING}  # (after dbname: it overrides the conninfo's)
         session = Session(keywords, wait=False)
         effective = session.effective_options()  # (the environment's and a service file's too)
@@ -569,6 +570,21 @@ class TaskSessions:
             session.close()
             raise ConnectError("password is required: the remote server did not ask for the password given")
         return session
+
+    def remote_defaults(self, owner, options):
+        """What a `remote` conninfo leaves out, as keywords that go before it (its own override
+        them): the task's owner as `user`, and this server's socket and port when it names no
+        host.  libpq's defaults were the server's OS user, a superuser (`remote => 'dbname=app'`
+        of a role ran as postgres), and a socket and port that are not this server's unless it
+        was built with them.  A conninfo that names a `service` keeps the service file's."""
+        if "service" in options:
+            return {}
+        defaults = {} if options.get("user") else {"user": owner}
+        if not options.get("host") and not options.get("hostaddr"):
+            local = self.loopback_keywords(owner)
+            defaults["host"] = local["host"]
+            defaults["port"] = options.get("port") or local["port"]
+        return defaults
 
     def owner_is_superuser(self, owner):
         rows = self.ctx.run("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1",
