@@ -174,6 +174,24 @@ def test_daylight_saving_runs_once(db, tz, spring, fall):
                 assert len(set(runs)) == len(runs)
 
 
+def test_a_daily_repeat_keeps_its_local_time_in_its_tz_whoever_ends_it(running):
+    """`repeat => '1 day'` with `tz`: each run at the plan's local time in that zone, across
+    daylight-saving changes, whatever the TimeZone of the session that ends a run (the worker's:
+    the database's, UTC here; a client's that cancels a waiting run: Tokyo's)."""
+    summer = "2026-07-01 12:00 America/New_York"  # (EDT: 16:00 UTC; 17:00 UTC in winter)
+    first = running.insert("SELECT 1", repeat="1 day", plan=summer, tz="America/New_York", delete=False)
+    running.wait_done(first)
+    run = wait_until(lambda: running.sql("SELECT id, plan AT TIME ZONE 'America/New_York' FROM task"
+                                         " WHERE parent = %s", [first]), message="the next run")[0]
+    assert run[1].time().isoformat() == "12:00:00", run
+    with running.connect() as client:
+        client.execute("SET TimeZone = 'Asia/Tokyo'")
+        assert client.execute("SELECT task_cancel(%s)", [run[0]]).fetchone()[0] is True
+    after_cancel = wait_until(lambda: running.sql("SELECT plan AT TIME ZONE 'America/New_York' FROM task"
+                                                  " WHERE parent = %s", [run[0]]), message="the run after it")[0]
+    assert after_cancel[0].time().isoformat() == "12:00:00" and after_cancel[0].date() > run[1].date(), after_cancel
+
+
 def test_daylight_saving_examples(db):
     """The rule in the README, north and south."""
     def utc(text: str) -> datetime:

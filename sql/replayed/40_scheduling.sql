@@ -773,33 +773,50 @@ $$;
 -- The next planned time of a repeating task.  cron: the first match after
 -- the old plan that is in the future (missed matches are skipped; drift does
 -- not apply).  repeat: old plan + k * repeat, the first such time in the
--- future, or stop + repeat when the task drifts.
+-- future, or stop + repeat when the task drifts.  A repeat's days, months and
+-- years are counted in the task's tz, as cron is read in it: PostgreSQL counts
+-- them in the session's TimeZone, and a task's next run was planned in the
+-- zone of whichever session ended it (a worker's, a client's task_cancel).
 CREATE FUNCTION pgtaskpy.next_plan(task @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k bigint;  -- (plan and repeat are bounded, so that k * repeat stays exact)
+    calendar boolean;
+    session_zone text;
+    planned timestamptz;
 BEGIN
     IF task.cron IS NOT NULL THEN
         -- (cron_next, as the backend computed it for an earlier end: this runs
         -- at every end of a series)
         RETURN to_timestamp(pgtaskpy.cron_next_kept(
             task.cron, COALESCE(task.tz, 'UTC'), extract(epoch FROM greatest(task.plan, clock_timestamp()))::float8));
-    ELSIF task.drift THEN
-        RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
     END IF;
-    -- Estimate k with arithmetic, a little short (months and days have no
-    -- fixed length: a month counts 30 days, a day under daylight saving 23
-    -- to 25 hours), then step to the first k whose time is in the future.
-    -- plan + k * repeat, not plan + repeat + repeat ...: 31 Jan + 2 months is
-    -- 31 Mar, where stepping a month at a time gives 28 Mar.
-    k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat)
-                        * CASE WHEN date_part('day', task.repeat) = 0 AND date_part('month', task.repeat) = 0
-                                    AND date_part('year', task.repeat) = 0 THEN 1 ELSE 0.95 END), 1);
-    WHILE task.plan + task.repeat * k <= clock_timestamp() LOOP
-        k := k + 1;
-    END LOOP;
-    RETURN task.plan + task.repeat * k;
+    calendar := date_part('day', task.repeat) <> 0 OR date_part('month', task.repeat) <> 0
+                OR date_part('year', task.repeat) <> 0;
+    IF calendar THEN  -- (a repeat of hours and less is the same in every zone)
+        session_zone := current_setting('TimeZone');
+        PERFORM set_config('TimeZone', COALESCE(task.tz, 'UTC'), true);
+    END IF;
+    IF task.drift THEN
+        planned := COALESCE(task.stop, clock_timestamp()) + task.repeat;
+    ELSE
+        -- Estimate k with arithmetic, a little short (months and days have no
+        -- fixed length: a month counts 30 days, a day under daylight saving 23
+        -- to 25 hours), then step to the first k whose time is in the future.
+        -- plan + k * repeat, not plan + repeat + repeat ...: 31 Jan + 2 months is
+        -- 31 Mar, where stepping a month at a time gives 28 Mar.
+        k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat)
+                            * CASE WHEN calendar THEN 0.95 ELSE 1 END), 1);
+        WHILE task.plan + task.repeat * k <= clock_timestamp() LOOP
+            k := k + 1;
+        END LOOP;
+        planned := task.plan + task.repeat * k;
+    END IF;
+    IF calendar THEN
+        PERFORM set_config('TimeZone', session_zone, true);
+    END IF;
+    RETURN planned;
 END
 $$;
 
