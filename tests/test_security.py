@@ -44,6 +44,25 @@ def test_owner_cannot_be_forged(roles):
         insert_as(roles["alice"], "SELECT 1", owner="postgres")
 
 
+def test_an_author_cannot_take_ids_ahead_of_the_sequence_that_another_roles_next_run_needs(running, roles):
+    """An id the sequence gives later, inserted by a role, was the id the scheduler's insert of
+    another role's next run got: that run ended FAIL (`duplicate key value violates unique
+    constraint "task_pkey"`) and its series ended.  Ids below the sequence's stay free to give."""
+    series = running.insert("SELECT 1", repeat="1 s", delete=False)
+    ahead = running.value("SELECT last_value FROM task_id_seq") + 1
+    alice = roles["alice"]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied to choose task.id {ahead}"):
+        insert_as(alice, "SELECT 1", id=ahead)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to choose task.id"):
+        alice.execute("INSERT INTO task (id, input) SELECT %s + i, 'SELECT 1' FROM generate_series(0, 4) AS i",
+                      [ahead])
+    assert insert_as(alice, "SELECT 1", id=-7, plan="9999-12-31") == -7  # (never given: below the sequence's)
+    third = wait_until(lambda: running.sql("SELECT id FROM task WHERE parent = (SELECT id FROM task"
+                                           " WHERE parent = %s)", [series]), 20, message="two next runs")
+    assert running.sql("SELECT state::text FROM task WHERE id = %s", [series]) == [("DONE",)], third
+    running.sql("UPDATE task SET repeat = '0' WHERE state = 'PLAN' AND repeat > '0'")
+
+
 def test_roles_see_and_change_only_their_own_tasks(running, roles):
     bobs = insert_as(roles["bob"], "SELECT 1", plan="9999-12-31", delete=False)
     alice = roles["alice"]

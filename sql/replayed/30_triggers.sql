@@ -287,6 +287,14 @@ BEGIN
                 USING ERRCODE = 'insufficient_privilege',
                       DETAIL = 'A task''s dependents, next runs and retries name it by its id.';
         END IF;
+        -- An id ahead of the sequence is one the sequence gives later: the scheduler's insert of
+        -- another role's next run or retry then failed on it, and ended that run FAIL.
+        IF TG_OP = 'INSERT' AND NEW.id > pgtaskpy.task_ids_given() THEN
+            RAISE EXCEPTION 'permission denied to choose task.id %', NEW.id
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'Ids ahead of the sequence task_id_seq are its to give: another task would get it.',
+                      HINT = 'Leave id to its default.';
+        END IF;
         IF TG_OP = 'UPDATE' AND OLD.state IN ('TAKE', 'WORK')
            AND (to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]) THEN
             RAISE EXCEPTION 'task % is running: only its data can change', OLD.id
@@ -327,6 +335,13 @@ BEGIN
 END
 $$;
 
+-- The last id the sequence of task ids gave (0 before its first): an id above it is one it gives
+-- later.  (pg_sequence_last_value needs only USAGE, which a task author has for the default.)
+-- No SET clause, its names qualified: inlined into the WHEN of task_guard_insert.
+CREATE FUNCTION pgtaskpy.task_ids_given() RETURNS bigint
+LANGUAGE sql STABLE
+AS $$ SELECT coalesce(pg_catalog.pg_sequence_last_value('@extschema@.task_id_seq'::pg_catalog.regclass), 0) $$;
+
 -- Inserts with only user columns (the scheduler's repeats, most users' rows)
 -- and the scheduler's own updates (superuser sessions) skip the call.  (Inside
 -- a SECURITY DEFINER function is_superuser is the caller's: wherever current_user
@@ -337,7 +352,7 @@ CREATE TRIGGER task_guard_insert
     FOR EACH ROW
     WHEN (NEW.state <> 'PLAN' OR NEW.start IS NOT NULL OR NEW.stop IS NOT NULL OR NEW.pid IS NOT NULL
           OR NEW.worker IS NOT NULL OR NEW.output IS NOT NULL OR NEW.error IS NOT NULL OR NEW.notice IS NOT NULL
-          OR NEW.sqlstate IS NOT NULL OR NEW.attempt <> 1)
+          OR NEW.sqlstate IS NOT NULL OR NEW.attempt <> 1 OR NEW.id > pgtaskpy.task_ids_given())
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 CREATE TRIGGER task_guard_update
