@@ -126,6 +126,25 @@ def test_a_waiting_prerequisite_an_admin_ends_by_hand_is_followed_by_its_depende
     assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_running_or_claimed_prerequisite_an_admin_ends_by_hand_is_followed_by_its_dependents(db):
+    """An admin's hand end of a claimed or running prerequisite (to DONE, FAIL or STOP), or of a
+    waiting one to GONE, left its dependents waiting for ever: only ends from PLAN were followed."""
+    ahead = "now() + interval '1 hour'"
+    ends = [("WORK", "DONE"), ("WORK", "FAIL"), ("TAKE", "STOP"), ("PLAN", "GONE")]
+    prerequisites = [db.value(f"INSERT INTO task (input, plan) VALUES ('SELECT 1', {ahead}) RETURNING id")
+                     for _ in ends]
+    dependents = [db.insert("SELECT 2", after=[p]) for p in prerequisites]
+    for prerequisite, (running, _) in zip(prerequisites, ends):  # (as a launcher and a worker would)
+        if running != "PLAN":
+            db.sql("UPDATE task SET state = %s, start = now(), pid = 1 WHERE id = %s", [running, prerequisite])
+    for prerequisite, (_, end) in zip(prerequisites, ends):
+        db.sql("UPDATE task SET state = %s, stop = now() WHERE id = %s", [end, prerequisite])
+    assert [(db.task(d)["state"], db.task(d)["waiting_for"], db.task(d)["error"]) for d in dependents] == [
+        ("PLAN", 0, None)] + [("STOP", 1, f"ERROR:  prerequisite task {p} ended {end}")
+                              for p, (_, end) in zip(prerequisites[1:], ends[1:])]
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_stop_cascades_down_a_wide_fan_out(db):
     """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
     stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""

@@ -84,6 +84,8 @@ SCHEDULER_SETTINGS = {
     "max_parallel_workers_per_gather": "0",
     "pg_task_py.wake": "on",  # (a database's off would leave the launchers their once-a-second look)
     "standard_conforming_strings": "on",  # (the scheduler's SQL is written so)
+    # (its ends resolve their dependents themselves: task_prerequisite_stopped is for hand ends)
+    "pgtaskpy.scheduler": "on",
 }
 
 

@@ -316,9 +316,11 @@ $$;
 
 -- A user's STOP of a waiting or claimed task (UPDATE, task_cancel,
 -- task_unschedule) is an end its dependents follow, and so is an admin's
--- hand repair of a waiting task to DONE or FAIL (its dependents waited for
--- ever); every other end goes through finish_task (whose end of a waiting
--- task as FAIL this follows again, finding its edges taken).  As the
+-- hand repair of a task that waits, is claimed or runs to any end (its
+-- dependents waited for ever); the scheduler's own sessions
+-- (pgtaskpy.scheduler, dispatch.py's SCHEDULER_SETTINGS) resolve the
+-- dependents of the ends they write themselves (finish_task, whose end of a
+-- waiting task as FAIL this follows again, finding its edges taken).  As the
 -- transaction commits (a deferred constraint trigger): its lock on the task's
 -- id is then held until the commit only.  SECURITY DEFINER: the dependents'
 -- edges are the scheduler's.
@@ -371,12 +373,18 @@ BEGIN
             FOR EACH ROW WHEN (NEW.waiting_for > 0)
             EXECUTE FUNCTION pgtaskpy.settle_prerequisites();
     END IF;
+    -- (1.3 made it fire for hand ends of claimed and running tasks, and for GONE: made again
+    -- where an earlier version's is)
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
-                   WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_stopped') THEN
+                   WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_stopped'
+                     AND pg_catalog.pg_get_triggerdef(oid) LIKE '%pgtaskpy.scheduler%') THEN
+        DROP TRIGGER IF EXISTS task_prerequisite_stopped ON @extschema@.task;
         CREATE CONSTRAINT TRIGGER task_prerequisite_stopped
             AFTER UPDATE OF state ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
             FOR EACH ROW WHEN ((OLD.state IN ('PLAN', 'TAKE') AND NEW.state = 'STOP'
-                                OR OLD.state = 'PLAN' AND NEW.state IN ('DONE', 'FAIL'))
+                                OR OLD.state = 'PLAN' AND NEW.state IN ('DONE', 'FAIL')
+                                OR OLD.state IN ('PLAN', 'TAKE', 'WORK') AND NEW.state IN ('DONE', 'FAIL', 'STOP', 'GONE')
+                                   AND pg_catalog.current_setting('pgtaskpy.scheduler', true) IS DISTINCT FROM 'on')
                                AND pg_catalog.current_setting('pgtaskpy.resolving', true) IS DISTINCT FROM 'on')
             EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
     END IF;
