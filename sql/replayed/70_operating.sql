@@ -581,9 +581,11 @@ $$;
 
 -- What the launcher's --metrics reads once a second besides dispatch()'s
 -- events: waiting due tasks by owner and group with the lateness of the
--- oldest, the start lags of the tasks that ended after `since` (at most
--- 10000), the database's worker backends, and the time to pass as `since`
--- next time.
+-- oldest, the start lags of the tasks that ended after `since` and 2 s ago
+-- or before (at most 10000), the database's worker backends, and the time to
+-- pass as `since` next time.  (2 s: a worker stamps a task's stop before its
+-- end commits, up to 50 ms before, longer on busy cores, and ends read up to
+-- the snapshot's now() missed those that committed after it: 7-15 of 200.)
 -- The due tasks are read in plan order, sorts off: from the plan index alone, up to now.  Planned
 -- on a table whose indexes looked empty (before PostgreSQL 15.20, never analyzed since a load:
 -- see claim_due_tasks), it read every waiting task, 100-160 ms a second with 100,000 planned
@@ -602,7 +604,8 @@ AS $$
         'lags', (SELECT COALESCE(json_agg(l.lag), '[]')
                  FROM (SELECT extract(epoch FROM f.start - f.plan)::float8 AS lag
                        FROM @extschema@.task AS f
-                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > since AND f.stop <= now()
+                       WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.stop > since
+                         AND f.stop <= now() - interval '2 s'
                          AND f.start IS NOT NULL
                        LIMIT 10000) AS l),
         'workers', (SELECT count(*) FROM pg_stat_activity AS a
@@ -611,7 +614,7 @@ AS $$
                                                              greatest(extract(epoch FROM now() - p.since)::float8, 0))),
                             '[]')  -- (a since in the future, written by hand: 0)
                    FROM pgtaskpy.group_pause AS p),
-        'at', now())
+        'at', now() - interval '2 s')
 $$;
 
 -- --- The view ---------------------------------------------------------------
