@@ -113,11 +113,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+WATCH_MOST = 86400.0 * 365  # seconds: status --watch's longest period
+
+
 def positive_seconds(text: object) -> float:
     """status --watch: a refresh period."""
     value = number(text, float, "must be a number of seconds, at least 0.1")
-    if not (value >= 0.1 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError("must be a number of seconds, at least 0.1")
+    if not (0.1 <= value <= WATCH_MOST):  # (longer: past what a thread's wait takes, a traceback)
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, at least 0.1 and at most {WATCH_MOST:g}")
     return value
 
 
@@ -230,7 +233,7 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
     if args.config is not None:
         try:
             entries = json.loads(args.config.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # (Recursion: '[' nested 100,000 deep)
             raise SetupError(f"cannot read config file {args.config}: {exc}") from None
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) and "dsn" in e
                                                                   for e in entries):
@@ -376,6 +379,9 @@ def reload_configuration(databases: Databases, reload: Callable[[], list[Setting
         wanted = reload()
     except SetupError as exc:
         log.error("reload refused, nothing changed: %s", exc)
+        return
+    except Exception as exc:  # noqa: BLE001 (a reload must not end every database's scheduling)
+        log.error("reload refused, nothing changed: %s: %s", type(exc).__name__, exc)
         return
     databases.reload(wanted)
 

@@ -389,6 +389,9 @@ def display_name(dsn: str) -> str:
         return "(a conninfo that cannot be parsed)"
     for secret in SECRET_KEYWORDS:
         keywords.pop(secret, None)
+    dbname = str(keywords.get("dbname", ""))
+    if "=" in dbname or "://" in dbname:  # (a conninfo as the dbname, its password in it: not shown)
+        keywords["dbname"] = "(a conninfo)"
     return psycopg.conninfo.make_conninfo(**keywords)
 
 

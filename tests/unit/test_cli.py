@@ -43,6 +43,8 @@ def test_version(capsys):
     (["run", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
     (["status", "--watch", "0"], "argument --watch: must be a number of seconds, at least 0.1"),
     (["status", "--watch", "-1"], "argument --watch: must be a number of seconds, at least 0.1"),
+    # (accepted, the first table came and then OverflowError's traceback: a thread waits so long at most)
+    (["status", "--watch", "1e10"], "argument --watch: must be a number of seconds, at least 0.1 and at most"),
     ([], "the following arguments are required: COMMAND"),
 ])
 def test_bad_usage_is_exit_2_with_the_reason(capsys, argv, says):
@@ -70,6 +72,7 @@ def test_config_file_entries_follow_the_flags_and_take_them_as_defaults(tmp_path
     ('[{"run": 1}]', 'expected a JSON list of objects with a "dsn"'),
     ("[]", 'expected a JSON list of objects with a "dsn", one at least'),
     ("[{", "cannot read config file"),
+    ("[" * 100000 + "]" * 100000, "cannot read config file"),  # (RecursionError's traceback, exit 1)
     ([{"dsn": "dbname=a", "runs": 2}], "unknown key(s) ['runs']"),
     ([{"dsn": "dbname=a"}, {"dsn": "dbname=b password=secret", "grace": -1}],
      'entry 2: "grace" must be a number of seconds, 0 or more (got -1)'),

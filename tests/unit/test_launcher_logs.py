@@ -113,6 +113,9 @@ def test_end_line(event, line):
     # (the passphrase of a client certificate's key)
     ("host=db dbname=app sslkey=/k sslpassword=KeyPass42", "dbname=app host=db sslkey=/k"),
     ("host=x port", "(a conninfo that cannot be parsed)"),
+    # (libpq does not read a conninfo string's dbname as a conninfo: a database of that name)
+    ("dbname=postgresql://alice:SECRETPW@127.0.0.1:1/app", "dbname='(a conninfo)'"),
+    ("dbname='host=db password=SECRETPW'", "dbname='(a conninfo)'"),
 ])
 def test_display_name_never_shows_a_password(dsn, shown):
     assert display_name(dsn) == shown
