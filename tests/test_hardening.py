@@ -123,6 +123,20 @@ def test_a_superusers_stop_of_a_running_task_is_refused_not_taken(running):
     assert running.value("SELECT count(*) FROM ran") == 1
 
 
+def test_a_superusers_delete_of_a_running_task_warns_that_its_run_goes_on(running):
+    """An admin's DELETE of a running run (pg_cron's unschedule and TimescaleDB's delete_job done
+    by hand) is a repair it may make, but its run went on unseen, without a word."""
+    task_id = running.insert("SELECT pg_sleep(30)", delete=False)
+    wait_state(running, task_id, "WORK")
+    notices = []
+    with running.connect() as admin:
+        admin.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary)))
+        assert admin.execute("DELETE FROM task WHERE id = %s", [task_id]).rowcount == 1
+    assert notices == [("WARNING", f"task {task_id} was running: its run goes on, and its end, retry and next run"
+                                   " will not be written")], notices
+    running.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'")
+
+
 def test_stop_is_stamped_and_the_waiting_definition_can_change(running, authors):
     alice = authors["alice"]
     later = running.value("SELECT now() + interval '1 hour'")

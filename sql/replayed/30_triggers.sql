@@ -244,6 +244,11 @@ BEGIN
                 USING ERRCODE = 'object_in_use',
                       HINT = format('Cancel it with task_cancel(%s); delete it when it has ended.', OLD.id);
         END IF;
+        -- (an admin's repair: allowed, but said, as deleting a series' run is how pg_cron and
+        -- TimescaleDB users end a job, and the run went on unseen)
+        RAISE WARNING 'task % was running: its run goes on, and its end, retry and next run will not be written', OLD.id
+            USING HINT = format('Cancel a running task with task_cancel(%s, true), and delete it when it has ended.',
+                                OLD.id);
         RETURN OLD;
     END IF;
     IF TG_OP = 'UPDATE' AND OLD.state = 'WORK' AND NEW.state = 'STOP' THEN
@@ -365,8 +370,7 @@ CREATE TRIGGER task_guard_update
 CREATE TRIGGER task_guard_delete
     BEFORE DELETE ON @extschema@.task
     FOR EACH ROW
-    WHEN (OLD.state IN ('TAKE', 'WORK')
-          AND (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER))
+    WHEN (OLD.state IN ('TAKE', 'WORK'))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 -- Launchers LISTEN on this channel: a new or re-planned task wakes them at once
