@@ -192,6 +192,17 @@ def test_a_daily_repeat_keeps_its_local_time_in_its_tz_whoever_ends_it(running):
     assert after_cancel[0].time().isoformat() == "12:00:00" and after_cancel[0].date() > run[1].date(), after_cancel
 
 
+def test_a_daily_repeat_in_an_abbreviations_zone_goes_on(running):
+    """A tz that is an abbreviation (PST: UTC-8 all year, as cron reads it) is no TimeZone the
+    server takes: a daily repeat counted by setting it ended its first run FAIL, series gone."""
+    first = running.insert("SELECT 1", repeat="1 day", plan="2026-07-01 12:00-08", tz="PST", active="1000 days",
+                           delete=False)
+    assert running.wait_done(first)["state"] == "DONE", running.task(first)
+    run = wait_until(lambda: running.sql("SELECT plan AT TIME ZONE 'UTC' FROM task WHERE parent = %s", [first]),
+                     message="the next run")[0]
+    assert run[0].time().isoformat() == "20:00:00", run
+
+
 def test_daylight_saving_examples(db):
     """The rule in the README, north and south."""
     def utc(text: str) -> datetime:

@@ -774,50 +774,75 @@ $$;
 -- the old plan that is in the future (missed matches are skipped; drift does
 -- not apply).  repeat: old plan + k * repeat, the first such time in the
 -- future, or stop + repeat when the task drifts.  A repeat's days, months and
--- years are counted in the task's tz, as cron is read in it: PostgreSQL counts
--- them in the session's TimeZone, and a task's next run was planned in the
--- zone of whichever session ended it (a worker's, a client's task_cancel).
+-- years are counted in the task's tz, as cron is read in it (plus_in_zone).
 CREATE FUNCTION pgtaskpy.next_plan(task @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k bigint;  -- (plan and repeat are bounded, so that k * repeat stays exact)
-    calendar boolean;
-    session_zone text;
-    planned timestamptz;
+    zone text := COALESCE(task.tz, 'UTC');
 BEGIN
     IF task.cron IS NOT NULL THEN
         -- (cron_next, as the backend computed it for an earlier end: this runs
         -- at every end of a series)
         RETURN to_timestamp(pgtaskpy.cron_next_kept(
-            task.cron, COALESCE(task.tz, 'UTC'), extract(epoch FROM greatest(task.plan, clock_timestamp()))::float8));
+            task.cron, zone, extract(epoch FROM greatest(task.plan, clock_timestamp()))::float8));
+    ELSIF date_part('day', task.repeat) <> 0 OR date_part('month', task.repeat) <> 0
+          OR date_part('year', task.repeat) <> 0 THEN
+        RETURN pgtaskpy.next_plan_in_zone(task, zone);
+    ELSIF task.drift THEN
+        RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
     END IF;
-    calendar := date_part('day', task.repeat) <> 0 OR date_part('month', task.repeat) <> 0
-                OR date_part('year', task.repeat) <> 0;
-    IF calendar THEN  -- (a repeat of hours and less is the same in every zone)
-        session_zone := current_setting('TimeZone');
-        PERFORM set_config('TimeZone', COALESCE(task.tz, 'UTC'), true);
-    END IF;
-    IF task.drift THEN
-        planned := COALESCE(task.stop, clock_timestamp()) + task.repeat;
-    ELSE
-        -- Estimate k with arithmetic, a little short (months and days have no
-        -- fixed length: a month counts 30 days, a day under daylight saving 23
-        -- to 25 hours), then step to the first k whose time is in the future.
-        -- plan + k * repeat, not plan + repeat + repeat ...: 31 Jan + 2 months is
-        -- 31 Mar, where stepping a month at a time gives 28 Mar.
-        k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat)
-                            * CASE WHEN calendar THEN 0.95 ELSE 1 END), 1);
-        WHILE task.plan + task.repeat * k <= clock_timestamp() LOOP
-            k := k + 1;
-        END LOOP;
-        planned := task.plan + task.repeat * k;
-    END IF;
-    IF calendar THEN
-        PERFORM set_config('TimeZone', session_zone, true);
-    END IF;
-    RETURN planned;
+    -- Estimate k with arithmetic, then step to the first k whose time is in
+    -- the future (next_plan_in_zone estimates a little short: months and days
+    -- have no fixed length, a month counts 30 days, a day under daylight
+    -- saving 23 to 25 hours).  plan + k * repeat, not plan + repeat + repeat
+    -- ...: 31 Jan + 2 months is 31 Mar, where stepping a month at a time gives 28 Mar.
+    k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat)), 1);
+    WHILE task.plan + task.repeat * k <= clock_timestamp() LOOP
+        k := k + 1;
+    END LOOP;
+    RETURN task.plan + task.repeat * k;
 END
+$$;
+
+-- next_plan of a repeat of days, months or years, counted in `zone`.
+CREATE FUNCTION pgtaskpy.next_plan_in_zone(task @extschema@.task, zone text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k bigint;
+BEGIN
+    IF task.drift THEN
+        RETURN pgtaskpy.plus_in_zone(COALESCE(task.stop, clock_timestamp()), task.repeat, zone);
+    END IF;
+    k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat) * 0.95), 1);
+    WHILE pgtaskpy.plus_in_zone(task.plan, task.repeat * k, zone) <= clock_timestamp() LOOP
+        k := k + 1;
+    END LOOP;
+    RETURN pgtaskpy.plus_in_zone(task.plan, task.repeat * k, zone);
+END
+$$;
+
+-- `moment` + `step` as PostgreSQL adds them in a session whose TimeZone is `zone`
+-- (months and days on the local calendar, then the time of day as elapsed
+-- time), whatever the session's own: it counted a daily task's days in the
+-- TimeZone of whichever session ended a run.  AT TIME ZONE rather than a
+-- TimeZone set for the moment, which refuses the abbreviations a task's tz
+-- may be (PST: UTC-8 all year, as cron reads it).  A step of hours or less is
+-- the same in every zone.
+CREATE FUNCTION pgtaskpy.plus_in_zone(moment timestamptz, step interval, zone text) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN date_part('day', step) = 0 AND date_part('month', step) = 0 AND date_part('year', step) = 0
+                THEN moment + step
+                ELSE ((moment AT TIME ZONE zone) + make_interval(months => (date_part('year', step) * 12
+                                                                        + date_part('month', step))::integer,
+                                                             days => date_part('day', step)::integer))
+                     AT TIME ZONE zone
+                     + (step - make_interval(months => (date_part('year', step) * 12 + date_part('month', step))::integer,
+                                             days => date_part('day', step)::integer))
+           END
 $$;
 
 -- End a task: record its result (and its error's SQLSTATE), insert what
