@@ -516,6 +516,25 @@ def test_task_schedule_replaces_and_never_duplicates(db):
     assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 1
 
 
+def test_task_schedule_again_while_a_run_runs_keeps_the_series_own_columns(db):
+    """The series' columns task_schedule has no argument for (given by an UPDATE of its waiting
+    run) went to their defaults when the same call came while a run was in progress: the new
+    definition beside the run took the column defaults, and every later run kept them."""
+    call = "SELECT task_schedule('c', '0 3 * * *', 'SELECT 1', \"delete\" => false)"
+    first = db.value(call)
+    db.sql("UPDATE task SET active = '7 min', header = false, data = 'mine', live = '1 min' WHERE id = %s", [first])
+    db.sql("UPDATE task SET state = 'WORK', start = now(), pid = 1 WHERE id = %s", [first])  # (as a worker would)
+    beside = db.value(call)
+    assert beside != first
+    row = db.task(beside)
+    assert (str(row["active"]), row["header"], row["data"], str(row["live"]), row["delete"]) == (
+        "0:07:00", False, "mine", "0:01:00", False), row
+    db.sql("UPDATE task SET state = 'FAIL', stop = now() WHERE id = %s", [first])  # (a repair: no run was there)
+    assert db.value(call.replace("'SELECT 1'", "'SELECT 2'")) == beside  # (a waiting run: changed in place)
+    row = db.task(beside)
+    assert (str(row["active"]), row["header"], row["data"], row["input"]) == ("0:07:00", False, "mine", "SELECT 2")
+
+
 def test_task_schedule_keeps_the_runs_that_return_nothing_when_asked(running):
     """A series' runs that return nothing were deleted at their end (`delete`'s default), and
     task_schedule could not say otherwise: a pg_cron user found no history of them."""

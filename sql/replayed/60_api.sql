@@ -423,7 +423,8 @@ COMMENT ON FUNCTION @extschema@.task_retry IS 'run an ended (FAIL, GONE or STOP)
 -- progress, the new definition waits beside it (the series' runs never
 -- overlap), and that run's end inserts no other.  Unset arguments take the
 -- column defaults (settings pg_task.tz, pg_task.max, ...; the group: the key),
--- also when replacing; the other columns of a waiting run keep their values.  Returns
+-- also when replacing; the other columns of a waiting run keep their values,
+-- and those of a run in progress go to the new definition beside it.  Returns
 -- the id of the series' waiting run.  Row-level security and `owner =
 -- current_user`: a role names only its own series.
 CREATE FUNCTION @extschema@.task_schedule(
@@ -451,6 +452,7 @@ DECLARE
     -- (the same for delete, $14: false keeps the runs that return nothing, the series' history)
     deletes text := CASE WHEN "delete" IS NULL THEN 'DEFAULT' ELSE '$14' END;
     task_id bigint;
+    running @extschema@.task;
 BEGIN
     IF key IS NULL OR cron IS NULL OR input IS NULL THEN
         RAISE EXCEPTION 'task_schedule needs a key, a cron expression and an input'
@@ -472,12 +474,25 @@ BEGIN
         USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
               retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete";
     IF task_id IS NULL THEN
+        -- A run in progress: the new definition beside it keeps the series' columns this function
+        -- has no argument for, as a waiting run's change does (they took the defaults, and every
+        -- later run with them, whenever a deploy's call came as a run ran).  Not `exclusive`,
+        -- which only an admin gives.
+        SELECT r.* INTO running FROM @extschema@.task AS r
+        WHERE r.owner = current_user AND r.key = task_schedule.key AND r.state IN ('TAKE', 'WORK')
+        ORDER BY r.id DESC LIMIT 1;
         EXECUTE 'INSERT INTO @extschema@.task AS t (key, cron, tz, input, "group", max, timeout, remote,'
-                ' retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete")'
-                ' VALUES ($1, $2, $4, $3, $5, $6, $7, $8, ' || retries || ', ' || deletes || ') RETURNING t.id'
+                ' retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete"'
+                || CASE WHEN running.id IS NULL THEN '' ELSE
+                   ', active, live, count, drift, header, string, delimiter, escape, quote, data, "null", save, target' END
+                || ') VALUES ($1, $2, $4, $3, $5, $6, $7, $8, ' || retries || ', ' || deletes
+                || CASE WHEN running.id IS NULL THEN '' ELSE
+                   ', ($15).active - ($15).paused, ($15).live, ($15).count, ($15).drift, ($15).header, ($15).string,'
+                   ' ($15).delimiter, ($15).escape, ($15).quote, ($15).data, ($15)."null", ($15).save, ($15).target' END
+                || ') RETURNING t.id'
             INTO task_id
             USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
-                  retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete";
+                  retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete", running;
     END IF;
     RETURN task_id;
 END
