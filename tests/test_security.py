@@ -102,6 +102,30 @@ def test_role_running_limit_caps_one_role(running, roles):
     assert most_at_once(running.sql("SELECT start, stop FROM task WHERE owner = 'bob'")) > 2  # bob is not capped
 
 
+@pytest.mark.parametrize("hold", ["rate", "role_running_limit"])
+@pytest.mark.parametrize("alices_max", [0, 5])
+def test_a_roles_limit_does_not_hold_back_another_roles_tasks_of_the_group(running, roles, hold, alices_max):
+    """A role's tasks that its own rate limit or role_running_limit holds back filled the shared
+    group's first places in the claim's scan: another role's task of the group waited behind
+    them for as long as the limit lasted (a rate of 1 in 1,000 years: for good)."""
+    alice, bob = roles["alice"], roles["bob"]
+    if hold == "rate":
+        running.sql("GRANT pgtaskpy_user TO alice")
+        alice.execute("SELECT task_limit('group', 1, '1000 years')")
+    else:
+        running.sql("ALTER ROLE alice SET pg_task_py.role_running_limit = 0")
+    alice.execute("INSERT INTO task (input, max, delete) SELECT 'SELECT 1', %s, false FROM generate_series(1, 6)",
+                  [alices_max])
+    if hold == "rate":  # (its one start in the window)
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE owner = 'alice' AND state = 'DONE'") == 1,
+                   20, message="alice's one start")
+    bobs = insert_as(bob, "SELECT 'bob'", delete=False)
+    assert running.wait_done(bobs, 20)["state"] == "DONE", running.task(bobs)
+    assert running.value("SELECT count(*) FROM task WHERE owner = 'alice' AND state = 'PLAN'") == (
+        5 if hold == "rate" else 6)
+    running.sql("ALTER ROLE alice RESET ALL")
+
+
 WEIRD = 'a"; DROP TABLE task; --'
 
 

@@ -235,6 +235,12 @@ DECLARE
     pauses boolean;
     limits boolean;
     caps boolean;  -- and whether any role has a running limit
+    -- The owners' groups whose rate limit has no room now, and the owners at their running
+    -- limit: left out of each group's scan for its first due tasks, which they filled, and
+    -- another role's tasks of the group waited behind theirs for as long as the limit lasted.
+    full_owners name[] := '{}';
+    full_groups text[] := '{}';
+    capped name[] := '{}';
 BEGIN
     -- Nothing due: one probe of the plan index.  The earliest plan, not EXISTS (... plan <= now()):
     -- an EXISTS names no order, and planned where every index looks empty (above) it read
@@ -336,6 +342,15 @@ BEGIN
                 RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
                 RETURN;
             END IF;
+            IF limits THEN
+                SELECT coalesce(array_agg(f.owner), '{}'), coalesce(array_agg(f."group"), '{}'),
+                       min(pgtaskpy.rate_room_returns(f.owner, f."group"))
+                INTO full_owners, full_groups, room_returns
+                FROM pgtaskpy.group_limit AS f WHERE pgtaskpy.rate_room(f.owner, f."group") <= 0;
+            END IF;
+            IF caps THEN
+                capped := pgtaskpy.owners_at_running_limit();
+            END IF;
         END IF;
         WITH running AS MATERIALIZED (
             SELECT t.hash, t.owner FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK')
@@ -371,6 +386,10 @@ BEGIN
                   AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
                   AND t.id <> ALL (coalesce(held, '{}'))  -- (refused a session lately: dispatch.py, HOLD_POSTPONED)
                   AND NOT (pauses AND pgtaskpy.group_paused(t.owner, t."group"))  -- (70_operating.sql)
+                  AND t.owner <> ALL (capped)
+                  AND NOT (cardinality(full_owners) > 0 AND EXISTS (
+                               SELECT FROM unnest(full_owners, full_groups) AS f(owner, "group")
+                               WHERE f.owner = t.owner AND f."group" = t."group"))
                   -- A task of a named series starts only while no other run of
                   -- the series (owner, key) is claimed or running: its runs never
                   -- overlap, also when task_schedule replaced the waiting run
@@ -422,7 +441,8 @@ BEGIN
         -- turn; the claim waiting for it held the scheduling lock, and every role's
         -- tasks in every group waited with it.
         SELECT ARRAY(SELECT c.id FROM chosen AS c),
-               (SELECT min(pgtaskpy.rate_room_returns(r.owner, r."group")) FROM rate_rooms AS r WHERE r.room <= 0)
+               least(room_returns,
+                     (SELECT min(pgtaskpy.rate_room_returns(r.owner, r."group")) FROM rate_rooms AS r WHERE r.room <= 0))
         INTO chosen_ids, room_returns;
         IF room_returns IS NOT NULL THEN
             PERFORM pgtaskpy.note_rate_room_returns(room_returns);
@@ -738,6 +758,21 @@ BEGIN
     END IF;
     RETURN 0;
 END
+$$;
+
+-- The owners whose claimed and running tasks reach their role_running_limit
+-- (0 included): those with a limit, a setting or a CONNECTION LIMIT (see
+-- role_running_limits_set), looked at once a claim.
+CREATE FUNCTION pgtaskpy.owners_at_running_limit() RETURNS name[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(r.rolname), '{}')
+    FROM pg_roles AS r
+    WHERE (r.rolconnlimit >= 0 AND NOT r.rolsuper
+           OR EXISTS (SELECT FROM pg_db_role_setting AS s CROSS JOIN LATERAL unnest(s.setconfig) AS c
+                      WHERE s.setrole = r.oid AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'))
+      AND pgtaskpy.role_running_limit(r.rolname)
+          <= (SELECT count(*) FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK') AND t.owner = r.rolname)
 $$;
 
 -- Due tasks of owners whose pg_task_py.role_running_limit is not a whole
