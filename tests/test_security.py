@@ -443,10 +443,17 @@ def test_an_exclusive_task_an_admin_gave_an_author_is_run_again_as_it_was_and_no
             author.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [given])
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
                 author.execute("INSERT INTO task (input, exclusive, parent) VALUES ('SELECT 2', true, %s)", [given])
+            running.sql("SELECT task_pause('group', 'excl_author')")  # (the copy waits while the author tries it)
             again = author.execute("SELECT task_retry(%s)", [given]).fetchone()[0]
             assert running.value("SELECT exclusive FROM task WHERE id = %s", [again]) is True
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
                 author.execute("INSERT INTO task (input, exclusive, parent) VALUES ('SELECT 1', true, %s)", [given])
+            # Nor does the copy run anything else, nor stop being the copy (then another was let in).
+            for change in ("input = 'SELECT pg_sleep(100000)'", "parent = NULL", "remote = 'dbname=postgres'"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"change what exclusive task {again}"):
+                    author.execute(f"UPDATE task SET {change} WHERE id = %s", [again])
+            author.execute("UPDATE task SET data = 'mine' WHERE id = %s", [again])  # (its data is the author's)
+            running.sql("SELECT task_resume('group', 'excl_author')")
             assert running.wait_done(again)["state"] == "DONE"
     finally:
         running.sql("DELETE FROM task")

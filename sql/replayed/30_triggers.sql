@@ -177,6 +177,18 @@ BEGIN
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
                          'pgtaskpy_admin may insert one.';
     END IF;
+    -- Nor what an exclusive task runs, nor the parent that makes a copy task_retry's: an author
+    -- changed a copy's input (a sleep of days held back every role's tasks), cleared its parent,
+    -- and inserted another copy, as many as it liked.
+    IF TG_OP = 'UPDATE' AND OLD.exclusive AND NEW.exclusive
+       AND (NEW.input, NEW.remote, NEW.target, NEW.parent) IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.parent)
+       AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to change what exclusive task % runs', OLD.id
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Its input, remote, target and parent are as an administrator made it.',
+                  HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
+                         'pgtaskpy_admin may change it.';
+    END IF;
     IF TG_OP = 'UPDATE' AND NEW.owner IS NOT DISTINCT FROM OLD.owner THEN
         RETURN NEW;
     END IF;
@@ -212,7 +224,7 @@ $$;
 -- current_user is not session_user, the checks run and read current_user's rights.)
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group"
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group", parent
     ON @extschema@.task
     FOR EACH ROW
     WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
