@@ -217,3 +217,18 @@ def test_the_counters_of_an_updated_database_start_from_its_finished_rows(cluste
         db.sql("ALTER EXTENSION pg_task_py UPDATE")
         assert db.sql("SELECT done_total, fail_total, stop_total, consecutive_failures FROM task_stats"
                       " WHERE \"group\" = 'old'") == [(2, 3, 1, 2)]
+
+
+def test_the_update_gives_older_tasks_tz_utc_whatever_the_updating_sessions_pg_task_tz(cluster: Cluster):
+    """The update filled `tz` of every existing row from the updating session's pg_task.tz: a zone
+    nobody chose for those tasks' repeats, or one the server does not know, with which each
+    series' next run failed and the series ended.  New rows still take the setting."""
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py; CREATE EXTENSION pg_task_py VERSION '1.2'")
+        db.sql("INSERT INTO task (input, repeat, plan) VALUES ('SELECT 1', '1 day', now() + interval '1 hour')")
+        with db.connect() as conn:
+            conn.execute("SET pg_task.tz = 'Asia/Tokyo'")
+            conn.execute("ALTER EXTENSION pg_task_py UPDATE")
+            conn.execute("INSERT INTO task (input) VALUES ('SELECT 2')")
+            assert conn.execute("SELECT input, tz FROM task ORDER BY id").fetchall() == [
+                ("SELECT 1", "UTC"), ("SELECT 2", "Asia/Tokyo")]

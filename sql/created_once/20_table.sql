@@ -63,7 +63,7 @@ COMMENT ON COLUMN @extschema@.task.worker IS 'pid of the local backend that clai
 COMMENT ON COLUMN @extschema@.task.notice IS 'NOTICE and WARNING messages the task raised, one a line';
 COMMENT ON COLUMN @extschema@.task.save IS 'keep session state (temp tables, SET) for the next task of a reused worker session';
 COMMENT ON COLUMN @extschema@.task.cron IS 'cron expression (pg_cron syntax): each run''s end inserts the next run at its next match';
-COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
+COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in, and repeat''s days, months and years are counted in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
 COMMENT ON COLUMN @extschema@.task.retry IS 'most further attempts after a failure whose SQLSTATE retry_on names';
 COMMENT ON COLUMN @extschema@.task.attempt IS '1 for a first run, n + 1 for the retry of attempt n (set by the scheduler)';

@@ -36,13 +36,16 @@ END
 $$;
 
 -- Cron schedules and named series: columns cron, tz, key and their indexes
--- (sql/created_once/20_table.sql).  Existing tasks get no cron, tz UTC and no key.
+-- (sql/created_once/20_table.sql).  Existing tasks get no cron, tz UTC and no key: UTC as a
+-- constant first, then the setting's default for new rows (the updating session's pg_task.tz
+-- went into every existing row, a zone nobody chose for their repeats, or none the server knows).
 ALTER TABLE @extschema@.task
     ADD COLUMN cron text,
-    ADD COLUMN tz text NOT NULL DEFAULT pgtaskpy.setting_default('tz', 'UTC'::text),
+    ADD COLUMN tz text NOT NULL DEFAULT 'UTC',
     ADD COLUMN key text;
+ALTER TABLE @extschema@.task ALTER COLUMN tz SET DEFAULT pgtaskpy.setting_default('tz', 'UTC'::text);
 COMMENT ON COLUMN @extschema@.task.cron IS 'cron expression (pg_cron syntax): each run''s end inserts the next run at its next match';
-COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in';
+COMMENT ON COLUMN @extschema@.task.tz IS 'the time zone cron is read in, and repeat''s days, months and years are counted in';
 COMMENT ON COLUMN @extschema@.task.key IS 'a series'' name: at most one waiting task per owner and key (task_schedule)';
 CREATE UNIQUE INDEX task_key_waiting ON @extschema@.task (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL;
 CREATE INDEX task_key_running ON @extschema@.task (owner, key) WHERE state IN ('TAKE', 'WORK') AND key IS NOT NULL;
