@@ -513,9 +513,6 @@ class Session:
         message = (_text(PQerrorMessage(self.handle)) or "").strip()
         return _without_sqlstate(message) if message else ("", None)
 
-    def error_message(self):
-        return self.error()[0]
-
     def cancel(self):
         """Ask the server to cancel the running query (safe from any thread).  Not while the
         session still connects: it has no backend's pid yet, and the server logged the request

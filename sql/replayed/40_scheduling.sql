@@ -883,15 +883,10 @@ $$;
 CREATE FUNCTION pgtaskpy.plus_in_zone(moment timestamptz, step interval, zone text) RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN date_part('day', step) = 0 AND date_part('month', step) = 0 AND date_part('year', step) = 0
-                THEN moment + step
-                ELSE ((moment AT TIME ZONE zone) + make_interval(months => (date_part('year', step) * 12
-                                                                        + date_part('month', step))::integer,
-                                                             days => date_part('day', step)::integer))
-                     AT TIME ZONE zone
-                     + (step - make_interval(months => (date_part('year', step) * 12 + date_part('month', step))::integer,
-                                             days => date_part('day', step)::integer))
-           END
+    SELECT CASE WHEN c.calendar = interval '0' THEN moment + step
+                ELSE ((moment AT TIME ZONE zone) + c.calendar) AT TIME ZONE zone + (step - c.calendar) END
+    FROM (SELECT make_interval(months => (date_part('year', step) * 12 + date_part('month', step))::integer,
+                               days => date_part('day', step)::integer) AS calendar) AS c
 $$;
 
 -- End a task: record its result (and its error's SQLSTATE), insert what
