@@ -406,7 +406,7 @@ def backlog(cluster) -> dict:
     ahead), with those 100,000 all due, in 100 groups and in 10,000, each against a table holding
     the one due task only, measured in turns with it (so that both see the same machine load); in
     databases of their own, with no launcher.  With the tasks planned ahead, also claims of up to
-    LAUNCHER_CLAIM_LIMIT, as the launcher makes them."""
+    LAUNCHER_CLAIM_LIMIT, as the launcher makes them.  Then a claim beside tasks held back (held_claim)."""
     with_one_due_task(cluster, "backlog_empty", "backlog")
     result = {}
     with cluster.connect("backlog_empty") as empty, cluster.connect("backlog") as conn:
@@ -434,8 +434,23 @@ def backlog(cluster) -> dict:
                 result[f"{figure}_ratio_at_{LAUNCHER_CLAIM_LIMIT}"] = round(held_ms / empty_ms, 2)
         result["groups_due"] = conn.execute(
             "SELECT count(DISTINCT \"group\") FROM task WHERE state = 'PLAN'").fetchone()[0]
+        result.update(held_claim(cluster, empty))
     result.update(burst_claim(cluster))
     return result
+
+
+def held_claim(cluster, empty, tasks: int = 20_000) -> dict:
+    """Claim cost beside `tasks` due tasks of one group that their owner's running limit holds
+    back (`pg_task_py.role_running_limit` 0), against `empty`'s, in turns; a database of its own."""
+    cluster.create_database("held")
+    with cluster.connect("held") as conn:
+        conn.execute("CREATE ROLE held_owner LOGIN IN ROLE pgtaskpy_user")
+        conn.execute("ALTER ROLE held_owner SET pg_task_py.role_running_limit = 0")
+        with cluster.connect("held", user="held_owner") as owner:
+            owner.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, %s)", [tasks])
+        settle(conn)
+        empty_ms, held_ms = claims_in_turns(empty, conn, 5)
+    return {"held_empty_ms": round(empty_ms, 3), "held_ms": round(held_ms, 3), "held_ratio": round(held_ms / empty_ms, 2)}
 
 
 def burst_claim(cluster, tasks: int = 1000) -> dict:

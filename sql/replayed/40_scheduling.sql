@@ -392,15 +392,26 @@ BEGIN
                 -- The tasks of a role its own pause, rate limit or running limit holds back are
                 -- left out here, not after the group's first places were taken: another role's
                 -- task of the group waited behind them as long as the limit lasted.  Up to
-                -- 64 of them (the inner scan's extra rows, 20-40 us each in both passes: 2.5 ms): reading them all
-                -- cost each claim 30 ms behind 20,000 held, 100-190 ms behind 20,000 paused (a
-                -- group without them reads no more than before).
+                -- 64 of them (the inner scan's extra rows): reading them all cost each claim 30 ms
+                -- behind 20,000 held, 100-190 ms behind 20,000 paused (a group without them reads
+                -- no more than before).
+                -- The first pass reads no further than its prefix: the group's due tasks there and
+                -- as many more as the prefix held tasks not due.  With the prefix's bound as a
+                -- filter alone, the scan read the rest of the group whenever fewer tasks than its
+                -- limit passed (held ones filling the prefix; a series' run while another runs):
+                -- 7 ms behind 20,000.
                 SELECT near.id, near.hash, near.max, near.owner, near."group"
                 FROM (
                 SELECT t.id, t.hash, t.max, t.owner, t."group"
-                FROM @extschema@.task AS t
-                WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= w.hash AND t.hash <= w.hash
-                  AND t.plan <= now() AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
+                FROM (
+                    SELECT r.id, r.hash, r.max, r.owner, r."group", r.plan, r.active, r.exclusive, r.key
+                    FROM @extschema@.task AS r
+                    WHERE r.state = 'PLAN' AND r.waiting_for = 0 AND r.hash >= w.hash AND r.hash <= w.hash
+                      AND r.plan <= now()
+                    ORDER BY r.hash, r.max DESC, r.id
+                    LIMIT w.n + not_due  -- (NULL, all, in the second pass)
+                ) AS t
+                WHERE (t.plan <= now() AND t.plan + t.active > now()) IS TRUE
                   AND (last_id IS NULL OR t.max > last_max OR (t.max = last_max AND t.id <= last_id))
                   AND NOT t.exclusive  -- (claimed alone: claim_exclusive_task)
                   AND t.id <> ALL (coalesce(held, '{}'))  -- (refused a session lately: dispatch.py, HOLD_POSTPONED)
