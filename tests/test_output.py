@@ -160,6 +160,14 @@ def test_an_error_is_cut_at_the_output_limit_and_its_log_line_at_a_thousand_char
     assert 1000 < len(line) < 1200 and line.endswith("x..."), len(line)
 
 
+def test_a_tiny_output_limit_still_says_why_the_task_failed(running):
+    """The scheduler's own error was cut at the limit too: `ERROR:  ta` with a limit of 10 (a probe)."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 10")
+    row = run(running, "SELECT repeat('é', 11) AS v")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "54000"), row
+    assert row["error"].startswith("ERROR:  task output exceeds 10 characters\n(the rest of the error dropped"), row
+
+
 def test_statements_that_cannot_run_in_a_transaction_block(shared):
     row = run(shared, "CREATE DATABASE made_by_a_task")
     assert (row["state"], row["output"]) == ("DONE", "CREATE DATABASE")

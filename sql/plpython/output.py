@@ -164,11 +164,18 @@ def format_error(result, statement, fallback=""):
     return "\n".join(lines)
 
 
+ERROR_FIRST_LINE_KEPT = 1000  # characters of an error's first line kept whatever the output limit
+
+
 def bounded_error(error, most):
     """A task's error, cut at `most` characters (pg_task_py.output_limit, as its output and
     notices are) with a line that says so: a task could raise an error of 200 MB, every byte of
-    it written to its row."""
+    it written to its row.  Its first line is kept up to ERROR_FIRST_LINE_KEPT characters, so a
+    limit of 10 still says why the task failed (`task output exceeds 10 characters`)."""
     if error is None or len(error) <= most:
+        return error
+    most = max(most, min(len(error.split("\n", 1)[0]), ERROR_FIRST_LINE_KEPT))
+    if len(error) <= most:
         return error
     return error[:most] + "\n(the rest of the error dropped: pg_task_py.output_limit)"
 
