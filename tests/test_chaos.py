@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from pg_task_py_testing import Launcher, multi_host_dsn, replicated_pair, throwaway_cluster, wait_until
@@ -214,3 +217,36 @@ def check_invariants(conn, faults: dict[str, int]) -> None:
                            " AND state = 'FAIL' GROUP BY 1 ORDER BY 2 DESC").fetchall()
     print(f"\nchaos: {ONE_OFF_TASKS} one-off tasks, {counts}, audit rows {ran}, failed by faults {failed_by_faults},"
           f" faults {faults}, lost 0, duplicated 0\nwhy they failed: {reasons}")
+
+
+def test_a_start_outlives_an_immediate_restart_with_synchronous_commit_off():
+    """The commit of WORK could still be in the WAL buffers when the server went down (the
+    cluster's synchronous_commit is off): the task was waiting again after recovery and ran a
+    second time, its effect outside the database twice (3 restarts in 5, a probe).  The WAL
+    writer's ten-second delay keeps such a commit unflushed until the restart."""
+    runs = Path(tempfile.mkdtemp(prefix="pgtaskpy_runs_"))  # (the server's OS user writes there)
+    runs.chmod(0o777)
+    log = runs / "started"
+    record = f"COPY (SELECT current_setting('pg_task.id')) TO PROGRAM 'cat >> {log}'; SELECT pg_sleep(60)"
+    with throwaway_cluster({"wal_writer_delay": "10000ms", "wal_writer_flush_after": "1GB"}) as cluster:
+        cluster.create_database("chaos")
+        launcher = Launcher(cluster.dsn("chaos")).start()
+        try:
+            with connect(cluster) as conn:
+                conn.execute("SET synchronous_commit = on")
+                ids = [conn.execute("INSERT INTO task (input, \"group\", delete) VALUES (%s, %s, false) RETURNING id",
+                                    [record, f"g{i}"]).fetchone()[0] for i in range(5)]
+            wait_until(lambda: log.exists() and len(log.read_text().split()) == 5, 30, 0.05, "every task to start")
+            cluster.restart("immediate")
+
+            def settled() -> bool:
+                with connect(cluster) as conn:
+                    waiting = conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0]
+                return waiting == 0 or len(log.read_text().split()) > 5
+            wait_until(settled, 60, 0.2, "the tasks to end or run again")
+            assert sorted(log.read_text().split()) == sorted(str(i) for i in ids)
+            with connect(cluster) as conn:
+                assert conn.execute("SELECT array_agg(DISTINCT state::text) FROM task").fetchone()[0] == ["FAIL"]
+        finally:
+            launcher.stop()
+            shutil.rmtree(runs, ignore_errors=True)

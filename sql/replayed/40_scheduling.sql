@@ -686,6 +686,12 @@ BEGIN
     RETURNING t.* INTO started;
     IF started.id IS NOT NULL THEN
         PERFORM pgtaskpy.note_start(started);  -- (a rate limit's window: 70_operating.sql)
+        -- WORK is on disk before the input runs: with synchronous_commit off, a crash lost its
+        -- commit, the task was waiting again after recovery and ran a second time.  (Local: a
+        -- stricter value of the database's stays; kept to the commit, as SET LOCAL is.)
+        IF current_setting('synchronous_commit') = 'off' THEN
+            PERFORM set_config('synchronous_commit', 'local', true);
+        END IF;
     ELSIF claimer IS NOT NULL AND EXISTS (
             SELECT FROM @extschema@.task AS t WHERE t.id = task_id AND t.state = 'TAKE' AND t.worker = claimer
               AND pgtaskpy.group_paused(t.owner, t."group")) THEN
