@@ -89,6 +89,37 @@ def test_a_cancelled_task_is_not_retried(running):
     assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
 
 
+def test_a_task_writing_its_progress_to_its_row_is_cancelled_at_once_and_not_retried(running):
+    """A task that wrote `data` (README's progress) holds its row until its input ends: task_cancel
+    waited that long, returned false and the task ended DONE (a probe: 8 s of 8)."""
+    task_id = running.insert("UPDATE task SET data = 'step 1' WHERE id = current_setting('pg_task.id')::bigint;"
+                             " SELECT pg_sleep(60)", retry=3, retry_delay="0 s", retry_on="{*,57014}", delete=False)
+    wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'UPDATE task SET data%%'"
+                                     " AND wait_event = 'PgSleep'") == 1, 20, 0.02, "the task to sleep")
+    with running.connect() as conn:
+        conn.execute("SET statement_timeout = '20s'")
+        assert conn.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+    row = running.wait_done(task_id)
+    assert (row["state"], row["sqlstate"], row["data"]) == ("FAIL", "57014", None), row
+    assert row["stop"] - row["start"] < timedelta(seconds=30), row
+    running.wait_all_done()
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
+def test_task_wait_after_task_cancel_in_one_transaction_says_to_commit_first(running):
+    """The cancel's row lock holds the task's end until the caller commits: task_wait waited in
+    vain, then blamed the launcher."""
+    task_id = running.insert("SELECT pg_sleep(60)")
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == "WORK", 20)
+    with running.connect() as conn:
+        conn.autocommit = False
+        assert conn.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="locked by this transaction"):
+            conn.execute("SELECT task_wait(%s, '5 s')", [task_id])
+        conn.rollback()
+    assert running.wait_done(task_id)["sqlstate"] == "57014"
+
+
 def kill_worker_mid_run(db, task_id):
     wait_until(lambda: db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == "WORK", 20)
     assert db.value("SELECT pg_terminate_backend(worker) FROM task WHERE id = %s", [task_id]) is True

@@ -171,6 +171,10 @@ BEGIN
                   = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
                 RAISE EXCEPTION 'task % was inserted by this transaction: it cannot start before the transaction commits',
                     task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
+            ELSIF t.state IN ('TAKE', 'WORK') AND (SELECT i.xmax FROM @extschema@.task AS i WHERE i.id = task_id)
+                  = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
+                RAISE EXCEPTION 'task % is locked by this transaction (task_cancel, SELECT ... FOR UPDATE): it cannot end before the transaction commits',
+                    task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
             END IF;
         END IF;
         IF clock_timestamp() >= deadline THEN
@@ -270,15 +274,33 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t @extschema@.task;
+    held_by_task boolean := false;  -- the task's own transaction holds its row
+    cancelled boolean;
 BEGIN
     -- (taken first: a proof left over would be there for the rest of the transaction)
     IF NOT pgtaskpy.take_steering_proof(task_id, NULL) THEN
         RAISE EXCEPTION 'permission denied to cancel task %', task_id USING ERRCODE = 'insufficient_privilege',
             HINT = 'Cancel it with task_cancel(id), as a role that sees it.';
     END IF;
-    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR NO KEY UPDATE;
+    SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
-        RETURN false;
+        -- A task that writes its progress to its row (`data`) or locks it holds the row until its
+        -- input ends: the cancel waited that long, then found it DONE.  Its session is signalled
+        -- without the lock, then the lock is taken (the end waits for it, as below).  Any other
+        -- holder (the task's end being written) is waited for.
+        PERFORM pg_stat_clear_snapshot();
+        SELECT r.* INTO t FROM @extschema@.task AS r
+        WHERE r.id = task_id AND r.state = 'WORK' AND r.remote IS NULL AND r.target IS NULL
+          AND r.xmax = (SELECT a.backend_xid FROM pg_stat_get_activity(r.pid) AS a
+                        WHERE a.usesysid = to_regrole(quote_ident(r.owner))
+                          AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()));
+        held_by_task := FOUND;
+        IF NOT held_by_task THEN
+            SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR NO KEY UPDATE;
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+        END IF;
     END IF;
     IF t.state = 'TAKE' THEN
         -- Claimed, not started: the worker that would start it finds it STOP
@@ -318,7 +340,11 @@ BEGIN
         END LOOP;
         -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
-        RETURN pg_cancel_backend(t.pid);
+        cancelled := pg_cancel_backend(t.pid);
+        IF held_by_task THEN  -- (free once the cancel has ended the task's transaction)
+            PERFORM FROM @extschema@.task AS r WHERE r.id = task_id FOR NO KEY UPDATE;
+        END IF;
+        RETURN cancelled;
     ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
