@@ -581,6 +581,28 @@ def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
 
 
+def test_a_lost_listening_session_alone_leaves_the_running_tasks_counted(db):
+    """A DBA's reaper of idle sessions ends the launcher's listening session: the launcher
+    reconnected every session, its workers' too, and lost its running tasks: a third ran under
+    `--run 2`, and a stop cancelled none of the first two (a probe)."""
+    launcher = db.launcher("--run", "2", "--grace", "0.5")
+    first = [db.insert("SELECT pg_sleep(60)", group=f"a{i}", delete=False) for i in range(2)]
+    wait_until(lambda: all(state_of(db, task_id) == "WORK" for task_id in first), 20, message="WORK")
+    assert db.value("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE application_name = 'pg_task_py listener' AND datname = current_database()") == 1
+    wait_until(lambda: "listening in a new one" in launcher.output(), 20, 0.05, "a new listening session")
+    third = db.insert("SELECT 1", group="b", delete=False)
+    inserted = db.value("SELECT clock_timestamp()")
+    wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_task_py launcher'"
+                                " AND datname = current_database() AND state = 'idle' AND state_change > %s",
+                                [inserted]) == 1, 20, 0.05, "a turn after the insert")
+    assert state_of(db, third) == "PLAN"  # (--run 2: the two of before still run)
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0
+    assert [db.task(task_id)["state"] for task_id in first] == ["FAIL", "FAIL"]
+    assert "connection lost" not in launcher.output()
+
+
 def test_graceful_stop_past_grace_does_not_wait_for_a_client_holding_a_running_task(db):
     """Past --grace the launcher cancels what still runs; a client holding a running task's row
     (SELECT ... FOR SHARE) made that cancel wait in the launcher's turn, holding the scheduling

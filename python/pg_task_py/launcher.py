@@ -140,7 +140,7 @@ class Scheduler:
                     if not self._wait_for_promotion(conn):
                         log.info("%s: stopped", self.name)
                         return
-                    with (WakeListener(self.settings.dsn, wake_channel(conn)) as wakes,
+                    with (WakeListener(self.settings.dsn, wake_channel(conn), self.name) as wakes,
                           TurnWatch(self.name, lambda: connect(self.settings.dsn, "pg_task_py watch"),
                                     conn.info.backend_pid) as self.turns):
                         log.info("%s: scheduling (active)", self.name)
@@ -314,15 +314,23 @@ class WakeListener:
     and while a turn runs they wait in the socket (its backend waits to send).
     """
 
-    def __init__(self, dsn: str, channel: str) -> None:
-        # (It idles between wakes: a database's or role's idle_session_timeout is for its clients.)
-        self.conn = connect(dsn, "pg_task_py listener")
+    def __init__(self, dsn: str, channel: str, name: str) -> None:
+        self.dsn = dsn
+        self.channel = channel
+        self.name = name  # the database's, for the log
+        self._listen()
+
+    def _listen(self) -> None:
+        """A new listening session.  (It idles between wakes: a database's or role's
+        idle_session_timeout is for its clients.)"""
+        conn = connect(self.dsn, "pg_task_py listener")
         try:
-            self.conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+            conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel)))
         except BaseException:
-            self.conn.close()
+            conn.close()
             raise
-        self.pgconn = self.conn.pgconn
+        self.conn = conn
+        self.pgconn = conn.pgconn
         self.poll = select.poll()
         self.poll.register(self.pgconn.socket, select.POLLIN)
 
@@ -331,6 +339,18 @@ class WakeListener:
 
     def __exit__(self, *_exc: object) -> None:
         self.conn.close()
+
+    def _listen_again(self, lost: psycopg.OperationalError) -> None:
+        """Listen in a new session when this one broke alone (a DBA's reaper of idle sessions,
+        a firewall that drops idle connections): the turns' session and its workers go on.
+        Reconnecting them too lost the running tasks' count (`--run` passed, a stop that did
+        not cancel them).  ListenerLost when that fails too (the server restarted, say)."""
+        self.conn.close()
+        try:
+            self._listen()
+        except psycopg.Error as exc:
+            raise ListenerLost(f"{first_line(lost)}; listening again: {first_line(exc)}") from None
+        log.warning("%s: the listening session was lost (%s); listening in a new one", self.name, first_line(lost))
 
     def wait(self, timeout: float) -> None:
         """Sleep until a wake arrives or `timeout` seconds pass; one that arrived during the
@@ -348,7 +368,8 @@ class WakeListener:
         try:
             self.pgconn.consume_input()
         except psycopg.OperationalError as exc:
-            raise ListenerLost(str(exc)) from None
+            self._listen_again(exc)
+            return True  # (wakes sent while it was away are lost: a turn looks now)
         while self.pgconn.notifies() is not None:
             woken = True
         return woken
