@@ -450,7 +450,8 @@ def held_claim(cluster, empty, tasks: int = 20_000) -> dict:
             owner.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, %s)", [tasks])
         settle(conn)
         empty_ms, held_ms = claims_in_turns(empty, conn, 5)
-    return {"held_empty_ms": round(empty_ms, 3), "held_ms": round(held_ms, 3), "held_ratio": round(held_ms / empty_ms, 2)}
+    return {"held_empty_ms": round(empty_ms, 3), "held_ms": round(held_ms, 3),
+            "held_ratio": round(held_ms / empty_ms, 2)}
 
 
 def burst_claim(cluster, tasks: int = 1000) -> dict:

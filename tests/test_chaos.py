@@ -241,7 +241,8 @@ def test_a_start_outlives_an_immediate_restart_with_synchronous_commit_off():
 
             def settled() -> bool:
                 with connect(cluster) as conn:
-                    waiting = conn.execute("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0]
+                    waiting = conn.execute(
+                        "SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')").fetchone()[0]
                 return waiting == 0 or len(log.read_text().split()) > 5
             wait_until(settled, 60, 0.2, "the tasks to end or run again")
             assert sorted(log.read_text().split()) == sorted(str(i) for i in ids)
