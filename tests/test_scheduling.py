@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
+from pg_task_py_testing import Launcher, insert_as, throwaway_cluster, wait_until
 
 
 def state_of(db, task_id):
@@ -119,6 +119,22 @@ def test_count_reuses_one_session_for_the_group(running):
     pids = running.sql("SELECT pid, output FROM task")
     assert len({pid for pid, _ in pids}) == 1
     assert all(output == str(pid) for pid, output in pids)
+
+
+def test_a_reused_session_never_brings_another_tasks_settings_back(running):
+    """In a group of a one-off task then `count` tasks, the session started ahead with the second
+    task's settings was kept for the third, whose RESET ALL brought the second's id and timeout
+    back (a child it inserted would have had the second as `parent`; a probe: 3 of 3)."""
+    with running.connect() as conn, conn.transaction():
+        insert_as(conn, "SELECT pg_sleep(0.3)", group="m", delete=False)
+        second = insert_as(conn, "SELECT 1", count=5, timeout="7 s", group="m", delete=False)
+        third = insert_as(conn, "RESET ALL; SELECT current_setting('pg_task.id', true) AS id,"
+                                " current_setting('statement_timeout') AS timeout", count=5, group="m", delete=False)
+    running.wait_all_done()
+    row = running.task(third)
+    assert row["state"] == "DONE" and running.task(second)["pid"] == row["pid"], row  # (one session)
+    task_id, timeout = row["output"].split("\n")[-1].split("\t")
+    assert task_id != str(second) and timeout != "7s", row
 
 
 def test_save_keeps_session_state_for_the_next_task(running):

@@ -476,3 +476,29 @@ def test_proofs_an_author_leaves_behind_are_deleted_a_few_thousand_a_turn(runnin
                    "housekeeping to delete them all")
     finally:
         running.sql("DROP ROLE flooder")
+
+
+def test_a_new_role_of_a_renamed_ones_name_never_runs_in_the_old_ones_kept_session(running):
+    """A kept session (`live`) went on with the group's tasks by the owner's name: after ALTER
+    ROLE ... RENAME and a new role of the old name, the new role's task ran in the old role's
+    session, with its rights (a probe: 5 of 5)."""
+    running.sql("CREATE TABLE payroll (v text); INSERT INTO payroll VALUES ('secret')")
+    running.sql("CREATE ROLE etl LOGIN IN ROLE pgtaskpy_user; GRANT SELECT ON payroll TO etl")
+    try:
+        with running.connect("etl") as etl:
+            etl.autocommit = True
+            first = [insert_as(etl, "SELECT pg_sleep(0.3)", live="1 hour", group="g", delete=False)
+                     for _ in range(6)]
+        wait_until(lambda: running.task(first[0])["state"] == "DONE", 20, 0.02, "the first task to end")
+        running.sql("ALTER ROLE etl RENAME TO etl_retired")
+        running.sql("CREATE ROLE etl LOGIN IN ROLE pgtaskpy_user")
+        with running.connect("etl") as etl:
+            etl.autocommit = True
+            task_id = insert_as(etl, "SELECT session_user || ' ' || coalesce((SELECT v FROM payroll), '')",
+                                live="1 hour", group="g", delete=False)
+        row = running.wait_done(task_id, 30)
+        assert (row["state"], row["sqlstate"]) == ("FAIL", "42501"), row  # (permission denied for table payroll)
+        assert running.value("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')") == 0
+    finally:
+        running.sql("DROP OWNED BY etl; DROP ROLE etl")
+        running.sql("DROP OWNED BY etl_retired; DROP ROLE IF EXISTS etl_retired")

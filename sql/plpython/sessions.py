@@ -152,10 +152,11 @@ def startup_packet_bytes(options, fallback_application_name):
 class KeptSession:
     """The session a task runs or ran in, kept for the next task of its owner, remote and group."""
 
-    __slots__ = ("key", "session", "runs", "born", "resetting", "target", "settings")
+    __slots__ = ("key", "login", "session", "runs", "born", "resetting", "target", "settings")
 
-    def __init__(self, key, session, target=None, settings=None):
+    def __init__(self, key, login, session, target=None, settings=None):
         self.key = key
+        self.login = login  # the owner's role it logged in as (the task's `login`)
         self.session = session
         self.target = target  # the target of the task it was opened for
         self.settings = settings  # the task settings it started with (task_settings), if any
@@ -164,9 +165,12 @@ class KeptSession:
         self.resetting = False  # a reset is sent and its answer not read yet
 
     def may_run(self, task):
-        """Whether `count`/`live` let the task run in this session, and it is still open."""
+        """Whether `count`/`live` let the task run in this session, it is still open, and its owner
+        is still the role it logged in as, with the right to log in (a new role of a dropped or
+        renamed one's name ran in the old role's session, with its rights)."""
         return (
             self.key == session_key(task)
+            and self.login is not None and self.login == task["login"]
             and self.target == task["target"]
             and (task["count"] <= 0 or self.runs < task["count"])
             and (task["live_s"] <= 0 or time.monotonic() < self.born + task["live_s"])
@@ -293,13 +297,16 @@ class TaskSessions:
         self.chosen_with = (task["owner"], fingerprint)
         return SessionChoice(ahead=ahead, ready=ahead.fingerprint == fingerprint, fingerprint=fingerprint)
 
-    def ahead_for(self, owner, task_id):
+    def ahead_for(self, owner, task_id, prepared_ok=True):
         """The first session started ahead for `owner` that may run the task `task_id` (None: the
         group's next, not known yet): one started with its settings (with any task's settings),
         else one started with none.  One started with another task's settings runs no other: a
-        RESET in that other task would bring the first one's back (claim_next_task checks)."""
+        RESET in that other task would bring the first one's back (claim_next_task checks).
+        `prepared_ok` False: one started with none only, for a task whose session runs others."""
         mine = [entry for entry in self.ahead if entry.owner == owner]
-        if task_id is None:
+        if not prepared_ok:
+            prepared = []
+        elif task_id is None:
             prepared = [entry for entry in mine if entry.prepared_for is not None]
         else:
             prepared = [entry for entry in mine if entry.prepared_for == task_id]
@@ -335,7 +342,7 @@ class TaskSessions:
                 session, settings = ahead.session, ahead.settings
             else:
                 session, settings = self.open_for(task)
-        self.kept = KeptSession(session_key(task), session, task["target"], settings)
+        self.kept = KeptSession(session_key(task), task["login"], session, task["target"], settings)
         return self.kept
 
     def open_for(self, task):
@@ -427,7 +434,9 @@ class TaskSessions:
             self.ahead.remove(entry)
             entry.session.close()
         while True:
-            entry = self.ahead_for(task["owner"], task["id"])
+            # (One started with this task's settings runs no task after it: a RESET ALL there brought
+            # this one's id and timeout back.)
+            entry = self.ahead_for(task["owner"], task["id"], prepared_ok=not reuses_sessions(task))
             if entry is None:
                 return None
             self.ahead.remove(entry)
