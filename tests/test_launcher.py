@@ -603,6 +603,21 @@ def test_a_lost_listening_session_alone_leaves_the_running_tasks_counted(db):
     assert "connection lost" not in launcher.output()
 
 
+def test_graceful_stop_past_grace_cancels_a_task_holding_its_own_row(db):
+    """A task that wrote its progress to `data` holds its row until its input ends: the stop
+    skipped it as a client's, logged `could not cancel task N`, and the task ran on (a probe)."""
+    launcher = db.launcher("--grace", "0.5")
+    task_id = db.insert("UPDATE task SET data = 'step 1' WHERE id = current_setting('pg_task.id')::bigint;"
+                        " SELECT pg_sleep(60)", delete=False)
+    wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'UPDATE task SET data%%'"
+                                " AND wait_event = 'PgSleep'") == 1, 20, 0.02, "the task to sleep")
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0
+    row = db.task(task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row
+    assert f"could not cancel task {task_id}" not in launcher.output()
+
+
 def test_graceful_stop_past_grace_does_not_wait_for_a_client_holding_a_running_task(db):
     """Past --grace the launcher cancels what still runs; a client holding a running task's row
     (SELECT ... FOR SHARE) made that cancel wait in the launcher's turn, holding the scheduling

@@ -693,12 +693,14 @@ def cancel_running_tasks(ctx, pool, events):
         events.append({"event": "unclaimed", "count": taken_back})
     # Not a row a client holds (a SELECT ... FOR SHARE of its task): task_cancel waited for it in
     # this turn, which holds the scheduling lock, and the stop took as long as the client's
-    # transaction.  Such a task is not cancelled; it ends on its own.  task_cancel with both of its
+    # transaction.  Such a task is not cancelled; it ends on its own.  One its own session holds
+    # (its progress in `data`) is: task_cancel does not wait for that.  task_cancel with both of its
     # arguments: a role that can create in the extension's schema made a one-argument call ambiguous
     # with a task_cancel(bigint) of its own, and every graceful stop failed.
     for row in ctx.run(
         "cancel",
-        "SELECT t.id, CASE WHEN t.id = ANY (l.ids) THEN {ext}.task_cancel(t.id, false) ELSE false END AS cancelled"
+        "SELECT t.id, CASE WHEN t.id = ANY (l.ids) OR pgtaskpy.held_by_its_session(t, t.xmax)"
+        "                  THEN {ext}.task_cancel(t.id, false) ELSE false END AS cancelled"
         " FROM {ext}.task AS t,"
         "      (SELECT ARRAY(SELECT id FROM {ext}.task WHERE worker = ANY($1) AND state = 'WORK'"
         "                    FOR NO KEY UPDATE SKIP LOCKED) AS ids) AS l"

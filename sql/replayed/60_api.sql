@@ -259,6 +259,24 @@ AS $$
     SELECT EXISTS (SELECT FROM taken)
 $$;
 
+-- Whether the running task's own session holds its row (`xmax`: the row's, which a whole-row
+-- value leaves out): a task that wrote its progress (`data`) or locked its row, whose
+-- transaction keeps the lock until the input ends.  task_cancel and a launcher's stop cancel
+-- such a task without waiting for the row.
+CREATE FUNCTION pgtaskpy.held_by_its_session(t @extschema@.task, row_xmax xid) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF t.state IS DISTINCT FROM 'WORK' OR t.remote IS NOT NULL OR t.target IS NOT NULL OR t.pid IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_stat_clear_snapshot();  -- (the activity as it is now, not as the transaction first read it)
+    RETURN EXISTS (SELECT FROM pg_stat_get_activity(t.pid) AS a
+                   WHERE a.backend_xid = row_xmax AND a.usesysid = to_regrole(quote_ident(t.owner))
+                     AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()));
+END
+$$;
+
 -- The privileged half of task_cancel: a claimed task is stopped before it
 -- starts; a running one is cancelled through the backend that really runs
 -- it, found from the row the scheduler wrote (task authors cannot write
@@ -288,12 +306,7 @@ BEGIN
         -- input ends: the cancel waited that long, then found it DONE.  Its session is signalled
         -- without the lock, then the lock is taken (the end waits for it, as below).  Any other
         -- holder (the task's end being written) is waited for.
-        PERFORM pg_stat_clear_snapshot();
-        SELECT r.* INTO t FROM @extschema@.task AS r
-        WHERE r.id = task_id AND r.state = 'WORK' AND r.remote IS NULL AND r.target IS NULL
-          AND r.xmax = (SELECT a.backend_xid FROM pg_stat_get_activity(r.pid) AS a
-                        WHERE a.usesysid = to_regrole(quote_ident(r.owner))
-                          AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()));
+        SELECT r.* INTO t FROM @extschema@.task AS r WHERE r.id = task_id AND pgtaskpy.held_by_its_session(r, r.xmax);
         held_by_task := FOUND;
         IF NOT held_by_task THEN
             SELECT * INTO t FROM @extschema@.task WHERE id = task_id AND state IN ('TAKE', 'WORK') FOR NO KEY UPDATE;
@@ -342,7 +355,14 @@ BEGIN
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         cancelled := pg_cancel_backend(t.pid);
         IF held_by_task THEN  -- (free once the cancel has ended the task's transaction)
-            PERFORM FROM @extschema@.task AS r WHERE r.id = task_id FOR NO KEY UPDATE;
+            BEGIN
+                -- (A task that catches the cancel holds the row on: the end may then miss the
+                -- cancel's note, rather than this wait, a launcher's stop's, last the task's run.)
+                PERFORM set_config('lock_timeout', '5s', true);
+                PERFORM FROM @extschema@.task AS r WHERE r.id = task_id FOR NO KEY UPDATE;
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
         END IF;
         RETURN cancelled;
     ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
@@ -691,4 +711,5 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION pgtaskpy.take_steering_proof(bigint, name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.held_by_its_session(@extschema@.task, xid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_stale_steering_proofs() FROM PUBLIC;
