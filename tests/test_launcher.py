@@ -689,8 +689,9 @@ def test_several_databases_in_one_launcher(cluster, db):
             admin.execute(f"DROP DATABASE {db.name}_b WITH (FORCE)")
 
 
-def run_launcher(*args, timeout=30):
-    return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout)
+def run_launcher(*args, timeout=30, env=None):
+    return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_wrong_dsn_is_one_clear_line_and_non_zero_exit(cluster):
@@ -891,6 +892,8 @@ def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
     ("dbname=b password=secret port=99999", "the conninfo has an invalid port number"),
     ("dbname=b password=secret connect_timeout=abc", "the conninfo has an invalid connect_timeout (a whole number)"),
     ("dbname=b password=secret sslmode=sometimes", "the conninfo has an invalid sslmode (one of disable, allow,"),
+    ("dbname=b password=secret load_balance_hosts=bogus", "the conninfo has an invalid load_balance_hosts (one of"),
+    ("dbname=b password=secret ssl_min_protocol_version=TLSv9", "the conninfo has an invalid ssl_min_protocol_version"),
     ("postgresql://secret@%zz/b", "the conninfo is not a libpq conninfo or URI that can be read"),
     ("dbname=a", "the same conninfo as a database before it"),
 ])
@@ -905,6 +908,32 @@ def test_a_conninfo_libpq_cannot_use_or_one_database_twice_is_a_usage_error(tmp_
     assert "secret" not in result.stderr and "Traceback" not in result.stderr
     result = run_launcher("run", "--dsn", "dbname=a", "--dsn", dsn)
     assert result.returncode == 2 and "--dsn 2: " + says in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("PGPORT", "abc", "invalid port number (from PGPORT)"),
+    ("PGSSLMODE", "sometimes", "invalid sslmode (one of disable, allow, prefer, require, verify-ca, verify-full)"
+                               " (from PGSSLMODE)"),
+])
+def test_a_libpq_environment_variable_libpq_cannot_use_is_a_usage_error(variable, value, says):
+    """Read as libpq reads a conninfo's missing keywords: `PGSSLMODE=sometimes` was retried for ever,
+    `PGPORT=abc` ended the launcher after it had started, and `status` with exit 1 (a probe)."""
+    result = run_launcher("run", env={variable: value})
+    assert result.returncode == 2 and f"the conninfo has an {says}" in result.stderr, result.stderr
+    result = run_launcher("status", env={variable: value})
+    assert result.returncode == 2 and f"the libpq environment has an {says}" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("dsn", "says"), [
+    ("dbname=a hostaddr=notanip", "could not parse network address"),
+    ("dbname=a host=/tmp,/tmp port=1,2,3", "could not match 3 port numbers to 2 hosts"),
+    ("dbname=a sslmode=require sslrootcert=system", "may not be used with sslrootcert=system"),
+])
+def test_a_conninfo_libpq_refuses_as_it_connects_ends_the_launcher(dsn, says):
+    """Not a server's refusal but libpq's, of the conninfo itself: it was retried for ever (a probe)."""
+    result = run_launcher("run", "--dsn", dsn)
+    assert result.returncode == 1 and says in result.stderr, result.stderr
+    assert "retrying" not in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(("option", "says"), [

@@ -197,6 +197,10 @@ CONNINFO_CHOICES = {
     "gssencmode": ("disable", "prefer", "require"),
     "channel_binding": ("disable", "prefer", "require"),
     "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "load_balance_hosts": ("disable", "random"),
+    "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+    "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
 }
 CONNINFO_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
                      "tcp_user_timeout")
@@ -207,20 +211,29 @@ LIBPQ_INTEGER = re.compile(r"\s*[-+]?\d+\s*", re.ASCII)
 
 def conninfo_problem(dsn: str) -> str | None:
     """What libpq would refuse in a conninfo as it connects, told before (None: nothing seen).
-    Not the values themselves: a conninfo may hold a password."""
+    A keyword the conninfo leaves out is read from the libpq environment (PGPORT=abc), as libpq
+    reads it.  Not the values themselves: a conninfo may hold a password."""
     try:
-        keywords = psycopg.conninfo.conninfo_to_dict(dsn)
+        given = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "is not a libpq conninfo or URI that can be read"
-    for port in str(keywords.get("port", "")).split(","):
+    keywords: dict[str, tuple[str, str]] = {  # keyword: (value, where libpq takes it from)
+        option.keyword.decode(): (option.val.decode(errors="replace"), f" (from {option.envvar.decode()})")
+        for option in psycopg.pq.Conninfo.get_defaults()
+        if option.envvar and option.val is not None and os.environ.get(option.envvar.decode()) is not None}
+    keywords.update({keyword: (str(value), "") for keyword, value in given.items()})
+    ports, origin = keywords.get("port", ("", ""))
+    for port in ports.split(","):
         if port.strip() and not (LIBPQ_INTEGER.fullmatch(port) and 1 <= int(port) <= 65535):
-            return "has an invalid port number"
+            return f"has an invalid port number{origin}"
     for keyword in CONNINFO_INTEGERS:
-        if keyword in keywords and not LIBPQ_INTEGER.fullmatch(str(keywords[keyword])):
-            return f"has an invalid {keyword} (a whole number)"
+        value, origin = keywords.get(keyword, (None, ""))
+        if value is not None and not LIBPQ_INTEGER.fullmatch(value):
+            return f"has an invalid {keyword} (a whole number){origin}"
     for keyword, choices in CONNINFO_CHOICES.items():
-        if keyword in keywords and keywords[keyword] not in choices:
-            return f"has an invalid {keyword} (one of {', '.join(choices)})"
+        value, origin = keywords.get(keyword, (None, ""))
+        if value is not None and value not in choices:
+            return f"has an invalid {keyword} (one of {', '.join(choices)}){origin}"
     return None
 
 
@@ -392,7 +405,7 @@ def status(args: argparse.Namespace) -> int:
     conninfo, password and all)."""
     problem = conninfo_problem(args.dsn)
     if problem is not None:
-        print(f"pg_task_py status: --dsn {problem}", file=sys.stderr)
+        print(f"pg_task_py status: {'--dsn' if args.dsn else 'the libpq environment'} {problem}", file=sys.stderr)
         return 2
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda _signum, _frame: stopping.set())

@@ -59,7 +59,11 @@ FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplie
                  "missing \"=\"", "invalid URI", "bad value for", "invalid percent-encoded token",
                  "invalid integer value", "invalid port number",
                  "is not permitted to log in", "pg_hba.conf rejects connection", "definition of service",
-                 "service file", "certificate verify failed", "but SSL was required")
+                 "service file", "certificate verify failed", "but SSL was required",
+                 # (libpq's refusals of the conninfo itself, before any server is asked)
+                 "could not match", "could not parse network address", "may not be used with")
+# libpq's words for a keyword's value it does not know (invalid sslmode value: "sometimes").
+INVALID_VALUE = re.compile(r'invalid "?[a-z_]+"? value: "')
 # The conninfo keywords whose values are secrets: never in the log nor in a metric's label.
 SECRET_KEYWORDS = ("password", "sslpassword")
 
@@ -68,7 +72,7 @@ def is_fatal(exc: psycopg.Error) -> bool:
     """Whether a failed connection attempt needs the user to act, rather than a retry."""
     if exc.sqlstate in FATAL_SQLSTATES:
         return True
-    return any(phrase in str(exc) for phrase in FATAL_PHRASES)
+    return any(phrase in str(exc) for phrase in FATAL_PHRASES) or INVALID_VALUE.search(str(exc)) is not None
 
 
 class SetupError(Exception):
