@@ -121,6 +121,18 @@ def test_count_reuses_one_session_for_the_group(running):
     assert all(output == str(pid) for pid, output in pids)
 
 
+def test_a_save_session_that_listens_keeps_its_state_when_notified_between_tasks(running):
+    """A notification waiting on a kept session's socket was taken for the server's end of it: the
+    next task ran in a new session, without the first one's temporary table (a probe: 2 of 2)."""
+    a = running.insert("LISTEN kept_news; CREATE TEMP TABLE kept AS SELECT 42 AS v", count=5, save=True, group="l",
+                       delete=False)
+    assert running.wait_done(a)["state"] == "DONE"
+    running.sql("NOTIFY kept_news")
+    b = running.insert("SELECT v FROM kept", count=5, save=True, group="l", delete=False)
+    row = running.wait_done(b)
+    assert (row["state"], row["output"], row["pid"]) == ("DONE", "42", running.task(a)["pid"]), row
+
+
 def test_a_reused_session_never_brings_another_tasks_settings_back(running):
     """In a group of a one-off task then `count` tasks, the session started ahead with the second
     task's settings was kept for the third, whose RESET ALL brought the second's id and timeout

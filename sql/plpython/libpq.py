@@ -51,6 +51,7 @@ PQsendQueryParams = _fn(
     "PQsendQueryParams", _I, _P, _S, _I, _P, ctypes.POINTER(_S), _P, _P, _I
 )
 PQconsumeInput = _fn("PQconsumeInput", _I, _P)
+PQnotifies = _fn("PQnotifies", _P, _P)
 PQisBusy = _fn("PQisBusy", _I, _P)
 PQgetResult = _fn("PQgetResult", _P, _P)
 PQsetSingleRowMode = _fn("PQsetSingleRowMode", _I, _P)
@@ -476,12 +477,19 @@ class Session:
         to read, so anything waiting on its socket means it is, or may be, gone: it is closed
         here, and the task takes another.  So does a FATAL that libpq read already, with the last
         answer of the connection's start (ended just as it started, before its worker read that
-        answer): parsed here, it goes to _on_notice.  Never waits."""
+        answer): parsed here, it goes to _on_notice.  What is waiting is read, though: a
+        notification for a `save` session that LISTENs is no end (it was taken for one, and the
+        session's state lost), and is dropped.  Never waits."""
         if not self.ok or self._polling is not None:
             return self.ok
         readable, _, _ = select.select([PQsocket(self.handle)], [], [], 0)
-        PQisBusy(self.handle)  # (parses what libpq holds; reads nothing)
-        if readable or self.ended is not None:
+        if readable and not PQconsumeInput(self.handle):  # (the server closed it)
+            self.close()
+            return False
+        while notify := PQnotifies(self.handle):  # (parses what libpq holds, FATAL included)
+            PQfreemem(notify)
+        PQisBusy(self.handle)
+        if self.ended is not None or PQstatus(self.handle) != CONNECTION_OK:
             self.close()
         return self.ok
 
