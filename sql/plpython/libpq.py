@@ -543,9 +543,20 @@ class Session:
         return ctypes.string_at(name).decode("ascii", "replace") if name else "UTF8"
 
     @property
+    def server_encoding(self):
+        """The database's encoding, as its server reports it."""
+        name = PQparameterStatus(self.handle, b"server_encoding") if self.handle else None
+        return ctypes.string_at(name).decode("ascii", "replace") if name else "UTF8"
+
+    @property
     def codec(self):
-        """Python's codec of the session's client_encoding (UTF-8 for EUC_TW, which has none)."""
-        return _CODECS.get(self.encoding, "utf-8")
+        """Python's codec of the session's client_encoding (UTF-8 for EUC_TW, which has none).
+        SQL_ASCII converts nothing: the server sends the database's own bytes, read in the
+        database's encoding (UTF-8 in a SQL_ASCII database, whose bytes are in no encoding)."""
+        encoding = self.encoding
+        if encoding == "SQL_ASCII":
+            encoding = self.server_encoding
+        return _CODECS.get(encoding, "utf-8")
 
     @property
     def has_codec(self):

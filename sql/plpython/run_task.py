@@ -77,6 +77,7 @@ BAD_SETTING = "22023"  # a setting, or a remote conninfo, that cannot be used
 OUTPUT_TOO_LARGE = "54000"
 NOT_SUPPORTED = "0A000"  # COPY FROM STDIN
 UNTRANSLATABLE = "22P05"  # a remote task's text that the database's encoding cannot hold
+CHARACTER_NOT_IN_REPERTOIRE = "22021"  # output that is not text in its session's encoding (COPY ... ENCODING)
 # The server ended the session for being idle (idle_session_timeout) before it read the input:
 # the task has not run there, and moves to a new session, up to SESSIONS_A_TASK in all.
 IDLE_ENDED = "57P05"
@@ -553,17 +554,35 @@ class InputResults:
                 self.take(session, result)
         elif session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
-        decode = self.decoder(session)  # (its encoding known now: see output.settled)
-        return (settled(self.writer.text(), decode), settled(self.error, decode), self.sqlstate,
-                settled("\n".join(session.notices) or None, decode))
+        undecodable = []
+        decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
+        output, error, notices = (settled(self.writer.text(), decode), settled(self.error, decode),
+                                  settled("\n".join(session.notices) or None, decode))
+        if undecodable and error is None and not (session.encoding == session.server_encoding == "SQL_ASCII"):
+            # The server sends text in the session's encoding, except a COPY's ENCODING option:
+            # its rows were stored with U+FFFD for each character, and the task ended DONE.
+            error = format_message(
+                f"the task's output holds bytes that are not text in its session's encoding ({session.encoding})",
+                self.task["input"], hint="A COPY ... TO STDOUT with an ENCODING option writes in that encoding, which "
+                "a task's output cannot hold: leave the option out, and the server converts to the session's.")
+            return output, error, CHARACTER_NOT_IN_REPERTOIRE, notices
+        return output, error, self.sqlstate, notices
 
-    def decoder(self, session):
+    def decoder(self, session, undecodable):
         """How text in the session's client_encoding is read: by Python's codec, or, for the
         encoding Python has none of (EUC_TW: its text was stored as U+FFFD, DONE), by the server's
-        conversion into the database's encoding (text it cannot convert is replaced, as by a codec)."""
+        conversion into the database's encoding.  Bytes that are not text in it are replaced, and
+        noted in `undecodable`."""
         if session.has_codec:
             codec = session.codec
-            return lambda raw: raw.decode(codec, "replace")
+
+            def by_the_codec(raw):
+                try:
+                    return raw.decode(codec)
+                except UnicodeDecodeError:
+                    undecodable.append(raw)
+                    return raw.decode(codec, "replace")
+            return by_the_codec
         encoding = session.encoding
 
         def by_the_server(raw):
@@ -571,6 +590,7 @@ class InputResults:
                 return self.ctx.run("convert_from", "SELECT pg_catalog.convert_from($1, $2) AS t",
                                     ["bytea", "name"], [raw, encoding])[0]["t"]
             except self.ctx.plpy.SPIError:
+                undecodable.append(raw)
                 return raw.decode("utf-8", "replace")
         return by_the_server
 
