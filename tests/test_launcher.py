@@ -817,6 +817,8 @@ def test_log_json_has_one_object_a_line(db, tmp_path):
     lines = [json.loads(line) for line in launcher.output().splitlines()]
     ended = [line for line in lines if line.get("event") == "end"]
     assert ended[0]["id"] == task_id and ended[0]["state"] == "DONE" and ended[0]["level"] == "INFO"
+    logged = datetime.fromisoformat(ended[0]["time"])  # (with its offset: a moment, whatever the zone)
+    assert logged.tzinfo is not None and abs(logged - db.task(task_id)["stop"]) < timedelta(seconds=30), ended[0]
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -295,8 +296,12 @@ def config_entry(path: Path, position: int, entry: dict, args: argparse.Namespac
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line; `time` in ISO 8601 with its UTC offset (a log shipper read the text
+    format's local time, with no offset, as UTC)."""
+
     def format(self, record: logging.LogRecord) -> str:
-        line = {"time": self.formatTime(record), "level": record.levelname,
+        moment = datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+        line = {"time": moment, "level": record.levelname,
                 "message": record.getMessage(), **getattr(record, "fields", {})}
         return json.dumps(line, default=str)
 
