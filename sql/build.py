@@ -90,10 +90,48 @@ def header(how: str) -> list[str]:
             f"\\echo Use \"{how}\" to load this file. \\quit", "", SAFE_SEARCH_PATH, ""]
 
 
+REVOKED_ROUTINE = re.compile(r"REVOKE ALL ON (?:FUNCTION|PROCEDURE) (.+?) FROM PUBLIC;", re.DOTALL)
+
+
+def public_execute() -> str:
+    """The last statement of each script: EXECUTE for PUBLIC on every routine of the extension but
+    those its sources revoke it from.  A DBA's ALTER DEFAULT PRIVILEGES ... REVOKE EXECUTE ON
+    FUNCTIONS FROM PUBLIC left the extension's own with none, and a task author's INSERT failed
+    (`permission denied for function setting_default`, in the column defaults)."""
+    private = sorted({" ".join(match.split()) for path in REPLAYED.glob("*.sql")
+                      for match in REVOKED_ROUTINE.findall(path.read_text())})
+    revokes = sum(path.read_text().count("REVOKE ") for path in REPLAYED.glob("*.sql"))
+    if revokes != sum(len(REVOKED_ROUTINE.findall(path.read_text())) for path in REPLAYED.glob("*.sql")):
+        # (one this does not read would be granted to PUBLIC again below)
+        sys.exit("sql/replayed: every REVOKE there is `REVOKE ALL ON FUNCTION|PROCEDURE f(...) FROM PUBLIC;`")
+    listed = ",\n        ".join(f"'{signature}'" for signature in private)
+    return f"""-- ---- sql/build.py: public_execute()
+DO $public_execute$
+DECLARE
+    private regprocedure[] := ARRAY[
+        {listed}]::regprocedure[];
+    routine regprocedure;
+BEGIN
+    FOR routine IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_depend AS d ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.objid = p.oid
+         AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass AND d.deptype = 'e'
+        JOIN pg_catalog.pg_extension AS e ON e.oid = d.refobjid AND e.extname = 'pg_task_py'
+        WHERE p.oid <> ALL (private)
+          AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON ROUTINE %s TO PUBLIC', routine);
+    END LOOP;
+END
+$public_execute$;
+"""
+
+
 def install_script() -> str:
     out = header("CREATE EXTENSION pg_task_py CASCADE")
     paths = [*CREATED_ONCE.glob("*.sql"), *REPLAYED.glob("*.sql")]
     out += [source(path) for path in sorted(paths, key=lambda path: path.name)]
+    out.append(public_execute())
     return "\n".join(out)
 
 
@@ -102,6 +140,7 @@ def upgrade_script(old: str, new: str) -> str:
     out.append(source(HERE / "upgrade" / f"{old}--{new}.sql"))
     for path in sorted(REPLAYED.glob("*.sql")):
         out.append(CREATE_ROUTINE.sub(r"CREATE OR REPLACE \1 ", source(path)))
+    out.append(public_execute())
     return "\n".join(out)
 
 

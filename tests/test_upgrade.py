@@ -232,3 +232,37 @@ def test_the_update_gives_older_tasks_tz_utc_whatever_the_updating_sessions_pg_t
             conn.execute("INSERT INTO task (input) VALUES ('SELECT 2')")
             assert conn.execute("SELECT input, tz FROM task ORDER BY id").fetchall() == [
                 ("SELECT 1", "UTC"), ("SELECT 2", "Asia/Tokyo")]
+
+
+PUBLIC_EXECUTE = """
+SELECT p.oid::regprocedure::text, has_function_privilege('public', p.oid, 'EXECUTE')
+FROM pg_depend AS d JOIN pg_extension AS e ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+JOIN pg_proc AS p ON d.classid = 'pg_proc'::regclass AND p.oid = d.objid
+WHERE e.extname = 'pg_task_py' AND d.deptype = 'e' ORDER BY 1
+"""
+
+
+@pytest.mark.parametrize("version", [None, RELEASED[-1]])
+def test_default_privileges_that_revoke_execute_from_public_change_no_routines_grants(cluster: Cluster, db, version):
+    """A DBA's ALTER DEFAULT PRIVILEGES ... REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC left every
+    routine of the extension without EXECUTE for PUBLIC: a task author's INSERT failed, `permission
+    denied for function setting_default`.  Installed or updated so, the grants are a fresh install's."""
+    with new_database(cluster) as hardened:
+        hardened.sql("DROP EXTENSION pg_task_py")
+        hardened.sql("ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC")
+        if version is None:
+            hardened.sql("CREATE EXTENSION pg_task_py CASCADE")
+        else:
+            hardened.conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {}").format(sql.Literal(version)))
+            hardened.sql("ALTER EXTENSION pg_task_py UPDATE")
+        assert hardened.sql(PUBLIC_EXECUTE) == db.sql(PUBLIC_EXECUTE)
+        assert sum(not executable for _, executable in db.sql(PUBLIC_EXECUTE)) > 40  # (the private ones stay so)
+        role = f"{hardened.name}_author"
+        hardened.sql(sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgtaskpy_user").format(sql.Identifier(role)))
+        try:
+            with hardened.connect(role) as author:
+                author.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 day')")
+                author.execute("SELECT task_enqueue('SELECT 2', plan => now() + interval '1 day')")
+        finally:
+            hardened.sql(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            hardened.sql(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
