@@ -405,6 +405,22 @@ def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_prim
     pair.wait_streaming()
     assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
 
+    # A task `after` others reads their writes: on the standby once it has replayed them, else
+    # (within a second) on the primary; within standby_max_lag it read the standby before them.
+    def after_a_write(value: int) -> str:
+        with pair.primary.connect(DB) as conn:
+            first = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
+                                 [f"INSERT INTO audit VALUES ({value})"]).fetchone()[0]
+        report = insert(pair.primary, f"SELECT pg_is_in_recovery() || ' ' || count(*) FROM audit WHERE task_id = {value}",
+                        target="standby", after=[first])
+        return wait_task(pair.primary, report)["output"]
+    assert after_a_write(3) == "true 1"
+    with pair.standby.connect(DB) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+        assert after_a_write(4) == "false 1"
+        conn.execute("SELECT pg_wal_replay_resume()")
+    pair.wait_replayed()
+
     # The standby lags more than pg_task_py.standby_max_lag: on the primary, until it catches up.
     with pair.primary.connect(DB) as conn:
         conn.execute(f"ALTER DATABASE {DB} SET pg_task_py.standby_max_lag = '1 s'")
@@ -459,3 +475,16 @@ def test_a_claim_from_the_old_primary_with_a_pid_alive_here_runs(running):
     for task_id in ids:
         row = running.wait_done(task_id, timeout=10)
         assert (row["state"], row["output"]) == ("DONE", "42"), row
+
+
+def test_a_standby_tasks_session_here_ends_with_its_lost_run(running):
+    """Run here for want of a standby, a `standby` task's session was taken for one out of reach:
+    its run ended FAIL once its worker died while the session went on (a series' next run started
+    beside it; after a promotion, one on the old standby wrote there; a probe)."""
+    task_id = running.insert("SELECT pg_sleep(60)", target="standby", delete=False)
+    wait_until(lambda: running.task(task_id)["state"] == "WORK", 20, 0.02, "WORK")
+    session = running.task(task_id)["pid"]
+    assert running.value("SELECT pg_terminate_backend(worker) FROM task WHERE id = %s", [task_id]) is True
+    row = running.wait_done(task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
+    assert running.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [session]) == 0

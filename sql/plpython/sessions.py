@@ -59,6 +59,11 @@ PLAIN_SESSION_OPTIONS = "-c statement_timeout=0"
 # A task of target 'standby' that runs here (no standby at hand) is read-only as there: a write
 # that fails on the standby succeeded on the primary whenever the standby was down or behind.
 STANDBY_FALLBACK_OPTIONS = PLAIN_SESSION_OPTIONS + " -c default_transaction_read_only=on"
+# How long a task `after` others waits for the standby to replay the primary's WAL as it was when
+# the task's session was asked for (its prerequisites' ends and writes included), before it runs
+# on the primary: within standby_max_lag, a report `after` a load read the standby before the load.
+STANDBY_CATCH_UP_WAIT = 1.0
+STANDBY_CATCH_UP_STEP = 0.01
 
 # Longest a worker waits for the session started ahead for its group's next task to connect,
 # before that task's claim: a session ready at the claim takes the task straight to WORK, in the
@@ -332,7 +337,8 @@ class TaskSessions:
         if task["remote"] is not None:
             session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
-            session = self.open_standby(task["owner"]) or self.open_local(task["owner"], STANDBY_FALLBACK_OPTIONS)
+            session = (self.open_standby(task["owner"], caught_up=task["after_others"])
+                       or self.open_local(task["owner"], STANDBY_FALLBACK_OPTIONS))
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
             session, settings = choice.ahead.session, choice.ahead.settings
@@ -504,17 +510,19 @@ class TaskSessions:
         keywords["options"] = options or PLAIN_SESSION_OPTIONS
         return keywords
 
-    def open_standby(self, owner):
+    def open_standby(self, owner, caught_up=False):
         """A session of `owner` in this database on the launcher's standby (--standby), read-only
         as every session of a standby is; None when the launcher gave none, it cannot be reached,
-        it is not in recovery, or it lags more than pg_task_py.standby_max_lag: the task then
+        it is not in recovery, or it lags more than pg_task_py.standby_max_lag (`caught_up`: it
+        has not replayed all the primary has written within STANDBY_CATCH_UP_WAIT): the task then
         runs here, on the primary.  The conninfo's host, port and options are used; user,
         password and database are the task's own, as for a session here."""
         conninfo = self.ctx.run("standby", "SELECT pg_catalog.current_setting('pgtaskpy.standby', true) AS s")[0]["s"]
         if not conninfo:
             return None
         limit = self.ctx.run("standby_limit", "SELECT pgtaskpy.standby_max_lag() AS lag,"
-                             " pg_catalog.pg_current_wal_flush_lsn()::text AS lsn")[0]
+                             " pg_catalog.pg_current_wal_flush_lsn()::text AS lsn,"
+                             " pg_catalog.pg_current_wal_insert_lsn()::text AS written")[0]
         keywords = {"target_session_attrs": "standby", "connect_timeout": "2"}
         keywords.update(conninfo_options(conninfo))
         for secret_or_ours in ("password", "passfile", "user", "dbname"):
@@ -526,10 +534,14 @@ class TaskSessions:
         except ConnectError:
             return None
         try:
-            lag = session.execute(STANDBY_LAG, [limit["lsn"]])[0][0]
+            lag = session.execute(STANDBY_LAG, [limit["written" if caught_up else "lsn"]])[0][0]
+            deadline = time.monotonic() + STANDBY_CATCH_UP_WAIT
+            while caught_up and lag is not None and float(lag) > 0 and time.monotonic() < deadline:
+                time.sleep(STANDBY_CATCH_UP_STEP)
+                lag = session.execute(STANDBY_LAG, [limit["written"]])[0][0]
         except ConnectError:
             lag = None
-        if lag is None or float(lag) > limit["lag"]:
+        if lag is None or float(lag) > (0 if caught_up else limit["lag"]):
             session.close()
             return None
         return session

@@ -17,7 +17,7 @@ TASK_COLUMNS = (
     "id, state::text AS state, worker, input, owner, remote, \"group\", hash, timeout, count, live, save,"
     " header, string, delimiter, quote, escape, \"null\", target,"
     " extract(epoch FROM timeout)::float8 AS timeout_s,"
-    " extract(epoch FROM live)::float8 AS live_s, retry,"
+    " extract(epoch FROM live)::float8 AS live_s, retry, after IS NOT NULL AS after_others,"
     # The role a session of the owner would log in as now (a kept session runs the task only if
     # it is the one it logged in as: not after the role was dropped, or renamed and another made
     # with its name, nor once it may not log in).

@@ -1253,9 +1253,11 @@ $$;
 -- series' next run would start beside it.  So a local session still there (a
 -- backend of this database, logged in as the task's owner, started before
 -- the task: a pid alone may be reused) is terminated, and the run ends once
--- it is gone (a later call: the next housekeeping turn).  A remote or standby
--- task's session is on another server, out of reach: true.  False, and
--- nothing done, while the worker is alive: the run is not lost.
+-- it is gone (a later call: the next housekeeping turn).  So is a standby
+-- task's when it is here after all: run here for want of a standby, or on the
+-- standby this server was until its promotion (its pid fits as a local one's).
+-- A remote task's session, or a standby's elsewhere, is out of reach: true.
+-- False, and nothing done, while the worker is alive: the run is not lost.
 CREATE FUNCTION pgtaskpy.lost_session_ended(t @extschema@.task) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1265,7 +1267,7 @@ BEGIN
     IF t.state <> 'WORK' OR pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
         RETURN false;
     END IF;
-    IF t.pid IS NULL OR t.remote IS NOT NULL OR t.target IS NOT NULL OR NOT EXISTS (
+    IF t.pid IS NULL OR t.remote IS NOT NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
           AND a.usesysid = (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = t.owner)
