@@ -411,8 +411,8 @@ def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_prim
         with pair.primary.connect(DB) as conn:
             first = conn.execute("INSERT INTO task (input, delete) VALUES (%s, false) RETURNING id",
                                  [f"INSERT INTO audit VALUES ({value})"]).fetchone()[0]
-        report = insert(pair.primary, f"SELECT pg_is_in_recovery() || ' ' || count(*) FROM audit WHERE task_id = {value}",
-                        target="standby", after=[first])
+        seen = f"SELECT pg_is_in_recovery() || ' ' || count(*) FROM audit WHERE task_id = {value}"
+        report = insert(pair.primary, seen, target="standby", after=[first])
         return wait_task(pair.primary, report)["output"]
     assert after_a_write(3) == "true 1"
     with pair.standby.connect(DB) as conn:
