@@ -137,9 +137,28 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
             local_as_postgres = f"host={running.cluster.socket_dir} port={running.cluster.port} dbname=postgres"
             row = running.wait_done(insert(local_as_postgres))
             assert row["state"] == "FAIL" and "password is required" in row["error"]
-            # a password the server never asks for (trust) does not count either
-            row = running.wait_done(insert(local_as_postgres + " user=postgres password=x"))
-            assert row["state"] == "FAIL" and "password is required" in row["error"]
+            # a password the server never asks for (trust) does not count either; neither is retried
+            # (08001 was, and each retry logged in as postgres again)
+            retried = carol.execute("INSERT INTO task (input, remote, retry, retry_delay, delete)"
+                                    " VALUES ('SELECT 1', %s, 2, '0 s', false) RETURNING id",
+                                    [local_as_postgres + " user=postgres password=x"]).fetchone()[0]
+            row = running.wait_done(retried)
+            assert (row["state"], row["sqlstate"]) == ("FAIL", "28000") and "password is required" in row["error"]
+            running.wait_all_done()
+            assert running.value("SELECT count(*) FROM task WHERE parent = %s", [retried]) == 0
+            # options a superuser's login applies before the rule is checked: refused unsent (a file
+            # was loaded as a library in postgres's backend: `could not load library "/etc/passwd"`)
+            for options in ("-c session_preload_libraries=/etc/passwd", "--session-preload-libraries=/etc/passwd",
+                            "-c statement_timeout=5s -c log_min_messages=debug5", "-d 5", "-c no_such.setting=1"):
+                quoted = options.replace("\\", "\\\\").replace("'", "\\'")
+                row = running.wait_done(insert(local_as_postgres + f" user=postgres password=x options='{quoted}'"))
+                assert (row["state"], row["sqlstate"]) == ("FAIL", "22023"), (options, row)
+                assert "options may only set settings any role may" in row["error"], row
+            # those any role may set pass
+            row = running.wait_done(insert(conninfo(remote) + " options='-c statement_timeout=5s -c work_mem=8MB'"))
+            assert (row["state"], row["output"]) == ("DONE", "remote_user"), row
+            row = running.wait_done(insert(conninfo(remote) + " replication=database"))
+            assert (row["state"], row["sqlstate"]) == ("FAIL", "22023") and "replication connection" in row["error"]
             # with a password the remote server checks, it runs
             row = running.wait_done(insert(conninfo(remote)))
             assert (row["state"], row["output"]) == ("DONE", "remote_user")

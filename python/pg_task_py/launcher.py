@@ -27,6 +27,7 @@ log = logging.getLogger("pg_task_py")
 LEGACY_CHANNEL = "pg_task_py"
 PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
+DRAIN_MOST = 0.05  # seconds the listener reads waiting notifications for before a turn
 SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (with --metrics)
 # What the launcher's sessions set at login, before their first statement, whatever the database's
 # or role's defaults (dispatch() sets the rest of what a scheduler session needs itself:
@@ -366,17 +367,22 @@ class WakeListener:
                 return
 
     def _read_arrived(self) -> bool:
-        """Whether notifications had arrived: those in the socket now, read without blocking
-        (and no more: a flood that goes on must not hold up the turns)."""
+        """Whether notifications had arrived: all those in the socket now, read without blocking,
+        for up to DRAIN_MOST seconds (a flood that goes on must not hold up the turns).  One
+        read a turn left a flood of 7 kB payloads 30 s behind, in the server's queue of
+        notifications, which is the whole cluster's: full, it fails every NOTIFY (a probe)."""
         woken = False
-        try:
-            self.pgconn.consume_input()
-        except psycopg.OperationalError as exc:
-            self._listen_again(exc)
-            return True  # (wakes sent while it was away are lost: a turn looks now)
-        while self.pgconn.notifies() is not None:
-            woken = True
-        return woken
+        deadline = time.monotonic() + DRAIN_MOST
+        while True:
+            try:
+                self.pgconn.consume_input()
+            except psycopg.OperationalError as exc:
+                self._listen_again(exc)
+                return True  # (wakes sent while it was away are lost: a turn looks now)
+            while self.pgconn.notifies() is not None:
+                woken = True
+            if time.monotonic() >= deadline or not self.poll.poll(0):
+                return woken
 
 
 def connect(dsn: str, application_name: str) -> psycopg.Connection:

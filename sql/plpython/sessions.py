@@ -62,6 +62,9 @@ STANDBY_FALLBACK_OPTIONS = PLAIN_SESSION_OPTIONS + " -c default_transaction_read
 # How long a task `after` others waits for the standby to replay the primary's WAL as it was when
 # the task's session was asked for (its prerequisites' ends and writes included), before it runs
 # on the primary: within standby_max_lag, a report `after` a load read the standby before the load.
+# The SQLSTATEs of a remote session refused by the rules above, which no retry can pass.
+REFUSED_LOGIN = "28000"  # (invalid_authorization_specification: the password rule)
+BAD_REMOTE = "22023"  # (options a role may not set there)
 STANDBY_CATCH_UP_WAIT = 1.0
 STANDBY_CATCH_UP_STEP = 0.01
 
@@ -568,10 +571,17 @@ class TaskSessions:
         if packet > STARTUP_PACKET_MOST:
             raise ConnectError(f"the conninfo's user, dbname, options and application_name make a startup packet of"
                                f" {packet} bytes, over the {STARTUP_PACKET_MOST} a PostgreSQL server reads")
+        if str(options.get("replication") or "off").lower() not in ("off", "false", "no", "0"):
+            # (its protocol takes no parameters, which the task's settings are sent with: every
+            # input failed 08P01, and was retried as a network error)
+            raise ConnectError("a task's session cannot be a replication connection (the conninfo's replication=)",
+                               BAD_REMOTE)
         checked = not self.owner_is_superuser(task["owner"])
         if checked and not options.get("password"):
             raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
-                               "password= in its conninfo")
+                               "password= in its conninfo", REFUSED_LOGIN)
+        if checked and options.get("options"):
+            self.check_remote_options(options["options"])
         keywords = {**self.remote_defaults(task["owner"], options), "dbname": task["remote"],
                     "fallback_application_name": self.ctx.name_of("task"),
                     "client_encoding": TASK_CLIENT_ENCODING}  # (after dbname: it overrides the conninfo's)
@@ -589,8 +599,47 @@ class TaskSessions:
             session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
         if checked and not session.used_password:
             session.close()
-            raise ConnectError("password is required: the remote server did not ask for the password given")
+            raise ConnectError("password is required: the remote server did not ask for the password given",
+                               REFUSED_LOGIN)
         return session
+
+    def check_remote_options(self, text):
+        """A remote conninfo's `options` of a role that is not a superuser: `-c name=value` (or
+        `--name=value`) of settings any role may set only.  The rule above is checked once the
+        session has logged in, and a server that lets the login through unasked (trust, peer)
+        applied the options first, as whoever the conninfo named: `-c session_preload_libraries=`
+        loaded any file as a library in a superuser's backend.  ConnectError (22023) otherwise."""
+        names, words, word, escaped = [], [], "", False
+        for char in text + " ":  # (libpq's split: spaces apart, a backslash keeps the next character)
+            if escaped:
+                word, escaped = word + char, False
+            elif char == "\\":
+                escaped = True
+            elif char.isspace():
+                if word:
+                    words.append(word)
+                word = ""
+            else:
+                word += char
+        while words:
+            word = words.pop(0)
+            if word == "-c" and words:
+                word = words.pop(0)
+            elif word.startswith("-c"):
+                word = word[2:]
+            elif word.startswith("--"):
+                word = word[2:]
+            else:
+                names.append(None)
+                continue
+            names.append(word.split("=", 1)[0].replace("-", "_").lower() if "=" in word else None)
+        allowed = self.ctx.run("user_settings", "SELECT coalesce(bool_and(s.context = 'user'), false) AS ok"
+                               " FROM unnest($1::text[]) AS n(name) LEFT JOIN pg_catalog.pg_settings AS s"
+                               " ON s.name = n.name", ["text[]"], [names])[0]["ok"]
+        if not names or not allowed:
+            raise ConnectError("the conninfo's options may only set settings any role may (-c name=value, "
+                               "pg_settings.context 'user') in a remote task of a role that is not a superuser",
+                               BAD_REMOTE)
 
     def remote_defaults(self, owner, options):
         """What a `remote` conninfo leaves out, as keywords that go before it (its own override
