@@ -310,6 +310,21 @@ def test_cancelling_a_task_whose_remote_server_never_answers_frees_its_worker(ru
     assert run(running, "SELECT 'next'")["output"] == "next"
 
 
+def test_a_several_hosts_connect_to_a_server_that_never_answers_leaves_its_worker_free(running, silent_server):
+    """Several hosts and a connect_timeout take libpq's blocking connect, which held the worker
+    deaf to task_cancel and pg_terminate_backend, and a fast shutdown of the server, for
+    connect_timeout a host (2 x 40 s, a probe)."""
+    hosts = f"host=127.0.0.1,127.0.0.1 port={silent_server.port},{silent_server.port} dbname=x connect_timeout=60"
+    task_id = running.insert("SELECT 1", remote=hosts, delete=False)
+    wait_until(lambda: silent_server.accepted, message="the worker to connect to the silent server")
+    assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+    assert running.wait_done(task_id, 10)["state"] == "STOP"
+    wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+                                     " AND query LIKE %s", [f"CALL pgtaskpy.run_task({task_id},%"]) == 0,
+               15, 0.1, "the worker to give the attempt up")
+    assert run(running, "SELECT 'next'")["output"] == "next"
+
+
 def test_stopping_the_launcher_takes_back_a_task_whose_remote_server_never_answers(db, silent_server):
     """Past the grace period, a claimed task that has not started waits again, and its worker
     gives the connection attempt up: the launcher stops."""

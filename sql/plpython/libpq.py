@@ -336,19 +336,60 @@ class Result:
         return bool(PQbinaryTuples(self.handle))
 
 
+def _connect_beside(arrays, on_wait, wait_step):
+    """PQconnectdbParams in a thread of its own, and `on_wait` (which acts on this backend's
+    interrupts, and raises to give the attempt up) every `wait_step` seconds meanwhile; the new
+    connection's handle.  libpq's blocking connect is the one that gives each of several hosts
+    its connect_timeout, and in this backend's thread it was deaf to cancels and terminates: a
+    task author's ten hosts that never answer, with connect_timeout=60, held a worker, and a fast
+    shutdown of the server, ten minutes.  A connection given up is closed by its thread once
+    libpq returns; the backend's exit ends the thread."""
+    import threading  # noqa: PLC0415 (here, on a several-hosts connect only: a new worker's first call)
+
+    box = {"handle": None, "given_up": False}
+    guard = threading.Lock()
+    done = threading.Event()
+
+    def attempt():
+        handle = PQconnectdbParams(*arrays)
+        with guard:
+            if box["given_up"]:
+                PQfinish(handle)
+            else:
+                box["handle"] = handle
+        done.set()
+
+    threading.Thread(target=attempt, name="pg_task_py connect", daemon=True).start()
+    while not done.wait(wait_step):
+        try:
+            on_wait()
+        except BaseException:
+            with guard:
+                box["given_up"] = True
+                if box["handle"] is not None:  # (it returned just now)
+                    PQfinish(box["handle"])
+            raise
+    return box["handle"]
+
+
 class Session:
     """A libpq connection that runs one query at a time and yields its results."""
 
-    def __init__(self, keywords, wait=True):
+    def __init__(self, keywords, wait=True, on_wait=None, wait_step=1.0):
         """Connect; with wait=False only start to, and let advance()/wait_connected() go on.
+        With `on_wait`, libpq's blocking connect runs beside this backend, which runs on_wait
+        every `wait_step` seconds meanwhile (_connect_beside).
 
         A new backend takes milliseconds to start, most of them in the server:
         a session started early is ready by the time a task needs it.
         """
         keys = [k.encode() for k in keywords] + [None]
         values = [str(v).encode() for v in keywords.values()] + [None]
-        start = PQconnectdbParams if wait else PQconnectStartParams
-        self.handle = start((_S * len(keys))(*keys), (_S * len(values))(*values), 1)
+        arrays = ((_S * len(keys))(*keys), (_S * len(values))(*values), 1)
+        if wait and on_wait is not None:
+            self.handle = _connect_beside(arrays, on_wait, wait_step)
+        else:
+            self.handle = (PQconnectdbParams if wait else PQconnectStartParams)(*arrays)
         if not self.handle:
             raise ConnectError("out of memory")
         self.notices = []

@@ -564,7 +564,8 @@ class TaskSessions:
         no connect_timeout is set.  With several hosts and a connect_timeout,
         libpq's blocking connect still makes the attempt: it gives each host
         connect_timeout and moves on to the next, which an asynchronous attempt
-        cannot make it do.
+        cannot make it do; it runs beside the worker, which goes on acting on
+        interrupts (libpq.py, _connect_beside).
         """
         options = conninfo_options(task["remote"])  # a malformed one connects nowhere, not even as a dbname
         packet = startup_packet_bytes(options, self.ctx.name_of("task"))
@@ -594,7 +595,7 @@ class TaskSessions:
             raise
         if timeout is not None and "," in effective.get("host", "") + effective.get("hostaddr", ""):
             session.close()
-            session = Session(keywords)
+            session = Session(keywords, on_wait=on_wait or (lambda: None), wait_step=CONNECT_WAIT_STEP)
         else:
             session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
         if checked and not session.used_password:
