@@ -102,6 +102,21 @@ def test_negative_max_pauses_between_tasks(running):
         assert all((b - a).total_seconds() < 3 for a, b in zip(starts, starts[1:]))
 
 
+def test_negative_max_keeps_its_pause_in_a_group_running_late(running):
+    """Without drift, the next task waited until the previous one's plan + the pause, which a
+    group running late had passed: three tasks behind a long one ran 10 ms apart (a probe).  The
+    pause is counted on from the plan, as a repeat's next run is: the first multiple still ahead."""
+    running.sql("INSERT INTO task (\"group\", max, input, delete) VALUES ('late', -1000, 'SELECT pg_sleep(2.5)', false)")
+    running.sql("INSERT INTO task (\"group\", max, input, delete)"
+                " SELECT 'late', -1000, 'SELECT 1', false FROM generate_series(1, 3)")
+    running.wait_all_done(30)
+    rows = running.sql("SELECT plan, start, stop FROM task WHERE \"group\" = 'late' ORDER BY start")
+    first_plan = rows[0][0]
+    for earlier, later in zip(rows, rows[1:]):
+        assert later[1] >= earlier[2] and later[1] - earlier[1] >= timedelta(seconds=0.9), rows
+        assert (later[0] - first_plan) % timedelta(seconds=1) == timedelta(0), rows  # (on the group's beat)
+
+
 def test_higher_max_starts_beside_the_running_ones(running):
     running.sql("INSERT INTO task (max, input, delete) SELECT 1, 'SELECT pg_sleep(1.5)', false"
                 " FROM generate_series(1, 6)")

@@ -1120,6 +1120,8 @@ DECLARE
     retry_at timestamptz := CASE WHEN t.state = 'FAIL' AND t.attempt <= t.retry THEN pgtaskpy.retry_plan(t) END;
     next_at timestamptz;
     next_id bigint;
+    pause interval;  -- max < 0: the group's pause, and until when its waiting tasks keep it
+    paused_until timestamptz;
 BEGIN
     IF t.key IS NOT NULL AND (series OR retry_at IS NOT NULL) THEN
         -- A named series that got a waiting run while this one ran (the
@@ -1170,14 +1172,26 @@ BEGIN
     IF t.max < 0 THEN
         PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
         -- pg_task's pause: the group's waiting tasks wait -max ms after this
-        -- one's stop (drift) or after this one's plan (no drift); the first of
-        -- them to run pushes the rest on again when it ends.  Only the owner's
-        -- own tasks: groups are shared by roles, and one role's task must not
-        -- hold back another's for up to 24 days.
+        -- one's stop (drift) or until the first multiple of it after this one's
+        -- plan that is in the future (no drift, as a repeat's next run: plan +
+        -- the pause alone was past for a group running late, and its tasks ran
+        -- with no pause at all); the first of them to run pushes the rest on
+        -- again when it ends.  Only the owner's own tasks: groups are shared by
+        -- roles, and one role's task must not hold back another's for up to 24 days.
+        pause := make_interval(secs => -t.max / 1000.0);
+        IF t.drift THEN
+            paused_until := t.stop + pause;
+        ELSE
+            paused_until := t.plan + pause * greatest(ceil(extract(epoch FROM clock_timestamp() - t.plan)
+                                                          / extract(epoch FROM pause)), 1);
+            IF paused_until <= clock_timestamp() THEN
+                paused_until := paused_until + pause;
+            END IF;
+        END IF;
         UPDATE @extschema@.task AS task
-        SET plan = CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0)
+        SET plan = paused_until
         WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
-          AND task.plan < CASE WHEN t.drift THEN t.stop ELSE t.plan END + make_interval(secs => -t.max / 1000.0);
+          AND task.plan < paused_until;
     END IF;
     RETURN CASE WHEN retry_at IS NOT NULL THEN next_id END;
 END
