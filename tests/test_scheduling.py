@@ -106,7 +106,8 @@ def test_negative_max_keeps_its_pause_in_a_group_running_late(running):
     """Without drift, the next task waited until the previous one's plan + the pause, which a
     group running late had passed: three tasks behind a long one ran 10 ms apart (a probe).  The
     pause is counted on from the plan, as a repeat's next run is: the first multiple still ahead."""
-    running.sql("INSERT INTO task (\"group\", max, input, delete) VALUES ('late', -1000, 'SELECT pg_sleep(2.5)', false)")
+    running.sql("INSERT INTO task (\"group\", max, input, delete)"
+                " VALUES ('late', -1000, 'SELECT pg_sleep(2.5)', false)")
     running.sql("INSERT INTO task (\"group\", max, input, delete)"
                 " SELECT 'late', -1000, 'SELECT 1', false FROM generate_series(1, 3)")
     running.wait_all_done(30)
