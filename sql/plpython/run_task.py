@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     )
     from output import OutputTooLarge, OutputWriter, bounded_error, format_error, format_message, settled
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
-    from sessions import BAD_REMOTE, REFUSED_LOGIN, SessionChoice, TaskSessions, reuses_sessions, send_prepare
+    from sessions import RemoteRefused, SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
         HELD,
         claim_next_task,
@@ -445,9 +445,8 @@ class WorkerCall:
             self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc), sqlstate=BAD_SETTING)
         elif task["remote"] is not None and is_bad_conninfo_value(str(exc)):
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=BAD_SETTING)
-        elif task["remote"] is not None and exc.sqlstate in (REFUSED_LOGIN, BAD_REMOTE) and exc.severity == "ERROR":
-            # (the remote rules' refusals, sessions.py: no retry passes them, and each retry of "did not
-            # ask" logged in as someone else again)
+        elif isinstance(exc, RemoteRefused):
+            # (no retry passes them, and each retry of "did not ask" logged in as someone else again)
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=exc.sqlstate)
         elif task["remote"] is None and owner_is_gone(self.ctx, task):
             # Its owner was dropped or renamed: its series failed at every run, for ever, and a

@@ -62,11 +62,16 @@ STANDBY_FALLBACK_OPTIONS = PLAIN_SESSION_OPTIONS + " -c default_transaction_read
 # How long a task `after` others waits for the standby to replay the primary's WAL as it was when
 # the task's session was asked for (its prerequisites' ends and writes included), before it runs
 # on the primary: within standby_max_lag, a report `after` a load read the standby before the load.
-# The SQLSTATEs of a remote session refused by the rules above, which no retry can pass.
-REFUSED_LOGIN = "28000"  # (invalid_authorization_specification: the password rule)
-BAD_REMOTE = "22023"  # (options a role may not set there)
 STANDBY_CATCH_UP_WAIT = 1.0
 STANDBY_CATCH_UP_STEP = 0.01
+# The SQLSTATEs of a remote session refused by open_remote's rules (RemoteRefused).
+REFUSED_LOGIN = "28000"  # (invalid_authorization_specification: the password rule)
+BAD_REMOTE = "22023"  # (options a role may not set there, a replication connection)
+
+
+class RemoteRefused(ConnectError):
+    """A remote session refused by open_remote's rules, which no retry can pass: the task fails
+    with its SQLSTATE, not retried as a network error (08001)."""
 
 # Longest a worker waits for the session started ahead for its group's next task to connect,
 # before that task's claim: a session ready at the claim takes the task straight to WORK, in the
@@ -575,12 +580,12 @@ class TaskSessions:
         if str(options.get("replication") or "off").lower() not in ("off", "false", "no", "0"):
             # (its protocol takes no parameters, which the task's settings are sent with: every
             # input failed 08P01, and was retried as a network error)
-            raise ConnectError("a task's session cannot be a replication connection (the conninfo's replication=)",
-                               BAD_REMOTE)
+            raise RemoteRefused("a task's session cannot be a replication connection (the conninfo's replication=)",
+                                BAD_REMOTE)
         checked = not self.owner_is_superuser(task["owner"])
         if checked and not options.get("password"):
-            raise ConnectError("password is required: a remote task of a role that is not a superuser must give "
-                               "password= in its conninfo", REFUSED_LOGIN)
+            raise RemoteRefused("password is required: a remote task of a role that is not a superuser must give "
+                                "password= in its conninfo", REFUSED_LOGIN)
         if checked and options.get("options"):
             self.check_remote_options(options["options"])
         keywords = {**self.remote_defaults(task["owner"], options), "dbname": task["remote"],
@@ -600,8 +605,8 @@ class TaskSessions:
             session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
         if checked and not session.used_password:
             session.close()
-            raise ConnectError("password is required: the remote server did not ask for the password given",
-                               REFUSED_LOGIN)
+            raise RemoteRefused("password is required: the remote server did not ask for the password given",
+                                REFUSED_LOGIN)
         return session
 
     def check_remote_options(self, text):
@@ -609,7 +614,7 @@ class TaskSessions:
         `--name=value`) of settings any role may set only.  The rule above is checked once the
         session has logged in, and a server that lets the login through unasked (trust, peer)
         applied the options first, as whoever the conninfo named: `-c session_preload_libraries=`
-        loaded any file as a library in a superuser's backend.  ConnectError (22023) otherwise."""
+        loaded any file as a library in a superuser's backend.  RemoteRefused (22023) otherwise."""
         names, words, word, escaped = [], [], "", False
         for char in text + " ":  # (libpq's split: spaces apart, a backslash keeps the next character)
             if escaped:
@@ -638,9 +643,9 @@ class TaskSessions:
                                " FROM unnest($1::text[]) AS n(name) LEFT JOIN pg_catalog.pg_settings AS s"
                                " ON s.name = n.name", ["text[]"], [names])[0]["ok"]
         if not names or not allowed:
-            raise ConnectError("the conninfo's options may only set settings any role may (-c name=value, "
-                               "pg_settings.context 'user') in a remote task of a role that is not a superuser",
-                               BAD_REMOTE)
+            raise RemoteRefused("the conninfo's options may only set settings any role may (-c name=value, "
+                                "pg_settings.context 'user') in a remote task of a role that is not a superuser",
+                                BAD_REMOTE)
 
     def remote_defaults(self, owner, options):
         """What a `remote` conninfo leaves out, as keywords that go before it (its own override
