@@ -155,6 +155,11 @@ class ConnectError(Exception):
         self.severity = severity or "ERROR"
 
 
+class RemoteRefused(ConnectError):
+    """A remote session refused by the rules of sessions.py's open_remote, which no retry can
+    pass: the task fails with its SQLSTATE, not retried as a network error (08001)."""
+
+
 def _without_sqlstate(message):
     """(the message as libpq's default verbosity writes it, the SQLSTATE) of a verbose one; a
     message that carries none comes back as it is, with None."""

@@ -36,11 +36,12 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         PQTRANS_INTRANS,
         ConnectError,
         MalformedConninfo,
+        RemoteRefused,
         lost_sqlstate,
     )
     from output import OutputTooLarge, OutputWriter, bounded_error, format_error, format_message, settled
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
-    from sessions import RemoteRefused, SessionChoice, TaskSessions, reuses_sessions, send_prepare
+    from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
         HELD,
         claim_next_task,

@@ -28,7 +28,7 @@ import time
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
-    from libpq import ConnectError, Session, connect_timeout_seconds, conninfo_options, startup_options
+    from libpq import ConnectError, RemoteRefused, Session, connect_timeout_seconds, conninfo_options, startup_options
 
 # How far the standby a session is on is behind the primary, in seconds: 0 when it has replayed
 # the primary's WAL up to $1 (the primary's flush position when the task's session was asked for),
@@ -67,11 +67,6 @@ STANDBY_CATCH_UP_STEP = 0.01
 # The SQLSTATEs of a remote session refused by open_remote's rules (RemoteRefused).
 REFUSED_LOGIN = "28000"  # (invalid_authorization_specification: the password rule)
 BAD_REMOTE = "22023"  # (options a role may not set there, a replication connection)
-
-
-class RemoteRefused(ConnectError):
-    """A remote session refused by open_remote's rules, which no retry can pass: the task fails
-    with its SQLSTATE, not retried as a network error (08001)."""
 
 # Longest a worker waits for the session started ahead for its group's next task to connect,
 # before that task's claim: a session ready at the claim takes the task straight to WORK, in the
