@@ -15,6 +15,7 @@ from pg_task_py_testing import (
     SETTINGS,
     Cluster,
     Database,
+    Launcher,
     as_root,
     command_line_options,
     new_database,
@@ -115,6 +116,27 @@ def shared(cluster: SessionCluster) -> Iterator[Database]:
         launcher = database.launcher()
         yield database
         assert launcher.stop() == 0, launcher.output()
+
+
+@pytest.fixture
+def latin1(cluster: SessionCluster) -> Iterator[tuple[psycopg.Connection, Launcher]]:
+    """A LATIN1 database with the extension and a launcher: a connection to it and the launcher
+    (killed, and the database dropped, at the end)."""
+    name = "latin1_db"
+    with cluster.connect() as admin:
+        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    launcher = None
+    try:
+        with cluster.connect(name) as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+            launcher = Launcher(cluster.dsn(name)).start()
+            launcher.wait_active()
+            yield conn, launcher
+    finally:
+        if launcher is not None:
+            launcher.kill()
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture

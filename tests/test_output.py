@@ -1,7 +1,7 @@
 """Output and error text, byte for byte as pg_task writes them (README: Table `task`)."""
 
 import pytest
-from pg_task_py_testing import Launcher, wait_until
+from pg_task_py_testing import wait_until
 
 TAB = "\t"
 
@@ -178,28 +178,15 @@ def test_copy_to_stdout_in_another_encoding_fails_saying_why(shared):
     assert run(shared, "COPY (SELECT 'café' AS v) TO STDOUT (ENCODING 'UTF8')")["output"] == "café\nCOPY 1"
 
 
-def test_a_sql_ascii_session_in_a_latin1_database_reads_the_databases_text(cluster):
+def test_a_sql_ascii_session_in_a_latin1_database_reads_the_databases_text(latin1):
     """SQL_ASCII converts nothing: the server sends LATIN1's bytes, which the worker read as UTF-8,
     and the task failed 22P05 for a character LATIN1 holds (a probe)."""
-    name = "latin1_output"
-    with cluster.connect() as admin:
-        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
-    launcher = None
-    try:
-        with cluster.connect(name) as conn:
-            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
-            launcher = Launcher(cluster.dsn(name)).start()
-            launcher.wait_active()
-            task_id = conn.execute("INSERT INTO task (input, delete) VALUES"
-                                   " ($$SET client_encoding = 'SQL_ASCII'; SELECT 'é' AS v$$, false) RETURNING id"
-                                   ).fetchone()[0]
-            ended = "SELECT state::text, output FROM task WHERE id = %s AND state IN ('DONE', 'FAIL')"
-            assert wait_until(lambda: conn.execute(ended, [task_id]).fetchone(), 30, 0.05) == ("DONE", "SET\né")
-    finally:
-        if launcher is not None:
-            launcher.kill()
-        with cluster.connect() as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    conn, _ = latin1
+    task_id = conn.execute("INSERT INTO task (input, delete) VALUES"
+                           " ($$SET client_encoding = 'SQL_ASCII'; SELECT 'é' AS v$$, false) RETURNING id"
+                           ).fetchone()[0]
+    ended = "SELECT state::text, output FROM task WHERE id = %s AND state IN ('DONE', 'FAIL')"
+    assert wait_until(lambda: conn.execute(ended, [task_id]).fetchone(), 30, 0.05) == ("DONE", "SET\né")
 
 
 def test_statements_that_cannot_run_in_a_transaction_block(shared):

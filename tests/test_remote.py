@@ -8,7 +8,7 @@ import time
 
 import psycopg
 import pytest
-from pg_task_py_testing import Launcher, throwaway_cluster, wait_until
+from pg_task_py_testing import throwaway_cluster, wait_until
 
 PASSWORD = "s3cret pw"
 
@@ -80,36 +80,23 @@ def test_cancelling_a_task_whose_remote_server_stopped_answering_ends_it(running
         os.kill(frozen, signal.SIGCONT)
 
 
-def test_a_remote_result_this_databases_encoding_cannot_hold_fails_saying_so(cluster, remote):
+def test_a_remote_result_this_databases_encoding_cannot_hold_fails_saying_so(latin1, remote):
     """A '€' from a UTF-8 remote into a LATIN1 database: the end could not be written, the worker's
     call failed (its reason in the launcher's log only), and the task ended later as a lost run,
     08006 `task worker ended before the task finished`, which the default retry_on retries."""
-    name = "latin1_db"
-    with cluster.connect() as admin:
-        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
-    launcher = None
-    try:
-        with cluster.connect(name) as conn:
-            conn.execute("CREATE EXTENSION pg_task_py CASCADE")
-            launcher = Launcher(cluster.dsn(name)).start()
-            launcher.wait_active()
-            far = conn.execute("INSERT INTO task (input, remote, retry, delete) VALUES ('SELECT chr(8364)', %s, 2,"
-                               " false) RETURNING id", [conninfo(remote)]).fetchone()[0]
-            fine = conn.execute("INSERT INTO task (input, remote, delete) VALUES ($$SELECT 'é'$$, %s, false)"
-                                " RETURNING id", [conninfo(remote)]).fetchone()[0]
-            ended = "SELECT state::text, sqlstate, error, output FROM task WHERE id = %s AND state IN ('DONE', 'FAIL')"
-            row = wait_until(lambda: conn.execute(ended, [far]).fetchone(), 30, 0.05, "the task's end")
-            assert row[:2] == ("FAIL", "22P05") and row[3] is None, row
-            assert row[2].startswith("ERROR:  the task's output, error or notices hold a character this database's"
-                                     " encoding cannot hold\nDETAIL:  character with byte sequence"), row
-            assert conn.execute("SELECT count(*) FROM task WHERE parent = %s", [far]).fetchone() == (0,)
-            assert wait_until(lambda: conn.execute(ended, [fine]).fetchone(), 30, 0.05)[::3] == ("DONE", "é")
-        assert "worker failed" not in launcher.output(), launcher.output()
-    finally:
-        if launcher is not None:
-            launcher.kill()
-        with cluster.connect() as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    conn, launcher = latin1
+    far = conn.execute("INSERT INTO task (input, remote, retry, delete) VALUES ('SELECT chr(8364)', %s, 2,"
+                       " false) RETURNING id", [conninfo(remote)]).fetchone()[0]
+    fine = conn.execute("INSERT INTO task (input, remote, delete) VALUES ($$SELECT 'é'$$, %s, false)"
+                        " RETURNING id", [conninfo(remote)]).fetchone()[0]
+    ended = "SELECT state::text, sqlstate, error, output FROM task WHERE id = %s AND state IN ('DONE', 'FAIL')"
+    row = wait_until(lambda: conn.execute(ended, [far]).fetchone(), 30, 0.05, "the task's end")
+    assert row[:2] == ("FAIL", "22P05") and row[3] is None, row
+    assert row[2].startswith("ERROR:  the task's output, error or notices hold a character this database's"
+                             " encoding cannot hold\nDETAIL:  character with byte sequence"), row
+    assert conn.execute("SELECT count(*) FROM task WHERE parent = %s", [far]).fetchone() == (0,)
+    assert wait_until(lambda: conn.execute(ended, [fine]).fetchone(), 30, 0.05)[::3] == ("DONE", "é")
+    assert "worker failed" not in launcher.output(), launcher.output()
 
 
 def test_failed_login_shows_libpq_message_never_the_password(running, remote):
