@@ -316,11 +316,16 @@ def test_chain_and_fan_in_of_a_thousand(running):
 def test_exclusive_task_waits_for_the_running_and_runs_alone(db, launchers):
     for _ in range(launchers):
         db.launcher()
-    busy = [db.insert("SELECT pg_sleep(1)", group=f"busy{i}", delete=False) for i in range(8)]
-    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 8, 15,
-               message="the eight tasks to run")
-    exclusive = db.insert("SELECT pg_sleep(0.5)", exclusive=True, delete=False, group="maintenance")
-    later = [db.insert("SELECT 1", group=f"later{i % 3}", delete=False) for i in range(6)]
+    # The eight run until the test lets them end: eight new workers start in 0.3 s on an idle
+    # machine, and a fixed sleep of theirs ended before the last had started on a busy one.
+    with db.connect() as gate:
+        gate.execute("SELECT pg_advisory_lock(4242)")
+        busy = [db.insert("SELECT pg_advisory_xact_lock_shared(4242)", group=f"busy{i}", delete=False)
+                for i in range(8)]
+        wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 8, 15,
+                   message="the eight tasks to run")
+        exclusive = db.insert("SELECT pg_sleep(0.5)", exclusive=True, delete=False, group="maintenance")
+        later = [db.insert("SELECT 1", group=f"later{i % 3}", delete=False) for i in range(6)]
     row = db.wait_done(exclusive)
     db.wait_all_done()
     assert row["state"] == "DONE"
