@@ -80,6 +80,26 @@ def test_cancelling_a_task_whose_remote_server_stopped_answering_ends_it(running
         os.kill(frozen, signal.SIGCONT)
 
 
+def test_a_remote_server_that_crashes_under_a_task_fails_it_in_libpq_s_words_and_its_warning(running):
+    """Another backend of the remote server crashed: the server told the task's session so (a
+    WARNING) and closed it.  The error read `... before or while processing the request.\n\tinvalid
+    socket` (the worker had libpq wait on the closed socket), each line after the first with two
+    tabs."""
+    with throwaway_cluster() as far:
+        task_id = running.insert("SELECT pg_sleep(60)", delete=False,
+                                 remote=f"host={far.socket_dir} port={far.port} dbname=postgres user=postgres")
+        wait_until(lambda: running.task(task_id)["state"] == "WORK", message="WORK")
+        with far.connect() as other:
+            os.kill(other.execute("SELECT pg_backend_pid()").fetchone()[0], signal.SIGKILL)
+            row = running.wait_done(task_id, 30)
+    assert row["state"] == "FAIL", row
+    assert row["error"] == ("ERROR:  server closed the connection unexpectedly\n\tThis probably means the server"
+                            " terminated abnormally\n\tbefore or while processing the request.\n"
+                            "STATEMENT:  SELECT pg_sleep(60)"), row
+    assert row["notice"].startswith("WARNING:  terminating connection because of crash of another server process\n"
+                                    "DETAIL:  "), row
+
+
 def test_a_remote_result_this_databases_encoding_cannot_hold_fails_saying_so(latin1, remote):
     """A '€' from a UTF-8 remote into a LATIN1 database: the end could not be written, the worker's
     call failed (its reason in the launcher's log only), and the task ended later as a lost run,

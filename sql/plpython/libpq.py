@@ -397,6 +397,7 @@ class Session:
             self.handle = (PQconnectdbParams if wait else PQconnectStartParams)(*arrays)
         if not self.handle:
             raise ConnectError("out of memory")
+        self.broke_with = None  # libpq's words for the break, when the connection broke mid-answer (_broke)
         self.notices = []
         self.notice_room = None  # characters the notices may still take (limit_notices); None: no limit
         self.notice_limit = 0
@@ -564,7 +565,9 @@ class Session:
     def error(self):
         """libpq's last error: (its words as its default verbosity writes them, the server's
         SQLSTATE in them or None)."""
-        message = (_text(PQerrorMessage(self.handle)) or "").strip()
+        words = self.broke_with or _text(PQerrorMessage(self.handle)) or ""
+        # (libpq starts the lines after a message's first with a tab; error texts add their own)
+        message = "\n".join(line.lstrip("\t") for line in words.strip().split("\n"))
         return _without_sqlstate(message) if message else ("", None)
 
     def cancel(self):
@@ -661,6 +664,7 @@ class Session:
                         on_wait()
                     continue
                 if not PQconsumeInput(self.handle):
+                    self._broke()
                     break
             handle = PQgetResult(self.handle)
             if not handle:
@@ -673,6 +677,8 @@ class Session:
         (a worker running several tasks waits on all their sockets at once); `answered` once
         the query has no result left."""
         broken = not PQconsumeInput(self.handle)  # then libpq has its error result at once
+        if broken:
+            self._broke()
         codec = self.codec
         while broken or not PQisBusy(self.handle):
             handle = PQgetResult(self.handle)
@@ -680,6 +686,11 @@ class Session:
                 self.answered = True
                 return
             yield Result(handle, codec)
+
+    def _broke(self):
+        """Keep libpq's words for a connection that broke as its answer was read: the
+        PQgetResult that follows waits on the closed socket, and adds "invalid socket" to them."""
+        self.broke_with = _text(PQerrorMessage(self.handle))
 
     def refuse_copy_in(self):
         """End a COPY FROM STDIN the task started with an error: the server fails the COPY, and
