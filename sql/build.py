@@ -10,13 +10,19 @@ The SQL sources are in two folders, by how a database gets them:
 
 The install script is the files of both folders in the order of their names.
 
-A `{{ a.py b.py }}` line inside a function body is replaced by those files of
-sql/plpython/, in order, followed by a call of the last one's `main`, the entry
-point: each file stays a real, lintable Python module while the server gets one
-self-contained body.  PL/Python runs a body anew on every call; the files'
-definitions (ctypes prototypes, classes, functions; see bench/RESULTS.md) run only on a
-backend's first call, and later calls reuse the `main` kept in SD, with
-everything it refers to.
+The files of sql/plpython/ are compiled once, by the script: the line
+`{{ sql/plpython/*.py }}` (sql/replayed/12_python_modules.sql) becomes a call of
+pgtaskpy.install_python_modules with every file's name and source, which
+compiles them in the server's Python and keeps their bytecode in the function
+pgtaskpy.python_modules() and their source in pgtaskpy.python_sources().  A
+`{{ a.py b.py }}` line inside a function body is replaced by a short loader: on
+a backend's first call it runs those modules' bytecode, in order, in one
+namespace (compiling their source only when the server's Python is not the one
+that compiled them), and keeps the last one's `main`, the entry point, in SD;
+every call then calls that `main`.  So each file stays a real, lintable Python
+module, and a new worker backend loads bytecode instead of compiling 2,600 lines
+of Python (bench/RESULTS.md).  Functions rather than a table: a table of the
+extension would be copied into a subscriber's by a publication FOR ALL TABLES.
 
 PL/Python gives a body `plpy`, `GD`, `SD` and the routine's arguments as
 globals.  Only the generated call reads them: `main` is passed the globals
@@ -40,6 +46,7 @@ import sys
 
 HERE = pathlib.Path(__file__).parent
 INCLUDE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.MULTILINE)
+ALL_MODULES = "sql/plpython/*.py"
 CREATE_ROUTINE = re.compile(r"^CREATE (FUNCTION|PROCEDURE|TRIGGER) ", re.MULTILINE)
 CREATED_ONCE = HERE / "created_once"
 REPLAYED = HERE / "replayed"
@@ -57,16 +64,48 @@ def entry_point_parameters(name: str, source: str) -> list[str]:
 
 
 def python_body(match: re.Match) -> str:
-    parts = ['if "pgtaskpy.main" not in SD:  # the first call in this backend defines everything']
-    for name in match.group(1).split():
-        source = (HERE / "plpython" / name).read_text()
+    if match.group(1) == ALL_MODULES:
+        return install_python_modules()
+    names = match.group(1).split()
+    for name in names:
+        if not (HERE / "plpython" / name).is_file():
+            sys.exit(f"{{{{ {match.group(1)} }}}}: no sql/plpython/{name}")
+    parameters = entry_point_parameters(names[-1], (HERE / "plpython" / names[-1]).read_text())
+    return f"""if "pgtaskpy.main" not in SD:  # this backend's first call: load the modules (sql/build.py)
+    # (not importlib.util.MAGIC_NUMBER: importing importlib.util costs a new backend 5 ms)
+    import _frozen_importlib_external as _importlib, binascii as _binascii, marshal as _marshal, zlib as _zlib
+    _names = {names!r}
+    _modules = plpy.execute(plpy.prepare(
+        "SELECT m.name, m.code FROM pgtaskpy.python_modules() AS m WHERE m.name = ANY ($1) AND m.magic = $2",
+        ["text[]", "bytea"]), [_names, _importlib.MAGIC_NUMBER])
+    if len(_modules) != len(_names):  # compiled by another Python than the server's: compiled here
+        _modules = plpy.execute(plpy.prepare(
+            "SELECT s.name, s.source FROM pgtaskpy.python_sources() AS s WHERE s.name = ANY ($1)", ["text[]"]),
+            [_names])
+    _by_name = {{module["name"]: module for module in _modules}}
+    if len(_by_name) != len(_names):
+        plpy.error("pg_task_py's Python modules are missing: run ALTER EXTENSION pg_task_py UPDATE, or"
+                   " DROP and CREATE EXTENSION pg_task_py")
+    _namespace = {{"__name__": "pgtaskpy"}}
+    for _name in _names:
+        _module = _by_name[_name]
+        exec(_marshal.loads(_zlib.decompress(_binascii.a2b_base64(_module["code"]))) if "code" in _module
+             else compile(_module["source"], "sql/plpython/" + _name, "exec"), _namespace)
+    SD["pgtaskpy.main"] = _namespace["main"]
+return SD["pgtaskpy.main"]({", ".join(parameters)})"""
+
+
+def install_python_modules() -> str:
+    """The call that compiles every file of sql/plpython and keeps it in pgtaskpy.python_modules()."""
+    names, sources = [], []
+    for path in sorted((HERE / "plpython").glob("*.py")):
+        source = path.read_text()
         if "$python$" in source:
-            sys.exit(f"{name}: contains the $python$ quote")
-        indented = "\n".join(f"    {line}" if line else "" for line in source.splitlines())
-        parts.append(f"    # ---- sql/plpython/{name}\n{indented}")
-    parts.append('    SD["pgtaskpy.main"] = main')
-    parts.append(f'return SD["pgtaskpy.main"]({", ".join(entry_point_parameters(name, source))})')
-    return "\n".join(parts)
+            sys.exit(f"{path.name}: contains the $python$ quote")
+        names.append(f"'{path.name}'")
+        sources.append(f"$python${source}$python$")
+    return (f"SELECT pgtaskpy.install_python_modules(\n    ARRAY[{', '.join(names)}],\n    ARRAY[\n"
+            + ",\n".join(sources) + "]);")
 
 
 def source(path: pathlib.Path) -> str:

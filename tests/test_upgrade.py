@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from pg_task_py_testing import PG_BIN, Cluster, Launcher, extension_version, new_database, wait_until
 from pg_task_py_testing.database import drop_database
@@ -131,6 +132,35 @@ def test_update_gives_what_a_fresh_install_gives(cluster: Cluster, db, old):
         rest = [line for line in log if "ALTER EXTENSION pg_task_py UPDATE" not in line]
         assert not any("WARNING" in line or "ERROR" in line for line in rest), launcher.output()
 
+
+
+def test_modules_compiled_by_another_python_run_from_their_source_until_compiled_again(db):
+    """The extension's Python is compiled by its script, for the server's Python (sql/build.py).
+    A server whose Python has changed since (a distribution upgrade: another bytecode) runs the
+    modules from their source, and a superuser's install_python_modules() compiles them again."""
+    magic = "SELECT array_agg(DISTINCT magic) FROM pgtaskpy.python_modules()"
+    server_magic = db.value(magic)
+    assert len(server_magic) == 1
+    db.sql("CREATE OR REPLACE FUNCTION pgtaskpy.python_modules(OUT name text, OUT magic bytea, OUT code text)"
+           " RETURNS SETOF record LANGUAGE sql IMMUTABLE"
+           " AS $$ SELECT s.name, '\\x00000d0a'::bytea, 'not bytecode' FROM pgtaskpy.python_sources() AS s $$")
+    launcher = db.launcher()
+    assert db.wait_done(db.insert("SELECT 'from source'", delete=False))["output"] == "from source"
+    launcher.stop()
+    role = f"{db.name}_author"
+    db.sql(sql.SQL("CREATE ROLE {} IN ROLE pgtaskpy_user").format(sql.Identifier(role)))
+    try:
+        with db.connect() as author:
+            author.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                author.execute("SELECT pgtaskpy.install_python_modules()")
+    finally:
+        db.sql(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    db.sql("SELECT pgtaskpy.install_python_modules()")
+    assert db.value(magic) == server_magic
+    assert db.value("SELECT count(*) FROM pgtaskpy.python_modules() WHERE code = 'not bytecode'") == 0
+    db.launcher()
+    assert db.wait_done(db.insert("SELECT 'compiled'", delete=False))["output"] == "compiled"
 
 
 def test_a_dump_restored_with_the_tables_triggers_off_is_the_same_database(cluster: Cluster, db, tmp_path):
