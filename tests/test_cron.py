@@ -396,7 +396,12 @@ def test_a_running_series_key_takes_no_one_off_task(running):
         return [row[0] for row in running.sql("SELECT state::text FROM task WHERE key = 'beat'"
                                               " AND state IN ('PLAN', 'TAKE', 'WORK')")]
 
+    later = running.insert("SELECT 'one-off'", key="report", plan=datetime(2099, 1, 1, tzinfo=timezone.utc))
     wait_until(lambda: state_of_key() == ["WORK"], 20, 0.01, "a run of the series running, none waiting")
+    # (nor a waiting task's key changed to it: the series ended, its next run the one-off of 2099)
+    with pytest.raises(psycopg.errors.UniqueViolation, match="key \"beat\" names a series of postgres"):
+        running.sql("UPDATE task SET key = 'beat' WHERE id = %s", [later])
+    running.sql("INSERT INTO task (input, key, state) VALUES ('SELECT 1', 'beat', 'STOP')")  # (waits for nothing)
     with pytest.raises(psycopg.errors.UniqueViolation, match="key \"beat\" names a series of postgres"):
         running.value("SELECT task_enqueue('SELECT ''now''', key => 'beat', on_conflict => 'skip')")
     wait_until(lambda: state_of_key() == ["PLAN"], 20, 0.01, "the series' next run waiting")

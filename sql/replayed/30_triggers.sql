@@ -92,8 +92,10 @@ BEGIN
     END IF;
     -- A one-off task under the key of a series whose run is running (no run waits: the key is
     -- free) would take the key from the series' next run, which that run's end then gives up
-    -- (follow_task): the series ended without a word.
-    IF TG_OP = 'INSERT' AND NEW.key IS NOT NULL AND NEW.cron IS NULL AND NEW.repeat = interval '0'
+    -- (follow_task): the series ended without a word.  So would a waiting task's key changed to
+    -- it; a STOP row waits for nothing.
+    IF NEW.state = 'PLAN' AND (TG_OP = 'INSERT' OR NEW.key IS DISTINCT FROM OLD.key)
+       AND NEW.key IS NOT NULL AND NEW.cron IS NULL AND NEW.repeat = interval '0'
        AND EXISTS (SELECT FROM @extschema@.task AS s
                    WHERE s.owner = NEW.owner AND s.key = NEW.key AND s.state IN ('TAKE', 'WORK')
                      AND (s.cron IS NOT NULL OR s.repeat > interval '0'))
