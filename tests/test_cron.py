@@ -493,6 +493,21 @@ def test_task_cancel_with_stop_series_ends_a_cron_series(running):
     assert running.value("SELECT count(*) FROM task") == 1  # no next run
 
 
+def test_a_run_that_cancels_itself_with_stop_series_is_told_its_series_goes_on(running):
+    """task_cancel(own id, stop_series => true) from the run itself: the cancel rolled back the
+    series' end with the run's transaction, and the series went on, the call's promise broken
+    without a word.  Now the call fails saying so (the run ends FAIL with it), and the series goes
+    on as after any failed run; task_unschedule from the run ends it."""
+    first = running.insert("SELECT task_cancel(current_setting('pg_task.id')::bigint, stop_series => true)",
+                           repeat="1 s", key="self", delete=False)
+    row = running.wait_done(first, 20)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "55000"), row
+    assert row["error"].startswith(f"ERROR:  task {first} cannot end its own series with task_cancel\nDETAIL:  "), row
+    assert "task_unschedule(key)" in row["error"], row
+    assert running.value("SELECT count(*) FROM task WHERE key = 'self' AND state = 'PLAN'") == 1  # it goes on
+    assert running.value("SELECT task_cancel(id, true) FROM task WHERE key = 'self' AND state = 'PLAN'") is True
+
+
 def key_rows(db, key: str) -> list[dict]:
     cursor = db.conn.execute("SELECT id, parent, plan, start, stop, state::text AS state, input, cron"
                              " FROM task WHERE key = %s ORDER BY id", [key])

@@ -327,6 +327,14 @@ BEGIN
         RETURN true;
     END IF;
     IF stop_series THEN
+        -- A run's own call: the cancel below ends its transaction, and the series' end with it.
+        IF t.pid = pg_backend_pid() AND t.remote IS NULL AND t.target IS NULL THEN
+            RAISE EXCEPTION 'task % cannot end its own series with task_cancel', task_id
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'The cancel would roll back its own transaction, and the end of the series with it.',
+                      HINT = 'From its run, end a named series with task_unschedule(key): the run finishes, and no'
+                             ' next run follows.';
+        END IF;
         PERFORM pgtaskpy.end_series(task_id);
     END IF;
     -- (A task of target 'standby' may run on the standby, whose pids are not this server's.  The
