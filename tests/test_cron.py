@@ -60,6 +60,9 @@ def test_next_runs_are_those_before_the_year_10000(db):
     # (20:00 on 31 December 9999 in New York is in the year 10000 in UTC, where no plan may be)
     assert next_runs(db, "0 20 31 12 *", "America/New_York", 3, "9999-06-01 00:00+00") == []
     assert next_runs(db, "* * * * *", "Europe/Berlin", 3, "294276-12-31 23:59:59+00") == []  # (out of range)
+    # ('N seconds' ran on into the year 10000)
+    assert [run.isoformat() for run in next_runs(db, "30 seconds", "UTC", 3, "9999-12-31 23:59+00")] == [
+        "9999-12-31T23:59:30+00:00"]
 
 
 def test_a_default_repeat_leaves_cron_tasks_alone(db):

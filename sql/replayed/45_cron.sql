@@ -358,13 +358,14 @@ DECLARE
     local_time timestamp;
     candidate timestamptz;
 BEGIN
-    IF spec[7] > 0 THEN  -- 'N seconds': every N seconds of the clock, whatever the zone
-        RETURN to_timestamp((floor(extract(epoch FROM after) / spec[7]) + 1) * spec[7]);
-    END IF;
     local_time := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
     LOOP
-        local_time := pgtaskpy.cron_next_local(spec, local_time);
-        candidate := pgtaskpy.cron_instant(local_time, tz);  -- (STRICT: NULL after the zone's 9999)
+        IF spec[7] > 0 THEN  -- 'N seconds': every N seconds of the clock, whatever the zone
+            candidate := to_timestamp((floor(extract(epoch FROM after) / spec[7]) + 1) * spec[7]);
+        ELSE
+            local_time := pgtaskpy.cron_next_local(spec, local_time);
+            candidate := pgtaskpy.cron_instant(local_time, tz);  -- (STRICT: NULL after the zone's 9999)
+        END IF;
         -- (nor in the year 10000 in UTC, past a plan's bound)
         IF candidate IS NULL OR candidate >= timestamptz '10000-01-01 00:00+00' THEN
             RAISE EXCEPTION 'cron expression has no match after % before the year 10000', after
