@@ -210,6 +210,11 @@ def test_task_retry_runs_an_ended_task_of_ones_own_again(running):
         running.wait_done(failed)
         with pytest.raises(psycopg.errors.NoDataFound, match=f"task {failed} does not exist or is not yours"):
             bob.execute("SELECT task_retry(%s)", [failed])
+        # (an admin who sees alice's task, and is not alice: the refusal named the owner check)
+        running.sql("GRANT pgtaskpy_admin TO bob")
+        with pytest.raises(psycopg.errors.NoDataFound, match=f"task {failed} does not exist or is not yours"):
+            bob.execute("SELECT task_retry(%s)", [failed])
+        running.sql("REVOKE pgtaskpy_admin FROM bob")
         with pytest.raises(psycopg.errors.NullValueNotAllowed, match="task_retry needs a task id"):
             bob.execute("SELECT task_retry(NULL)")
         waiting = alice.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h')"

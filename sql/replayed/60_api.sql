@@ -455,15 +455,26 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = format('Wait for task %s (task_wait), or cancel it (task_cancel) first.', retry_id);
     END IF;
-    INSERT INTO @extschema@.task (
-        parent, active, live, timeout, count, max, delete, drift, header, string, delimiter, escape, quote,
-        data, "group", input, "null", remote, save, owner, tz, retry, retry_delay, retry_max, retry_on, retry_unsafe,
-        exclusive, target)
-    VALUES (
-        t.id, t.active - t.paused, t.live, t.timeout, t.count, t.max, t.delete, t.drift, t.header, t.string, t.delimiter,
-        t.escape, t.quote, t.data, t."group", t.input, t."null", t.remote, t.save, t.owner, t.tz, t.retry,
-        t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe, t.exclusive, t.target)
-    RETURNING id INTO retry_id;
+    BEGIN
+        INSERT INTO @extschema@.task (
+            parent, active, live, timeout, count, max, delete, drift, header, string, delimiter, escape, quote,
+            data, "group", input, "null", remote, save, owner, tz, retry, retry_delay, retry_max, retry_on,
+            retry_unsafe, exclusive, target)
+        VALUES (
+            t.id, t.active - t.paused, t.live, t.timeout, t.count, t.max, t.delete, t.drift, t.header, t.string,
+            t.delimiter, t.escape, t.quote, t.data, t."group", t.input, t."null", t.remote, t.save, t.owner, t.tz,
+            t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe, t.exclusive, t.target)
+        RETURNING id INTO retry_id;
+    EXCEPTION WHEN insufficient_privilege THEN
+        -- A task the caller sees (pgtaskpy_admin sees every role's) but may not insert as its owner
+        -- (the owner check of task_check): the run's owner would be named in a refusal of its own.
+        IF t.owner IS DISTINCT FROM current_user THEN
+            RAISE EXCEPTION 'task % does not exist or is not yours', task_id
+                USING ERRCODE = 'no_data_found',
+                      HINT = 'A role runs again only its own tasks (a member of pgtaskpy_admin: those of roles it is a member of).';
+        END IF;
+        RAISE;
+    END;
     RETURN retry_id;
 END
 $$;
