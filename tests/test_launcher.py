@@ -1033,6 +1033,21 @@ def test_the_extension_dropped_and_created_again_under_the_launcher_says_so(runn
     assert not lines_with(f"task {long_ones[0]}:", output), output
 
 
+def test_a_dropped_extension_s_task_ends_nowhere_not_on_the_new_table_s_task_of_its_id(running):
+    """A task of the dropped table ended as it ran on, and its worker wrote that end onto the new
+    table's task of the same id (DONE with the old task's output, while it still ran), whose group
+    then started its next task beside it."""
+    old = running.insert("SELECT pg_sleep(2), 'old'", group="g")
+    wait_until(lambda: running.task(old)["state"] == "WORK", 20, message="the old task running")
+    running.sql("BEGIN; DROP EXTENSION pg_task_py CASCADE; CREATE EXTENSION pg_task_py CASCADE; COMMIT")
+    first = running.insert("SELECT pg_sleep(4), 'new'", group="x", max=0, delete=False)
+    second = running.insert("SELECT 'second'", group="x", max=0, delete=False)
+    assert first == old  # (the new table's ids start again)
+    row = running.wait_done(first, 30)
+    assert (row["state"], row["output"]) == ("DONE", "pg_sleep\t?column?\n\tnew"), row
+    assert running.wait_done(second, 30)["start"] >= row["stop"]
+
+
 def log_time(line):
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 

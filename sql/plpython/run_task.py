@@ -230,7 +230,7 @@ class WorkerCall:
         error = bounded_error(error, self.limit or OUTPUT_LIMIT_DEFAULT)
         try:
             ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
-                                sqlstate=sqlstate, stop=stop, unless_held=unless_held)
+                                sqlstate=sqlstate, stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"))
         except self.ctx.plpy.spiexceptions.UntranslatableCharacter as exc:
             # A remote task's text with a character this database's encoding lacks (a '€' into a
             # LATIN1 database): the end could not be written, the worker's call failed, and the
@@ -240,7 +240,7 @@ class WorkerCall:
                 "the task's output, error or notices hold a character this database's encoding cannot hold",
                 task["input"], detail=str(exc).split("\n", 1)[0]), UNTRANSLATABLE
             ended = finish_task(self.ctx, task["id"], "FAIL", None, error, None, wake=wake, sqlstate=sqlstate,
-                                stop=stop, unless_held=unless_held)
+                                stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"))
         if ended is not None and ended != HELD:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])
@@ -462,7 +462,8 @@ class WorkerCall:
     def fail_unstarted(self, task, message, hint, detail=None, sqlstate=None):
         """End a task that never started FAIL with an error of the scheduler's own."""
         error = bounded_error(format_message(message, task["input"], hint, detail), self.limit or OUTPUT_LIMIT_DEFAULT)
-        state = finish_task(self.ctx, task["id"], "FAIL", None, error, sqlstate=sqlstate)
+        state = finish_task(self.ctx, task["id"], "FAIL", None, error, sqlstate=sqlstate,
+                            table_oid=task.get("table_oid"))
         self.record_end(task, state or "FAIL", None, error, sqlstate)
         self.ctx.commit()
 

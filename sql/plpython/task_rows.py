@@ -22,7 +22,10 @@ TASK_COLUMNS = (
     # it is the one it logged in as: not after the role was dropped, or renamed and another made
     # with its name, nor once it may not log in).
     " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
-    "  FROM pg_catalog.pg_authid AS r WHERE r.rolname = owner) AS login"
+    "  FROM pg_catalog.pg_authid AS r WHERE r.rolname = owner) AS login,"
+    # The table the task is a row of: its end is written there only (finish_task), not onto a task
+    # of the same id of a table made since (the extension dropped and created again).
+    " '{ext}.task'::pg_catalog.regclass::pg_catalog.oid AS table_oid"
 )
 
 
@@ -112,11 +115,13 @@ def move_task_to_session(ctx, task, session_pid):
 
 
 def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None, stop=None,
-                unless_held=False):
+                unless_held=False, table_oid=None):
     """Record the task's end (its retry or next run follows in the same transaction); its end
     state (FAIL when what follows it failed), or None if it had ended already (recovered by a
-    launcher).  `stop`: when it ended (time.time()), if not now.  unless_held: HELD, and nothing
-    written, when another transaction holds the row (a burst's worker writes it later).
+    launcher), or if its table is no longer the task table (`table_oid`, the task's TASK_COLUMNS':
+    the extension was dropped and created again while it ran, and a task of the new table had its
+    id and got its end).  `stop`: when it ended (time.time()), if not now.  unless_held: HELD,
+    and nothing written, when another transaction holds the row (a burst's worker writes it later).
 
     Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
     then the rows of its dependents (and, for a named series, the series' lock), and a client's
@@ -130,16 +135,16 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     under a CPU load)."""
     call = ("pgtaskpy.finish_task({id}, $2::{{ext}}.state, $3, $4, task_notice => $5, wake => $6,"
             " task_sqlstate => $7, task_stop => pg_catalog.to_timestamp($8))::text AS s")
+    row = "SELECT id FROM {ext}.task WHERE id = $1 AND ($9::pg_catalog.oid IS NULL OR tableoid = $9)"
     if unless_held:
-        name, query = "finish_unless_held", (f"SELECT {call.format(id='l.id')}"
-                                             " FROM (SELECT id FROM {ext}.task WHERE id = $1"
-                                             " FOR NO KEY UPDATE SKIP LOCKED) AS l")
+        name, query = ("finish_unless_held",
+                       f"SELECT {call.format(id='l.id')} FROM ({row} FOR NO KEY UPDATE SKIP LOCKED) AS l")
     else:
-        name, query = "finish", f"SELECT {call.format(id='$1')}"
+        name, query = "finish", f"SELECT {call.format(id='l.id')} FROM ({row}) AS l"
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
-            rows = ctx.run(name, query, ["bigint", "text", "text", "text", "text", "boolean", "text", "float8"],
-                           [task_id, state, output, error, notices, wake, sqlstate, stop])
+            rows = ctx.run(name, query, ["bigint", "text", "text", "text", "text", "boolean", "text", "float8", "oid"],
+                           [task_id, state, output, error, notices, wake, sqlstate, stop, table_oid])
         except ctx.plpy.spiexceptions.DeadlockDetected:
             if attempt == DEADLOCK_ATTEMPTS:
                 raise
