@@ -36,11 +36,14 @@ def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sy
             schema = conn.execute(
                 "SELECT n.nspname FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n"
                 " ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'").fetchone()
-            view = sql.Identifier(schema[0], "task_stats") if schema else None
-            if view is None or conn.execute(sql.SQL("SELECT pg_catalog.to_regclass({}) IS NULL").format(
+            if schema is None:
+                raise StatusError("no view task_stats here: the extension pg_task_py is not installed in this database"
+                                  " (CREATE EXTENSION pg_task_py CASCADE)")
+            view = sql.Identifier(schema[0], "task_stats")
+            if conn.execute(sql.SQL("SELECT pg_catalog.to_regclass({}) IS NULL").format(
                     sql.Literal(view.as_string(conn)))).fetchone()[0]:
-                raise StatusError("no view task_stats here: is the extension pg_task_py 1.3 or later installed in "
-                                  "this database? (ALTER EXTENSION pg_task_py UPDATE)")
+                raise StatusError("no view task_stats here: the extension pg_task_py is older than 1.3 in this"
+                                  " database (ALTER EXTENSION pg_task_py UPDATE)")
             query = sql.SQL(QUERY).format(view=view)
             clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe gets the tables one after another)
             while True:
