@@ -152,7 +152,7 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
             continue
         if rows:
             return rows[0]["s"]
-        return HELD if held_rows(ctx, [task_id]) else None
+        return HELD if unless_held and held_rows(ctx, [task_id]) else None
 
 
 def owner_is_gone(ctx, task):
