@@ -328,6 +328,10 @@ def test_the_time_a_pause_adds_to_a_series_run_is_not_its_next_runs(running, aut
     assert after == [(timedelta(minutes=10), timedelta(0))]
     with pytest.raises(psycopg.errors.CheckViolation, match="task.paused must be from 0 to less than active"):
         alice.execute("UPDATE task SET paused = active WHERE parent = %s AND state = 'PLAN'", [run])
+    # (nor one that mixes signs: the series' next runs got active - paused, '-1 mons +30 days 00:10',
+    # and each ended GONE without running)
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.paused must be from 0 to less than active"):
+        alice.execute("UPDATE task SET paused = '1 mon -30 days' WHERE parent = %s AND state = 'PLAN'", [run])
     alice.execute("UPDATE task SET state = 'STOP' WHERE parent = %s AND state = 'PLAN'", [run])
 
 

@@ -112,8 +112,9 @@ BEGIN
                   AND NEW.plan < timestamptz '10000-01-01 00:00+00')
             THEN 'task.plan must be a finite time from 1900 to 9999'
         WHEN NOT NEW.active > interval '0' THEN 'task.active must be a positive interval'
-        WHEN NOT (NEW.paused >= interval '0' AND NEW.paused < NEW.active)
-            THEN 'task.paused must be from 0 to less than active'
+        WHEN NOT (NEW.paused >= interval '0' AND NEW.paused < NEW.active AND pgtaskpy.interval_is_sane(NEW.paused))
+            THEN 'task.paused must be from 0 to less than active'  -- (nor mix signs: a series' next runs
+                                                                   -- get active - paused, which would)
         WHEN NOT NEW.live >= interval '0' THEN 'task.live must not be negative'
         WHEN NOT NEW.repeat >= interval '0' THEN 'task.repeat must not be negative'
         WHEN NEW.cron IS NOT NULL AND NEW.repeat > interval '0' THEN 'task.cron and task.repeat must not both be set'
