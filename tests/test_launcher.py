@@ -1253,6 +1253,29 @@ def test_a_database_that_allows_no_connections_holds_its_tasks_until_it_does(run
     assert (row["state"], row["output"]) == ("DONE", "ran"), row
 
 
+def test_a_database_whose_limit_the_launchers_own_backends_fill_still_runs_its_tasks(running, task_role):
+    """A database's CONNECTION LIMIT counts the launcher's backends, which (a superuser's) it does
+    not refuse: with the limit at what they and the test hold, every task of another role was
+    refused its session, waited until its `active` ran out and ended GONE. The launcher now closes
+    its idle workers (and the sessions they hold ahead) for this database's limit as for a full
+    server, and runs no more at once than the limit leaves room for."""
+    running.wait_done(running.insert("SELECT 1", delete=False))  # (a spare worker with a session ahead)
+    wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                     " AND application_name = pgtaskpy.name_of('task')"), 20, 0.05,
+               "the spare's session ahead")
+    held = running.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+    with running.cluster.connect() as admin:
+        admin.execute(f"ALTER DATABASE {running.name} CONNECTION LIMIT {int(held)}")
+    try:
+        tasks = [running.insert(f"SELECT {i}", owner=task_role, group=f"g{i % 3}", active="20 s", delete=False)
+                 for i in range(6)]
+        rows = [running.wait_done(task_id, 40) for task_id in tasks]
+        assert [(row["state"], row["output"]) for row in rows] == [("DONE", str(i)) for i in range(6)], rows
+    finally:
+        with running.cluster.connect() as admin:
+            admin.execute(f"ALTER DATABASE {running.name} CONNECTION LIMIT -1")
+
+
 def test_a_tasks_settings_reach_a_session_started_ahead_whatever_the_databases_statement_timeout(db):
     """A session started ahead of knowing its task gets the task's settings by a statement, which
     ran under the database's statement_timeout: with 20 ms and JIT for every query, it was cancelled,

@@ -374,14 +374,15 @@ def given_tasks(pool):
 
 
 def limit_concurrency(ctx, pool):
-    """The server has no connection to spare: run no more tasks at once than now.
+    """The server or this database has no connection to spare: run no more tasks at once than now.
 
     Every running task holds two backends (its worker and its session), and
-    max_connections is shared with everyone else, so the limit is learnt
-    rather than configured; housekeeping relaxes it by one a second.
+    max_connections (or the database's CONNECTION LIMIT) is shared with everyone
+    else, so the limit is learnt rather than configured; housekeeping relaxes it
+    by one a second.
     """
-    if not server_is_full(ctx):
-        return  # a role's or the database's CONNECTION LIMIT: that task waits, the others run on
+    if not connections_are_full(ctx):
+        return  # a role's CONNECTION LIMIT: that task waits, the others run on
     busy = running_tasks(pool)
     pool["cap"] = max(1, min(pool.get("cap") or busy, busy))
     for name, worker in list(pool["workers"].items()):
@@ -389,13 +390,21 @@ def limit_concurrency(ctx, pool):
             disconnect(ctx, pool, name)  # an idle worker holds a backend a task's session could use
 
 
-def server_is_full(ctx):
-    """Whether the server has (about) no connection left for a role that is not a superuser: a
-    refused session of a role or database at its CONNECTION LIMIT has the same SQLSTATE, and
-    holding every database's tasks back for it stalled the roles that had room."""
-    return ctx.run("full", "SELECT count(*) + 2 >= current_setting('max_connections')::integer"
-                   " - current_setting('superuser_reserved_connections')::integer AS full"
-                   " FROM pg_catalog.pg_stat_activity WHERE backend_type = 'client backend'")[0]["full"]
+def connections_are_full(ctx):
+    """Whether the server, or this launcher's database, has (about) no connection left for a role
+    that is not a superuser.  The database's CONNECTION LIMIT counts the launcher's own backends
+    (superusers', which it never refuses): idle workers and their sessions ahead filled it, and
+    every other role's task waited until it was GONE.  A refused session of a role at its own
+    CONNECTION LIMIT has the same SQLSTATE, and holding every task back for it stalled the roles
+    that had room."""
+    return ctx.run("full", """
+        SELECT count(*) + 2 >= current_setting('max_connections')::integer
+                               - current_setting('superuser_reserved_connections')::integer
+               OR count(*) FILTER (WHERE a.datid = d.oid) + 1 >= d.datconnlimit AND d.datconnlimit >= 0 AS full
+          FROM pg_catalog.pg_stat_activity AS a,
+               (SELECT oid, datconnlimit FROM pg_catalog.pg_database WHERE datname = current_database()) AS d
+         WHERE a.backend_type = 'client backend'
+         GROUP BY d.oid, d.datconnlimit""")[0]["full"]
 
 
 def housekeeping(ctx, pool, events, run_limit):
