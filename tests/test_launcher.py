@@ -93,6 +93,36 @@ def test_a_lone_task_of_a_role_finds_a_session_of_its_owner_started_ahead(runnin
     assert running.value("SELECT output::timestamptz < plan FROM task WHERE id = %s", [second]) is True
 
 
+@pytest.mark.parametrize(("role", "columns", "change", "undo", "input", "ended"), [
+    # (a session keeps a superuser's powers, SET SESSION AUTHORIZATION among them, after the demotion)
+    ("SUPERUSER", {}, "ALTER ROLE ivan NOSUPERUSER", None, "SHOW is_superuser", ("DONE", "off")),
+    ("SUPERUSER", {"live": "1 hour", "group": "kept"}, "ALTER ROLE ivan NOSUPERUSER", None, "SHOW is_superuser",
+     ("DONE", "off")),
+    ("", {}, "REVOKE CONNECT ON DATABASE {db} FROM PUBLIC", "GRANT CONNECT ON DATABASE {db} TO PUBLIC",
+     "SELECT 'ran'", ("FAIL", None)),
+])
+def test_a_session_opened_before_its_owners_login_rights_changed_runs_none_of_its_tasks(
+        running, role, columns, change, undo, input, ended):
+    """A session started ahead, or kept for `live`, runs a task only while a new one would log in
+    the same: after ALTER ROLE ... NOSUPERUSER the next task ran as a superuser still, and after
+    REVOKE CONNECT it ran where a login is refused."""
+    running.sql(f"CREATE ROLE ivan LOGIN {role} IN ROLE pgtaskpy_user")
+    try:
+        first = running.wait_done(running.insert("SELECT 1", owner="ivan", delete=False, **columns))
+        assert first["state"] == "DONE", first
+        wait_until(lambda: sessions_ahead(running, "ivan"), 10, 0.02, "an idle session of ivan")
+        running.sql(change.format(db=running.name))
+        row = running.wait_done(running.insert(input, owner="ivan", delete=False, **columns))
+        assert (row["state"], row["output"]) == ended, row
+        if ended[0] == "FAIL":
+            assert "permission denied for database" in row["error"], row
+    finally:
+        if undo:
+            running.sql(undo.format(db=running.name))
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE ivan")
+
+
 @pytest.mark.parametrize("ending", ["pg_terminate_backend", "idle_session_timeout"])
 def test_a_session_ahead_that_the_server_ended_is_not_given_a_task(running, task_role, ending):
     """A DBA's kill of idle backends, or idle_session_timeout, ends the spare's idle session: the

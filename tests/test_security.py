@@ -502,3 +502,73 @@ def test_a_new_role_of_a_renamed_ones_name_never_runs_in_the_old_ones_kept_sessi
     finally:
         running.sql("DROP OWNED BY etl; DROP ROLE etl")
         running.sql("DROP OWNED BY etl_retired; DROP ROLE IF EXISTS etl_retired")
+
+
+def wait_running_input(running, task_id):
+    """Until the task's session runs its input (a cancel before it would be lost)."""
+    wait_until(lambda: running.value("SELECT count(*) FROM task AS t JOIN pg_stat_activity AS a ON a.pid = t.pid"
+                                     " WHERE t.id = %s AND t.state = 'WORK' AND a.query LIKE 'SELECT pg_sleep%%'",
+                                     [task_id]), 30, 0.05, f"task {task_id} to run its input")
+
+
+@pytest.mark.parametrize("change", ["ALTER ROLE frank RENAME TO frank_renamed", "DROP ROLE frank"])
+def test_a_running_task_whose_owner_was_renamed_or_dropped_can_still_be_cancelled(running, change):
+    """task_cancel found the task's session by its owner's name: once the role was renamed or
+    dropped it returned false and the run went on, beyond the scheduler's reach."""
+    running.sql("CREATE ROLE frank LOGIN IN ROLE pgtaskpy_user")
+    try:
+        task_id = running.insert("SELECT pg_sleep(60)", owner="frank", delete=False)
+        wait_running_input(running, task_id)
+        running.sql(change)
+        assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+        row = running.wait_done(task_id, 30)
+        assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE IF EXISTS frank, frank_renamed")
+
+
+def test_a_lost_run_whose_owner_was_renamed_ends_its_session_before_it_ends_fail(running):
+    """A run whose worker died is FAIL only once its session is gone (README, Guarantees): the
+    session was found by its owner's name, and after a rename the run ended FAIL at once while
+    its session went on running the input, and could commit."""
+    running.sql("CREATE ROLE gina LOGIN IN ROLE pgtaskpy_user")
+    try:
+        task_id = running.insert("SELECT pg_sleep(60)", owner="gina", delete=False)
+        wait_running_input(running, task_id)
+        session, worker = running.sql("SELECT pid, worker FROM task WHERE id = %s", [task_id])[0]
+        running.sql("ALTER ROLE gina RENAME TO gina_renamed")
+        running.sql("SELECT pg_terminate_backend(%s)", [worker])
+        row = running.wait_done(task_id, 30)
+        assert row["state"] == "FAIL", row
+        assert running.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [session]) == 0
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE IF EXISTS gina, gina_renamed")
+
+
+def test_a_superuser_demoted_while_connected_is_checked_as_what_it_now_is(running):
+    """A session's is_superuser stays as it logged in after ALTER ROLE ... NOSUPERUSER, and the
+    triggers trusted it: such a session set its ended task back to PLAN (it ran again) and, with
+    the scheduler's next-run mark, inserted an exclusive task. They are checked by the role's
+    rights as they are now."""
+    running.sql("CREATE ROLE hank LOGIN SUPERUSER")
+    try:
+        with running.connect("hank") as hank:
+            hank.autocommit = True
+            done = running.wait_done(insert_as(hank, "SELECT 1", delete=False))["id"]
+            running.sql("ALTER ROLE hank NOSUPERUSER")
+            running.sql("GRANT pgtaskpy_user TO hank")
+            assert hank.execute("SHOW is_superuser").fetchone() == ("on",)  # (stale: as it logged in)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to set task.state"):
+                hank.execute("UPDATE task SET state = 'PLAN', plan = now() WHERE id = %s", [done])
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="to make a task exclusive"):
+                with hank.transaction():
+                    hank.execute("SET LOCAL pgtaskpy.next_run = 'on'")
+                    hank.execute("INSERT INTO task (input, exclusive) VALUES ('SELECT 1', true)")
+            assert running.value("SELECT state::text FROM task WHERE id = %s", [done]) == "DONE"
+            assert running.value("SELECT count(*) FROM task WHERE exclusive") == 0
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY hank")
+        running.sql("DROP ROLE hank")

@@ -29,6 +29,7 @@ TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call
 
 if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
     from libpq import ConnectError, RemoteRefused, Session, connect_timeout_seconds, conninfo_options, startup_options
+    from task_rows import LOGIN_RIGHTS
 
 # How far the standby a session is on is behind the primary, in seconds: 0 when it has replayed
 # the primary's WAL up to $1 (the primary's flush position when the task's session was asked for),
@@ -471,7 +472,7 @@ class TaskSessions:
 
     def login_fingerprint(self, owner):
         """What a new session of `owner` would start with: the role's and database's
-        settings (ALTER ROLE/DATABASE ... SET) and the role's login rights."""
+        settings (ALTER ROLE/DATABASE ... SET) and the role's login rights (task_rows.LOGIN_RIGHTS)."""
         return self.ctx.run(
             "fingerprint",
             "SELECT md5(concat_ws('|',"
@@ -480,8 +481,7 @@ class TaskSessions:
             "  FROM pg_catalog.pg_db_role_setting AS s"
             "  WHERE s.setdatabase IN (0, (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))"
             "    AND s.setrole IN (0, (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1))),"
-            " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
-            "  FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1))) AS f",
+            f" (SELECT {LOGIN_RIGHTS} = $1))) AS f",
             ["name"],
             [owner],
         )[0]["f"]

@@ -12,6 +12,15 @@ DEADLOCK_ATTEMPTS = 5  # most tries of a task's end that the server fails to bre
 DEADLOCK_BACKOFF = 0.02
 HELD = "held"  # what start_task and finish_task return, unless_held, when a client holds the row
 
+# What a new session of a role would log in with here, `r` its pg_authid row and `d` this
+# database's pg_database row: a session opened before any of it changed runs no task of the role.
+# (After ALTER ROLE ... NOSUPERUSER a session keeps a superuser's powers, SET SESSION
+# AUTHORIZATION among them; after REVOKE CONNECT or ALLOW_CONNECTIONS false a login is refused.)
+LOGIN_RIGHTS = ("pg_catalog.concat_ws(':', r.oid, r.rolcanlogin, r.rolsuper, r.rolvaliduntil, d.datallowconn,"
+                " pg_catalog.has_database_privilege(r.oid, d.oid, 'CONNECT'))"
+                " FROM pg_catalog.pg_authid AS r, pg_catalog.pg_database AS d"
+                " WHERE d.datname = pg_catalog.current_database() AND r.rolname")
+
 # What a worker reads of the task it runs, from the row it took or claimed.
 TASK_COLUMNS = (
     "id, state::text AS state, worker, input, owner, remote, \"group\", hash, timeout, count, live, save,"
@@ -20,9 +29,8 @@ TASK_COLUMNS = (
     " extract(epoch FROM live)::float8 AS live_s, retry, after IS NOT NULL AS after_others,"
     # The role a session of the owner would log in as now (a kept session runs the task only if
     # it is the one it logged in as: not after the role was dropped, or renamed and another made
-    # with its name, nor once it may not log in).
-    " (SELECT r.oid || ':' || r.rolcanlogin || ':' || coalesce(r.rolvaliduntil::text, '')"
-    "  FROM pg_catalog.pg_authid AS r WHERE r.rolname = owner) AS login,"
+    # with its name, nor once its login rights changed).
+    f" (SELECT {LOGIN_RIGHTS} = owner) AS login,"
     # The table the task is a row of: its end is written there only (finish_task), not onto a task
     # of the same id of a table made since (the extension dropped and created again).
     " '{ext}.task'::pg_catalog.regclass::pg_catalog.oid AS table_oid"

@@ -216,21 +216,29 @@ BEGIN
 END
 $$;
 
+-- Whether current_user is a superuser now: the setting is_superuser is what the session logged in
+-- as, and stays 'on' after ALTER ROLE ... NOSUPERUSER (a session that trusted it rewrote task rows
+-- past every check).  A superuser's rights to update a system catalog are checked against the role
+-- as it is (no GRANT gives them to another); a built-in call, no SQL function's plan in a WHEN.
+CREATE FUNCTION pgtaskpy.current_user_is_superuser() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT pg_catalog.has_table_privilege('pg_catalog.pg_authid'::pg_catalog.regclass, 'UPDATE') $$;
+
 -- The next run or retry the scheduler inserts (follow_task marks its insert
 -- with pgtaskpy.next_run) copies a row that passed these checks, with a plan
 -- of its own computing: it skips them (a cron expression is parsed again by
 -- every check).  Only in a superuser's session, as that superuser: anyone can
--- set the mark.  (is_superuser is the session's, or its SET ROLE's: inside a
--- SECURITY DEFINER function it is the caller's.  A function of a task author
--- that a superuser called skipped every check: it inserted an exclusive task,
--- and set its author's ended task back to PLAN to run it again.  Wherever
--- current_user is not session_user, the checks run and read current_user's rights.)
+-- set the mark.  (A function of a task author that a superuser called, SECURITY
+-- DEFINER, skipped every check while the session's is_superuser decided: it
+-- inserted an exclusive task, and set its author's ended task back to PLAN to
+-- run it again.  Wherever current_user is not session_user, the checks run and
+-- read current_user's rights.)
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
         cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group", parent
     ON @extschema@.task
     FOR EACH ROW
-    WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
+    WHEN (NOT pgtaskpy.current_user_is_superuser() OR CURRENT_USER <> SESSION_USER
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS NULL
           -- ('' too: what a setting made for the transaction is once the transaction has ended)
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) OPERATOR(pg_catalog.=) ANY (ARRAY['off', '']))
@@ -363,10 +371,9 @@ LANGUAGE sql STABLE
 AS $$ SELECT coalesce(pg_catalog.pg_sequence_last_value('@extschema@.task_id_seq'::pg_catalog.regclass), 0) $$;
 
 -- Inserts with only user columns (the scheduler's repeats, most users' rows)
--- and the scheduler's own updates (superuser sessions) skip the call.  (Inside
--- a SECURITY DEFINER function is_superuser is the caller's: wherever current_user
--- is not session_user, the function runs and finds current_user's rights itself;
--- see task_check.)
+-- and the scheduler's own updates (superuser sessions) skip the call.  (Wherever
+-- current_user is not session_user, a SECURITY DEFINER function's, the function
+-- runs and finds current_user's rights itself; see task_check.)
 CREATE TRIGGER task_guard_insert
     BEFORE INSERT ON @extschema@.task
     FOR EACH ROW
@@ -378,7 +385,7 @@ CREATE TRIGGER task_guard_insert
 CREATE TRIGGER task_guard_update
     BEFORE UPDATE ON @extschema@.task
     FOR EACH ROW
-    WHEN (pg_catalog.current_setting('is_superuser') <> 'on' OR CURRENT_USER <> SESSION_USER
+    WHEN (NOT pgtaskpy.current_user_is_superuser() OR CURRENT_USER <> SESSION_USER
           OR (NEW.state = 'STOP' AND (NEW.stop IS NULL OR OLD.state = 'WORK')))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 

@@ -1265,8 +1265,9 @@ $$;
 -- was the session's only client, but a backend notices a closed client only
 -- when it next reads or writes: a running query goes on, may commit, and a
 -- series' next run would start beside it.  So a local session still there (a
--- backend of this database, logged in as the task's owner, started before
--- the task: a pid alone may be reused) is terminated, and the run ends once
+-- backend of this database started before the task: a pid alone may be
+-- reused; not found by its owner's name, which a rename or DROP ROLE under the
+-- running session changes) is terminated, and the run ends once
 -- it is gone (a later call: the next housekeeping turn).  So is a standby
 -- task's when it is here after all: run here for want of a standby, or on the
 -- standby this server was until its promotion (its pid fits as a local one's).
@@ -1284,7 +1285,6 @@ BEGIN
     IF t.pid IS NULL OR t.remote IS NOT NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-          AND a.usesysid = (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = t.owner)
           AND a.backend_start <= t.start) THEN
         RETURN true;
     END IF;

@@ -272,7 +272,7 @@ BEGIN
     END IF;
     PERFORM pg_stat_clear_snapshot();  -- (the activity as it is now, not as the transaction first read it)
     RETURN EXISTS (SELECT FROM pg_stat_get_activity(t.pid) AS a
-                   WHERE a.backend_xid = row_xmax AND a.usesysid = to_regrole(quote_ident(t.owner))
+                   WHERE a.backend_xid = row_xmax AND a.backend_start <= t.start
                      AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()));
 END
 $$;
@@ -281,7 +281,8 @@ $$;
 -- starts; a running one is cancelled through the backend that really runs
 -- it, found from the row the scheduler wrote (task authors cannot write
 -- state, pid or worker) and checked against the server: the task's session
--- (a backend of this database logged in as the owner) or, for a remote task
+-- (a backend of this database started before the task, whatever its owner's
+-- name is now: a DBA may rename or drop the role under it) or, for a remote task
 -- or one of a target, its worker (a worker backend of this database, started before the task).
 -- SECURITY DEFINER, since those backends are not the caller's (a remote
 -- task's worker belongs to the launcher's role); so the caller's right to the
@@ -343,7 +344,7 @@ BEGIN
     PERFORM pg_stat_clear_snapshot();
     IF t.remote IS NULL AND t.target IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
-        WHERE t.pid IS NOT NULL AND a.usesysid = to_regrole(quote_ident(t.owner))
+        WHERE t.pid IS NOT NULL AND a.backend_start <= t.start
           AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())) THEN
         -- A task just marked WORK may not have its input in its session yet (the
         -- worker sends it right after that commit), and a cancel that reaches
