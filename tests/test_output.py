@@ -97,6 +97,64 @@ def test_an_open_transaction_whose_commit_fails_keeps_its_output_and_detail(shar
     assert shared.value("SELECT count(*) FROM deferred_child") == 0
 
 
+def test_an_open_transaction_whose_session_ends_before_its_commit_keeps_its_output_and_notices(shared):
+    """The server ended the session (idle_in_transaction_session_timeout) after the input had
+    returned everything and before the COMMIT added: the task failed with the server's words, but
+    without the output and notices it had returned."""
+    row = run(shared, "SET idle_in_transaction_session_timeout = '1ms'; DO $$BEGIN RAISE NOTICE 'kept'; END$$;"
+                      " BEGIN; SELECT generate_series(1, 3000)")
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "25P03"), row
+    assert row["output"].startswith("SET\nDO\nBEGIN\n1\n2\n"), row["output"][:200]
+    assert row["output"].endswith("\n3000"), row["output"][-200:]
+    assert "kept" in row["notice"], row
+    assert "idle-in-transaction timeout" in row["error"], row
+
+
+@pytest.fixture
+def slow_commit(running):
+    """A table whose rows a deferred trigger takes 30 s to check: an input that inserts one and
+    leaves its transaction open spends that in the COMMIT the worker adds."""
+    running.sql("CREATE TABLE slow_commit (i int)")
+    running.sql("CREATE FUNCTION sleep_at_commit() RETURNS trigger LANGUAGE plpgsql"
+                " AS $$BEGIN PERFORM pg_sleep(30); RETURN NULL; END$$")
+    running.sql("CREATE CONSTRAINT TRIGGER sleep_at_commit AFTER INSERT ON slow_commit"
+                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION sleep_at_commit()")
+    yield "BEGIN; INSERT INTO slow_commit VALUES (1)"
+    running.sql("SELECT task_cancel(id) FROM task WHERE state = 'WORK'")
+
+
+def test_a_worker_in_the_commit_it_added_acts_on_interrupts(running, slow_commit):
+    """The worker waited for the COMMIT added after the input without checking for interrupts, as
+    it does every 50 ms while the input runs: a DROP DATABASE of another database, which waits
+    for every backend, waited for the end of the commit."""
+    task_id = running.insert(slow_commit, delete=False)
+    wait_until(lambda: running.value("SELECT count(*) FROM task AS t JOIN pg_stat_activity AS a ON a.pid = t.pid"
+                                     " WHERE t.id = %s AND a.query = 'COMMIT' AND a.state = 'active'", [task_id]),
+               20, 0.05, "the COMMIT added, running")
+    with running.cluster.connect() as admin:
+        admin.autocommit = True
+        admin.execute(f"CREATE DATABASE {running.name}_dropped")
+        admin.execute("SET statement_timeout = '10s'")  # (it waited the commit's 30 s)
+        admin.execute(f"DROP DATABASE {running.name}_dropped")
+    assert running.value("SELECT task_cancel(%s)", [task_id]) is True
+    row = running.wait_done(task_id, 30)
+    assert (row["state"], row["sqlstate"], row["output"]) == ("FAIL", "57014", "BEGIN\nINSERT 0 1"), row
+
+
+def test_a_bursts_task_in_the_commit_it_added_holds_back_no_other_task_of_the_burst(running, slow_commit):
+    """In a burst's worker, which runs its tasks side by side, the COMMIT added for one task was
+    waited for alone: every task of the batch still running then ended 30 s late, its session
+    held meanwhile."""
+    ids = [task_id for (task_id,) in running.sql(
+        "INSERT INTO task (input, \"group\", delete) SELECT CASE i WHEN 0 THEN %s ELSE 'SELECT pg_sleep(0.5)' END,"
+        " 'g' || i, false FROM generate_series(0, 40) AS i ORDER BY i RETURNING id", [slow_commit])]
+    slow, quick = ids[0], ids[1:]
+    rows = [running.wait_done(task_id, 30) for task_id in quick]
+    assert {row["state"] for row in rows} == {"DONE"}, rows
+    assert max(row["stop"] - row["start"] for row in rows).total_seconds() < 10, rows
+    assert running.value("SELECT state::text FROM task WHERE id = %s", [slow]) == "WORK"
+
+
 def test_failed_statement_rolls_back_the_implicit_transaction(shared):
     shared.sql("CREATE TABLE audit_rollback (i int)")
     row = run(shared, "INSERT INTO audit_rollback VALUES (1); SELECT 1/0")

@@ -292,19 +292,24 @@ class BatchCall:
                          exc.sqlstate or LOST_RUN, None)
 
     def read_input(self, entry):
-        """What the input has returned so far; its end once it has returned everything."""
+        """What the input has returned so far; its end once it has returned everything, and the
+        COMMIT added for a transaction it left open has answered: read as the input was, beside
+        the other tasks (a deferred trigger's 8 s in it held every task of the batch)."""
+        reader, session = entry.reader, entry.session
         try:
-            for result in entry.session.arrived_results():
-                entry.reader.take(entry.session, result)
+            for result in session.arrived_results():
+                reader.take(session, result)
         except OutputTooLarge as exc:
-            entry.reader.too_large(entry.session, exc)
-        if not entry.session.answered or self.moved_on(entry, entry.reader.sqlstate):
+            reader.too_large(session, exc)
+        if not session.answered or self.moved_on(entry, reader.sqlstate):
             return
-        try:
-            self.end(entry, *entry.reader.end(entry.session))
-        except ConnectError as exc:  # the COMMIT or ROLLBACK after the input
-            self.end(entry, None, format_message(str(exc), entry.task["input"], severity=exc.severity),
-                     exc.sqlstate or LOST_RUN, None)
+        if not reader.closing:
+            try:
+                if reader.close_transaction(session):
+                    return  # (its answer arrives as the input's did)
+            except ConnectError as exc:
+                reader.broke(exc)
+        self.end(entry, *reader.settled(session))
 
     def end(self, entry, output, error, sqlstate, notices):
         """The task's end, committed on its own; its session closes.

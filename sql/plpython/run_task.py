@@ -376,18 +376,19 @@ class WorkerCall:
     def send_input(self, session, task):
         """Send the input as one top-level query; return (output, error, sqlstate, notices)."""
         reader = self.send_query(session, task)
+        waiting = {"on_wait": lambda: self.serve_task_interrupts(session), "wait_step": INTERRUPT_EVERY}
         try:
-            for result in session.results(on_wait=lambda: self.serve_task_interrupts(session),
-                                          wait_step=INTERRUPT_EVERY):
-                reader.take(session, result)
-        except OutputTooLarge as exc:
-            reader.too_large(session, exc)
+            try:
+                for result in session.results(**waiting):
+                    reader.take(session, result)
+            except OutputTooLarge as exc:
+                reader.too_large(session, exc)
+            return reader.end(session, **waiting)  # (the COMMIT added may run deferred triggers for long)
         except self.ctx.plpy.SPIError:
             # This worker was cancelled or terminated: stop the task's query too.
             session.cancel()
             self.sessions.close_kept()
             raise
-        return reader.end(session)
 
     def send_query(self, session, task):
         """Send the task's input to its session; the InputResults that reads what it returns."""
@@ -492,6 +493,7 @@ class InputResults:
         self.task = task
         self.writer = writer
         self.error = self.sqlstate = None
+        self.closing = False  # the input has returned everything: its transaction is being ended
 
     def take(self, session, result):
         """One result of the input (freed here); OutputTooLarge when the output grows past the limit."""
@@ -548,17 +550,40 @@ class InputResults:
                                     hint="Raise pg_task_py.output_limit or make the task return less.")
         self.sqlstate = OUTPUT_TOO_LARGE
 
-    def end(self, session):
-        """The input has no result left: (output, error, sqlstate, notices).  A transaction the
-        input left open is committed (pg_task does, and says so: its tag), a failed one rolled
-        back.  The COMMIT's result is read as the input's are: when it fails (a deferred
-        constraint), the task keeps its output and the error its DETAIL, as with a COMMIT of its own."""
+    def end(self, session, on_wait=None, wait_step=1.0):
+        """The input has no result left: (output, error, sqlstate, notices), once the transaction
+        it left open has ended (close_transaction), waited for with `on_wait` as the input was."""
+        try:
+            if self.close_transaction(session):
+                for result in session.results(on_wait=on_wait, wait_step=wait_step):
+                    self.take(session, result)
+        except ConnectError as exc:
+            self.broke(exc)
+        return self.settled(session)
+
+    def close_transaction(self, session):
+        """End a transaction the input left open: a failed one is rolled back; an open one is
+        committed (pg_task does, and says so: its tag), and True says that the COMMIT's answer is
+        to be read as the input's were: when it fails (a deferred constraint), the task keeps its
+        output and the error its DETAIL, as with a COMMIT of its own."""
+        self.closing = True
         if session.transaction_status == PQTRANS_INTRANS:
             session.send("COMMIT")
-            for result in session.results():
-                self.take(session, result)
-        elif session.transaction_status == PQTRANS_INERROR:
+            return True
+        if session.transaction_status == PQTRANS_INERROR:
             session.execute("ROLLBACK")
+        return False
+
+    def broke(self, exc):
+        """The session broke, or the server ended it, after the input had returned everything
+        (idle_in_transaction_session_timeout before the COMMIT added): the task fails with that,
+        its transaction rolled back, and keeps the output and notices it returned."""
+        if self.error is None:
+            self.error = format_message(str(exc), self.task["input"], severity=exc.severity)
+            self.sqlstate = exc.sqlstate or LOST_RUN
+
+    def settled(self, session):
+        """(output, error, sqlstate, notices) of an input that has ended, in the session's encoding."""
         undecodable = []
         decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
         output, error, notices = (settled(self.writer.text(), decode), settled(self.error, decode),
