@@ -1208,6 +1208,62 @@ def test_a_sql_ascii_database_is_scheduled_and_a_task_its_worker_cannot_read_fai
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
+def test_a_default_role_of_the_launchers_role_is_not_the_schedulers(running, task_role):
+    """ALTER ROLE ... SET role (a DBA's default for a role's sessions) on the launcher's role made
+    its sessions run as that role: the launcher refused it, `role "task_role" is not a superuser`,
+    and scheduled nothing.  Its sessions and workers reset the role, as they do its timeouts."""
+    assert running.launchers[0].stop() == 0  # (this test's launcher alone)
+    running.sql("CREATE ROLE launcher_default SUPERUSER LOGIN")
+    running.sql(f"ALTER ROLE launcher_default IN DATABASE {running.name} SET role = {task_role}")
+    launcher = Launcher(running.cluster.dsn(running.name, "launcher_default")).start()
+    try:
+        launcher.wait_active()
+        mine = running.insert("SELECT current_user", delete=False)
+        theirs = running.insert("SELECT current_user", owner=task_role, group="other", delete=False)
+        assert [(row["state"], row["output"]) for row in (running.wait_done(mine), running.wait_done(theirs))] == [
+            ("DONE", "postgres"), ("DONE", task_role)]
+        assert launcher.stop() == 0, launcher.output()[-3000:]
+    finally:
+        launcher.kill()
+        running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'launcher_default'")
+        wait_until(lambda: not running.value("SELECT count(*) FROM pg_stat_activity"
+                                             " WHERE usename = 'launcher_default'"), 20, 0.05,
+                   "the launcher's backends to end")
+        running.sql(f"ALTER ROLE launcher_default IN DATABASE {running.name} RESET role")
+        running.sql("DROP ROLE launcher_default")
+
+
+def test_a_database_whose_sessions_default_to_replica_is_scheduled_with_a_warning(db):
+    """session_replication_role = replica as a database's or role's default turns the table's
+    triggers off in every session that does not set it: a task author's rows skipped their checks
+    (an exclusive task, a row inserted DONE, a dependent that did not wait).  The launcher says
+    so, and its own sessions fire the triggers."""
+    db.sql("CREATE ROLE replica_author LOGIN IN ROLE pgtaskpy_user")
+    db.sql(f"ALTER DATABASE {db.name} SET session_replication_role = replica")
+    db.sql(f"ALTER ROLE replica_author IN DATABASE {db.name} SET session_replication_role = replica")
+    try:
+        launcher = db.launcher()
+        wait_until(lambda: "session_replication_role is not origin by default" in launcher.output(), 20, 0.05,
+                   "the launcher's warning")
+        line = next(line for line in launcher.output().splitlines() if "session_replication_role" in line)
+        assert f"ALTER DATABASE {db.name} SET" in line and "ALTER ROLE replica_author SET" in line, line
+        with db.connect() as conn:  # (a session of the database's default)
+            assert conn.execute("SHOW session_replication_role").fetchone() == ("replica",)
+        first = db.insert("SELECT pg_sleep(0.5)", delete=False)  # (the test's session: origin)
+        dependent = db.insert("SELECT 'after'", group="other", after=[first], delete=False)
+        row, before = db.wait_done(dependent), db.task(first)
+        assert (row["state"], row["output"], before["state"]) == ("DONE", "after", "DONE"), row
+        assert row["start"] >= before["stop"], (row, before)
+        deleted = db.insert("SELECT WHERE false", group="counted")  # (no output: deleted at its end, counted)
+        wait_until(lambda: db.task(deleted) is None, 20, 0.05, "the task's end and delete")
+        wait_until(lambda: db.value("SELECT last_success FROM task_stats WHERE \"group\" = 'counted'"), 10, 0.1,
+                   "task_stats to count the task deleted at its end")
+    finally:
+        db.sql(f"ALTER DATABASE {db.name} RESET session_replication_role")
+        db.sql("DELETE FROM task")
+        db.sql("DROP ROLE replica_author")
+
+
 def test_a_worker_backend_the_server_refuses_is_tried_again_once_a_second_saying_why(db):
     """The launcher's role may not open a new worker (pg_hba.conf, NOLOGIN): a task waits, the
     launcher tries once a second and logs the server's reason, where its turns claimed, failed and

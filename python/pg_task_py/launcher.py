@@ -37,10 +37,29 @@ SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (wi
 # pg_is_in_recovery() and now() run by the launcher's superuser session.  And how the session
 # talks: psycopg reads intervals in IntervalStyle postgres only (`status` failed with a traceback
 # under a database's iso_8601), the server's warnings reach the log at client_min_messages notice
-# (a database's error hid them), and string literals are standard.
+# (a database's error hid them), and string literals are standard.  And the role it logged in as,
+# not a default role a DBA gave it (ALTER ROLE ... SET role), as whom it refused to schedule.  And
+# the table's triggers on (session_replication_role: see REPLICA_DEFAULTS).
 SESSION_SETTINGS = ("statement_timeout=0", "lock_timeout=0", "idle_in_transaction_session_timeout=0",
                     "idle_session_timeout=0", "default_transaction_read_only=off", "search_path=pg_catalog,pg_temp",
-                    "intervalstyle=postgres", "client_min_messages=notice", "standard_conforming_strings=on")
+                    "intervalstyle=postgres", "client_min_messages=notice", "standard_conforming_strings=on",
+                    "role=none", "session_replication_role=origin")
+# Where sessions of this database get a session_replication_role other than origin by default: the
+# table's triggers do not fire in them, and a task author's rows skipped every check (an exclusive
+# task, a row inserted DONE, a dependent that did not wait, a cron task run at once).  Meant for a
+# restore's own session (PGOPTIONS); as a default, the launcher warns.
+REPLICA_DEFAULTS = """
+    SELECT string_agg(DISTINCT CASE WHEN s.setrole <> 0 THEN 'ALTER ROLE ' || quote_ident(r.rolname) || ' SET'
+                                    WHEN s.setdatabase = 0 THEN 'ALTER DATABASE ... SET, for every database'
+                                    ELSE 'ALTER DATABASE ' || quote_ident(current_database()) || ' SET' END, '; ')
+      FROM (SELECT setdatabase, setrole, unnest(setconfig) AS setting FROM pg_db_role_setting) AS s
+      LEFT JOIN pg_roles AS r ON r.oid = s.setrole
+     WHERE s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+       AND lower(s.setting) LIKE 'session\\_replication\\_role=%'
+       AND lower(s.setting) <> 'session_replication_role=origin'
+    UNION ALL
+    SELECT 'postgresql.conf' FROM pg_file_settings
+     WHERE name = 'session_replication_role' AND applied AND lower(setting) <> 'origin'"""
 # libpq's words when target_session_attrs refuses a standby (read-write; primary), and the server's
 # when a standby accepts no connections (hot_standby off; not consistent yet) or a server starts.
 STANDBY_PHRASES = ("session is read-only", "server is in hot standby mode",
@@ -219,6 +238,12 @@ class Scheduler:
             log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
                         "run ALTER EXTENSION pg_task_py UPDATE; in this database",
                         self.name, row[1], __version__)
+        replica = [where for (where,) in conn.execute(REPLICA_DEFAULTS) if where]
+        if replica:
+            log.warning("%s: session_replication_role is not origin by default (%s): the triggers of table task"
+                        " do not fire in such sessions, and tasks inserted there skip its checks (exclusive,"
+                        " states, prerequisites, cron plans); set it for a restore's session only (PGOPTIONS)",
+                        self.name, "; ".join(replica))
 
     def _wait_for_promotion(self, conn: psycopg.Connection) -> bool:
         """On a standby, claim and run nothing (dispatch() would only answer "standby", and

@@ -84,6 +84,8 @@ SCHEDULER_SETTINGS = {
     "max_parallel_workers_per_gather": "0",
     "pg_task_py.wake": "on",  # (a database's off would leave the launchers their once-a-second look)
     "standard_conforming_strings": "on",  # (the scheduler's SQL is written so)
+    "role": "none",  # (the role it logged in as: not one a DBA's ALTER ROLE ... SET role gave it)
+    "session_replication_role": "origin",  # (the table's triggers fire for its rows: REPLICA_DEFAULTS)
     # (its ends resolve their dependents themselves: task_prerequisite_stopped is for hand ends)
     "pgtaskpy.scheduler": "on",
 }
