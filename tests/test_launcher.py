@@ -890,10 +890,11 @@ def test_role_that_loses_superuser_while_running_ends_the_launcher(cluster, db, 
     assert status == 1, launcher.output()
     denied = lines_with("permission denied", launcher.output())
     assert len(denied) == 1, launcher.output()
-    # dispatch() itself, a function it calls or a table it reads, whichever checks first (a turn
-    # under way when the role loses SUPERUSER is refused at its next statement)
-    assert re.search(r" ERROR .*: permission denied for (function|table) \w+: the launcher must connect as a superuser"
-                     r" \(it drives PL/Python and dblink\)$", denied[0]), denied[0]
+    # dispatch() itself, a function it calls or a table it reads, or a new worker's login with the
+    # scheduler's settings, whichever checks first (a turn under way when the role loses SUPERUSER
+    # is refused at its next statement)
+    assert re.search(r" ERROR .*: permission denied (for (function|table) \w+|to set parameter \"\w+\"): the launcher"
+                     r" must connect as a superuser \(it drives PL/Python and dblink\)$", denied[0]), denied[0]
     assert "reconnecting" not in launcher.output() and "Traceback" not in launcher.output()
 
 

@@ -123,6 +123,15 @@ def test_task_wait_of_a_task_that_is_not_there_returns_null(shared):
     assert shared.value("SELECT task_wait(-1) IS NOT DISTINCT FROM NULL") is True
 
 
+def test_task_wait_for_longer_than_a_timestamp_holds_waits_for_ever(shared):
+    """A wait of '300000 years' (for ever, to its caller) failed `timestamp out of range` (22008)
+    before it looked at the task, and one of '-300000 years' so, not with task_wait's own error."""
+    done = shared.wait_done(shared.insert("SELECT 'waited'", delete=False))["id"]
+    assert shared.value("SELECT (task_wait(%s, '300000 years')).output", [done]) == "waited"
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="task_wait needs a wait of zero or more"):
+        shared.value("SELECT task_wait(1, '-300000 years')")
+
+
 def test_task_wait_says_when_it_cannot_see_the_end(shared):
     """Rather than wait out its time and blame the launcher: NULL arguments (a NULL time waited
     for ever), a negative time, a snapshot that never shows the end, and a task that cannot start before the

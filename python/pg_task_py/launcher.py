@@ -38,12 +38,13 @@ SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (wi
 # talks: psycopg reads intervals in IntervalStyle postgres only (`status` failed with a traceback
 # under a database's iso_8601), the server's warnings reach the log at client_min_messages notice
 # (a database's error hid them), and string literals are standard.  And the role it logged in as,
-# not a default role a DBA gave it (ALTER ROLE ... SET role), as whom it refused to schedule.  And
-# the table's triggers on (session_replication_role: see REPLICA_DEFAULTS).
+# not a default role a DBA gave it (ALTER ROLE ... SET role), as whom it refused to schedule.
+# (session_replication_role, which only a superuser may set, and `status` may run as any role: in
+# dispatch.py's SCHEDULER_SETTINGS.)
 SESSION_SETTINGS = ("statement_timeout=0", "lock_timeout=0", "idle_in_transaction_session_timeout=0",
                     "idle_session_timeout=0", "default_transaction_read_only=off", "search_path=pg_catalog,pg_temp",
                     "intervalstyle=postgres", "client_min_messages=notice", "standard_conforming_strings=on",
-                    "role=none", "session_replication_role=origin")
+                    "role=none")
 # Where sessions of this database get a session_replication_role other than origin by default: the
 # table's triggers do not fire in them, and a task author's rows skipped every check (an exclusive
 # task, a row inserted DONE, a dependent that did not wait, a cron task run at once).  Meant for a

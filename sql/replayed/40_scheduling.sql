@@ -1261,13 +1261,27 @@ AS $$
           AND (since IS NULL OR a.backend_start OPERATOR(pg_catalog.<=) since))
 $$;
 
+-- Whether a backend (its role's oid, its start) can be the session of the running task t: one
+-- started before the task, logged in as its owner; or, once that owner was renamed or dropped
+-- under the running session (no role has its name now), as a role that is no superuser.  The
+-- pid is the scheduler's to write, but a row an administrator wrote by hand with another
+-- backend's pid in it must not reach that backend (a superuser's query).
+CREATE FUNCTION pgtaskpy.may_be_task_session(t @extschema@.task, session_role oid, session_start timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT session_start <= t.start
+       AND (session_role = to_regrole(quote_ident(t.owner))
+            OR to_regrole(quote_ident(t.owner)) IS NULL
+               AND NOT coalesce((SELECT r.rolsuper FROM pg_roles AS r WHERE r.oid = session_role), false))
+$$;
+
 -- Whether the session of a run whose worker is gone has ended.  The worker
 -- was the session's only client, but a backend notices a closed client only
 -- when it next reads or writes: a running query goes on, may commit, and a
 -- series' next run would start beside it.  So a local session still there (a
--- backend of this database started before the task: a pid alone may be
--- reused; not found by its owner's name, which a rename or DROP ROLE under the
--- running session changes) is terminated, and the run ends once
+-- backend of this database that may_be_task_session: a pid alone may be
+-- reused) is terminated, and the run ends once
 -- it is gone (a later call: the next housekeeping turn).  So is a standby
 -- task's when it is here after all: run here for want of a standby, or on the
 -- standby this server was until its promotion (its pid fits as a local one's).
@@ -1285,7 +1299,7 @@ BEGIN
     IF t.pid IS NULL OR t.remote IS NOT NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-          AND a.backend_start <= t.start) THEN
+          AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start)) THEN
         RETURN true;
     END IF;
     -- (a session that ends between the look and the signal makes the signal warn "PID ... is

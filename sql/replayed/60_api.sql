@@ -142,7 +142,7 @@ RETURNS @extschema@.task
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    deadline timestamptz := clock_timestamp() + wait_for;
+    deadline timestamptz;
     pause double precision := 0.001;
     t @extschema@.task;
 BEGIN
@@ -154,6 +154,8 @@ BEGIN
         RAISE EXCEPTION 'task_wait needs a wait of zero or more, not %', wait_for
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- (a wait past what a timestamp holds, '300000 years', failed "timestamp out of range": for ever)
+    deadline := CASE WHEN wait_for >= interval '1000 years' THEN 'infinity' ELSE clock_timestamp() + wait_for END;
     LOOP
         SELECT * INTO t FROM @extschema@.task WHERE id = task_id;
         IF NOT FOUND THEN
@@ -272,7 +274,7 @@ BEGIN
     END IF;
     PERFORM pg_stat_clear_snapshot();  -- (the activity as it is now, not as the transaction first read it)
     RETURN EXISTS (SELECT FROM pg_stat_get_activity(t.pid) AS a
-                   WHERE a.backend_xid = row_xmax AND a.backend_start <= t.start
+                   WHERE a.backend_xid = row_xmax AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start)
                      AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()));
 END
 $$;
@@ -281,8 +283,8 @@ $$;
 -- starts; a running one is cancelled through the backend that really runs
 -- it, found from the row the scheduler wrote (task authors cannot write
 -- state, pid or worker) and checked against the server: the task's session
--- (a backend of this database started before the task, whatever its owner's
--- name is now: a DBA may rename or drop the role under it) or, for a remote task
+-- (a backend of this database that may_be_task_session: logged in as the owner,
+-- or as the role a DBA renamed or dropped under it) or, for a remote task
 -- or one of a target, its worker (a worker backend of this database, started before the task).
 -- SECURITY DEFINER, since those backends are not the caller's (a remote
 -- task's worker belongs to the launcher's role); so the caller's right to the
@@ -344,7 +346,7 @@ BEGIN
     PERFORM pg_stat_clear_snapshot();
     IF t.remote IS NULL AND t.target IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
-        WHERE t.pid IS NOT NULL AND a.backend_start <= t.start
+        WHERE t.pid IS NOT NULL AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start)
           AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())) THEN
         -- A task just marked WORK may not have its input in its session yet (the
         -- worker sends it right after that commit), and a cancel that reaches
