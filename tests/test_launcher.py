@@ -898,6 +898,26 @@ def test_role_that_loses_superuser_while_running_ends_the_launcher(cluster, db, 
     assert "reconnecting" not in launcher.output() and "Traceback" not in launcher.output()
 
 
+def test_a_run_whose_launchers_role_lost_superuser_ends_fail_saying_so(cluster, db, role):
+    """The launcher's role demoted while a task runs: the launcher exits, its worker cannot write
+    the run's end, and the next launcher's recovery ended the run FAIL with a hint that blamed a
+    terminated backend or a restart alone."""
+    db.sql(f"ALTER ROLE {role} SUPERUSER")
+    first = Launcher(cluster.dsn(db.name, role)).start()
+    db.launchers.append(first)
+    first.wait_active()
+    task_id = db.insert("SELECT pg_sleep(1)", delete=False)
+    wait_until(lambda: db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) == "WORK", 20, 0.05,
+               "the task to run")
+    db.sql(f"ALTER ROLE {role} NOSUPERUSER")
+    wait_until(lambda: first.process.poll() is not None, 30, 0.1, "the launcher to exit")
+    db.launcher()
+    row = db.wait_done(task_id, 30)
+    assert row["state"] == "FAIL", row
+    assert "could not write the end (a launcher's role that lost SUPERUSER" in row["error"], row["error"]
+    db.sql(f"ALTER ROLE {role} SUPERUSER")  # (its backends end with the test's launchers)
+
+
 @pytest.mark.parametrize("grace", ["-1", "-0.5", "nan", "soon"])
 def test_grace_below_zero_is_a_usage_error(grace):
     result = run_launcher("run", "--dsn", "dbname=x", f"--grace={grace}")

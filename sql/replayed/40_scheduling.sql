@@ -1335,7 +1335,9 @@ BEGIN
     LOOP
         IF pgtaskpy.lost_session_ended(orphan) AND pgtaskpy.end_task_safely(orphan.id, 'FAIL',
             E'ERROR:  task worker ended before the task finished\n'
-            || E'HINT:  its backend was terminated or the server restarted; the task is not run again\n'
+            || E'HINT:  its backend was terminated, the server restarted, or the worker could not write the end'
+            || E' (a launcher''s role that lost SUPERUSER, a trigger on task that failed it: see the launcher''s log);'
+            || E' the task is not run again\n'
             || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}', pgtaskpy.lost_run_sqlstate()) THEN
             recovered := recovered + 1;
         END IF;
