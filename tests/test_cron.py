@@ -506,9 +506,20 @@ def test_a_run_that_cancels_itself_with_stop_series_is_told_its_series_goes_on(r
     row = running.wait_done(first, 20)
     assert (row["state"], row["sqlstate"]) == ("FAIL", "55000"), row
     assert row["error"].startswith(f"ERROR:  task {first} cannot end its own series with task_cancel\nDETAIL:  "), row
-    assert "task_unschedule(key)" in row["error"], row
+    assert "task_unschedule(key)" in row["error"] and "SET repeat = '0', cron = NULL" in row["error"], row
     assert running.value("SELECT count(*) FROM task WHERE key = 'self' AND state = 'PLAN'") == 1  # it goes on
     assert running.value("SELECT task_cancel(id, true) FROM task WHERE key = 'self' AND state = 'PLAN'") is True
+
+
+@pytest.mark.parametrize("schedule", [{"repeat": "1 s"}, {"cron": "1 seconds"}])
+def test_a_run_ends_its_unnamed_series_by_its_own_row(running, schedule):
+    """A series without a key has no task_unschedule: its run ends it by writing its own row, as
+    README and task_cancel's HINT say (the end reads the row as it is then)."""
+    first = running.insert("UPDATE task SET repeat = '0', cron = NULL WHERE id = current_setting('pg_task.id')::bigint",
+                           delete=False, **schedule)
+    row = running.wait_done(first, 20)
+    assert (row["state"], row["output"]) == ("DONE", "UPDATE 1"), row
+    assert running.value("SELECT count(*) FROM task") == 1  # no next run
 
 
 def key_rows(db, key: str) -> list[dict]:

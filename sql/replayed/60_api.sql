@@ -335,8 +335,9 @@ BEGIN
             RAISE EXCEPTION 'task % cannot end its own series with task_cancel', task_id
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       DETAIL = 'The cancel would roll back its own transaction, and the end of the series with it.',
-                      HINT = 'From its run, end a named series with task_unschedule(key): the run finishes, and no'
-                             ' next run follows.';
+                      HINT = 'From its run, end its series with task_unschedule(key) (a named one), or with UPDATE task'
+                             ' SET repeat = ''0'', cron = NULL WHERE id = current_setting(''pg_task.id'')::bigint:'
+                             ' the run finishes, and no next run follows.';
         END IF;
         PERFORM pgtaskpy.end_series(task_id);
     END IF;
