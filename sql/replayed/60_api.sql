@@ -274,7 +274,8 @@ BEGIN
     END IF;
     PERFORM pg_stat_clear_snapshot();  -- (the activity as it is now, not as the transaction first read it)
     RETURN EXISTS (SELECT FROM pg_stat_get_activity(t.pid) AS a
-                   WHERE a.backend_xid = row_xmax AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start)
+                   WHERE a.backend_xid = row_xmax AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start,
+                                                                                a.application_name)
                      AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()));
 END
 $$;
@@ -284,7 +285,7 @@ $$;
 -- it, found from the row the scheduler wrote (task authors cannot write
 -- state, pid or worker) and checked against the server: the task's session
 -- (a backend of this database that may_be_task_session: logged in as the owner,
--- or as the role a DBA renamed or dropped under it) or, for a remote task
+-- or named as a task's session, its role renamed or dropped since) or, for a remote task
 -- or one of a target, its worker (a worker backend of this database, started before the task).
 -- SECURITY DEFINER, since those backends are not the caller's (a remote
 -- task's worker belongs to the launcher's role); so the caller's right to the
@@ -347,7 +348,8 @@ BEGIN
     PERFORM pg_stat_clear_snapshot();
     IF t.remote IS NULL AND t.target IS NULL AND EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
-        WHERE t.pid IS NOT NULL AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start)
+        WHERE t.pid IS NOT NULL AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start,
+                                                                                a.application_name)
           AND a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())) THEN
         -- A task just marked WORK may not have its input in its session yet (the
         -- worker sends it right after that commit), and a cancel that reaches
@@ -360,7 +362,8 @@ BEGIN
             PERFORM pg_stat_clear_snapshot();
             EXIT WHEN NOT EXISTS (
                 SELECT FROM pg_stat_get_activity(t.pid) AS a
-                WHERE a.query = '' OR NOT starts_with(t.input, a.query));
+                WHERE (a.query = '' OR NOT starts_with(t.input, a.query))
+                  AND a.query <> 'COMMIT');  -- (the COMMIT a worker adds after the input)
             PERFORM pg_sleep(0.005);
         END LOOP;
         -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
