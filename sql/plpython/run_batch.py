@@ -25,6 +25,12 @@ role, for as long as its transaction lasted.
 import select
 import time
 
+# Seconds a connected session waits for others to connect before their WORK is written together
+# (start_connected), unless none is still connecting.  A burst's sessions connect one after
+# another, a few milliseconds apart on busy cores: started each alone, one statement and one
+# commit a task took 0.5 ms of CPU a task from the cores the burst's new sessions need.
+START_GATHER = 0.01
+
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
 if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/build.py
@@ -54,6 +60,7 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
         launcher_accepts,
         move_task_to_session,
         start_task,
+        start_tasks,
         take_tasks,
         wake_launchers,
     )
@@ -64,7 +71,7 @@ class Running:
     with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
     __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate", "severity",
-                 "sessions", "held")
+                 "sessions", "held", "gathered")
 
     def __init__(self, task, session, settings):
         self.task = task
@@ -76,6 +83,7 @@ class Running:
         self.error = self.sqlstate = self.severity = None  # the session's failure before the input ran
         self.sessions = 1  # sessions it was given: see BatchCall.moved_on
         self.held = False  # connected, its start waits for its row (another transaction holds it)
+        self.gathered = False  # connected, its start waits for others' (START_GATHER)
 
 
 class BatchCall:
@@ -159,10 +167,21 @@ class BatchCall:
         written.  Rows that were held are tried again each INTERRUPT_EVERY; given tasks still
         untaken when nothing else runs are left to the launcher, which gives them back."""
         served = time.monotonic()
+        gathered, gathered_at = [], 0.0
         while running or self.unwritten:
-            connected = [entry for entry in self.ready(running) if self.step(entry)]
-            if connected:
-                self.start_connected(connected)
+            wait = INTERRUPT_EVERY if not gathered else max(0.0, gathered_at + START_GATHER - time.monotonic())
+            connected = [entry for entry in self.ready(running, wait) if self.step(entry)]
+            if connected and not gathered:
+                gathered_at = time.monotonic()
+            for entry in connected:
+                entry.gathered = True
+            gathered += connected
+            if gathered and (time.monotonic() >= gathered_at + START_GATHER
+                             or not any(entry.session.connecting for entry in running)):
+                for entry in gathered:
+                    entry.gathered = False
+                self.start_connected(gathered)
+                gathered = []
             if time.monotonic() >= served + INTERRUPT_EVERY:
                 self.call.serve_interrupts(*(entry.session for entry in running))
                 self.retry_held(running)
@@ -190,18 +209,19 @@ class BatchCall:
         for entry, end in unwritten:
             self.write_end(entry, *end)
 
-    def ready(self, running):
-        """The tasks whose session has something to read (or, connecting, to write); not those
-        whose start waits for their row (an idle session has nothing to say)."""
+    def ready(self, running, wait):
+        """The tasks whose session has something to read (or, connecting, to write), waiting up to
+        `wait` seconds; not those whose start waits for their row or for others' (an idle session
+        has nothing to say)."""
         by_socket = {}
         poller = select.poll()  # (select's sockets must be numbered below 1024; a backend's may not be)
         for entry in running:
-            if entry.held:
+            if entry.held or entry.gathered:
                 continue
             socket, for_writing = entry.session.socket
             by_socket[socket] = entry
             poller.register(socket, select.POLLOUT if for_writing else select.POLLIN)
-        return [by_socket[socket] for socket, _ in poller.poll(INTERRUPT_EVERY * 1000)]
+        return [by_socket[socket] for socket, _ in poller.poll(wait * 1000)]
 
     def step(self, entry):
         """Take the task on as far as its session allows now; True when its session has just connected."""
@@ -222,47 +242,61 @@ class BatchCall:
         return False
 
     def start_connected(self, connected):
-        """WORK in the sessions that have connected, each committed before its input goes.
-
-        One commit a task, not one for all: the worker then holds no task's row while it waits
-        for another's.  Marked together, oldest first, they waited for a newer task's row that a
-        client held (SELECT ... ORDER BY id DESC FOR UPDATE) while the client waited for an
-        older one the worker held; the server failed the worker's CALL, and the tasks it had
-        started ended FAIL though they ran (test_burst.py)."""
+        """WORK in the sessions that have connected, committed before any of their inputs goes:
+        in one statement (start_tasks) and one commit.  Rows another transaction holds are not
+        waited for (a client locking several tasks newest first while the worker, marking them
+        oldest first, waited for one: the two deadlocked, the server failed the worker's CALL, and
+        the tasks it had started ended FAIL though they ran; test_burst.py): those start once free
+        (retry_held).  When the statement fails (a trigger of a DBA's on task that raises, say),
+        each task is started alone, so that only those it fails for fail."""
+        fresh = [entry for entry in connected if entry.sessions == 1]
+        try:
+            outcomes = start_tasks(self.ctx, [entry.task for entry in fresh],
+                                   [entry.session.pid for entry in fresh]) if fresh else {}
+        except self.ctx.plpy.spiexceptions.QueryCanceled:
+            raise  # (this worker was cancelled: run_side_by_side's caller stops every task)
+        except self.ctx.plpy.SPIError:
+            outcomes = {}
+        sent = []
         for entry in connected:
-            try:
-                if entry.sessions == 1:
-                    started = start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
-                else:
-                    started = move_task_to_session(self.ctx, entry.task, entry.session.pid)
-            except self.ctx.plpy.spiexceptions.QueryCanceled:
-                raise  # (this worker was cancelled: run_side_by_side's caller stops every task)
-            except self.ctx.plpy.SPIError as exc:
-                # The start's UPDATE failed (a trigger of a DBA's on task that raises, say): this
-                # task fails with the error, alone.  Raised on, it failed the whole call, and the
-                # other tasks of the batch, which ran, ended FAIL as lost runs.
-                entry.session.close()
-                self.call.fail_unstarted(entry.task, f"could not start the task: {str(exc).splitlines()[0]}", None)
-                continue
+            started = outcomes.get(entry.task["id"]) if entry.sessions == 1 else None
+            if started is None:
+                started = self.start_alone(entry)
             entry.held = started == HELD
             if entry.held:
                 continue  # started once its row is free (retry_held)
             if not started:
-                entry.session.close()  # stopped meanwhile: not this worker's to run any more
+                entry.session.close()  # stopped meanwhile, or its start failed: not this worker's to run
                 continue
             try:
                 entry.preparing = send_prepare(self.ctx, entry.session, entry.task, entry.settings)
             except ConnectError as exc:
-                if self.moved_on(entry, exc.sqlstate):
-                    self.ctx.commit()  # WORK, in the session that connects now
-                    continue
-                entry.session.close()
-                self.call.session_failed(entry.task, exc)
+                if not self.moved_on(entry, exc.sqlstate):  # (else WORK, in the session that connects now)
+                    entry.session.close()
+                    self.call.session_failed(entry.task, exc)
                 continue
-            self.ctx.commit()
-            entry.started = time.monotonic()
+            sent.append(entry)
+        self.ctx.commit()
+        now = time.monotonic()
+        for entry in sent:
+            entry.started = now
             if not entry.preparing:
                 self.send_input(entry)
+
+    def start_alone(self, entry):
+        """start_task for one task (or, in a later session, move_task_to_session): True, False or
+        HELD; False when its start's UPDATE failed, and the task has ended FAIL with the error."""
+        try:
+            if entry.sessions == 1:
+                return start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
+            return move_task_to_session(self.ctx, entry.task, entry.session.pid)
+        except self.ctx.plpy.spiexceptions.QueryCanceled:
+            raise
+        except self.ctx.plpy.SPIError as exc:
+            # Raised on, it failed the whole call, and the other tasks of the batch, which ran,
+            # ended FAIL as lost runs.
+            self.call.fail_unstarted(entry.task, f"could not start the task: {str(exc).splitlines()[0]}", None)
+            return False
 
     def read_prepared(self, entry):
         """The answer to send_prepare; when it is all read, the input goes."""
