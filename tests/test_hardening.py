@@ -267,6 +267,26 @@ def test_a_bad_role_running_limit_fails_only_that_roles_tasks(running, authors):
     assert running.wait_done(insert_as(authors["alice"], "SELECT 'fixed'"))["output"] == "fixed"
 
 
+@pytest.mark.parametrize("default", ["ALTER ROLE ALL", "ALTER DATABASE {db}"])
+def test_a_bad_default_role_running_limit_says_where_it_is_set(running, authors, default):
+    """A default for every role (ALTER ROLE ALL, ALTER DATABASE) was not read: a value that is not
+    a whole number fails the tasks of the roles it applies to, and names the command to fix."""
+    default = default.format(db=running.name)
+    running.sql("ALTER ROLE bob SET pg_task_py.role_running_limit = 5")  # (bob's own goes first)
+    running.sql(f"{default} SET pg_task_py.role_running_limit = 'abc'")
+    try:
+        alices = insert_as(authors["alice"], "SELECT 1")
+        bobs = insert_as(authors["bob"], "SELECT 'bob runs'")
+        assert running.wait_done(bobs)["output"] == "bob runs"
+        row = running.wait_done(alices)
+        assert row["error"] == ('ERROR:  invalid value for setting "pg_task_py.role_running_limit" of role "alice":'
+                                f' "abc"\nHINT:  It must be a whole number of tasks: {default} SET'
+                                " pg_task_py.role_running_limit = 4, or RESET it.\nSTATEMENT:  SELECT 1"), row
+    finally:
+        running.sql(f"{default} RESET pg_task_py.role_running_limit")
+    assert running.wait_done(insert_as(authors["alice"], "SELECT 'fixed'"))["output"] == "fixed"
+
+
 def test_a_role_running_limit_of_ten_or_more_digits_is_a_whole_number(running, authors):
     """Past integer's range it means no limit: it was taken for "not a whole number", and every
     due task of the role ended FAIL."""

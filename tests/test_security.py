@@ -102,6 +102,19 @@ def test_role_running_limit_caps_one_role(running, roles):
     assert most_at_once(running.sql("SELECT start, stop FROM task WHERE owner = 'bob'")) > 2  # bob is not capped
 
 
+def test_a_databases_role_running_limit_caps_every_role_below_their_own(running, roles):
+    """ALTER DATABASE ... SET, a default for every role, as PostgreSQL applies it: a role's own
+    setting goes first.  It was not read at all."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.role_running_limit = 1")
+    running.sql("ALTER ROLE bob SET pg_task_py.role_running_limit = 3")
+    for role in ("alice", "bob"):
+        roles[role].execute("INSERT INTO task (\"group\", input, delete)"
+                            " SELECT %s || i, 'SELECT pg_sleep(0.3)', false FROM generate_series(1, 6) AS i", [role])
+    running.wait_all_done(30)
+    assert most_at_once(running.sql("SELECT start, stop FROM task WHERE owner = 'alice'")) == 1
+    assert 1 < most_at_once(running.sql("SELECT start, stop FROM task WHERE owner = 'bob'")) <= 3
+
+
 @pytest.mark.parametrize("hold", ["rate", "role_running_limit"])
 @pytest.mark.parametrize("alices_max", [0, 5])
 def test_a_roles_limit_does_not_hold_back_another_roles_tasks_of_the_group(running, roles, hold, alices_max):

@@ -729,29 +729,45 @@ RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT c.id FROM pgtaskpy.claim_next_task(group_hash, launcher) AS c $$;
 
--- pg_task_py.role_running_limit of a role, as written: ALTER ROLE ... SET,
--- this database's first, then any database's (NULL: not set).  Read from the
--- catalog: the owner's settings are not this session's.
-CREATE FUNCTION pgtaskpy.role_running_limit_setting(role name) RETURNS text
+-- pg_task_py.role_running_limit of a role, as written, and the command that
+-- set it (value NULL: not set).  In PostgreSQL's order for a session's
+-- defaults: ALTER ROLE ... IN DATABASE (this one), ALTER ROLE, ALTER DATABASE
+-- (this one), ALTER ROLE ALL.  Read from the catalog: the owner's settings are
+-- not this session's.
+CREATE FUNCTION pgtaskpy.role_running_limit_found(role name, OUT value text, OUT set_by text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- PL/pgSQL keeps the plan (an SQL function plans again on every call) and
     -- the (setdatabase, setrole) index is used: this runs on every claim.
-    RETURN (
-        SELECT substr(c, length('pg_task_py.role_running_limit=') + 1)
-        FROM pg_db_role_setting AS s
-        CROSS JOIN unnest(s.setconfig) AS c
-        WHERE s.setrole = to_regrole(quote_ident(role))
-          AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
-          AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'
-        ORDER BY s.setdatabase DESC
-        LIMIT 1);
+    SELECT substr(c, length('pg_task_py.role_running_limit=') + 1),
+           CASE WHEN s.setrole = 0 AND s.setdatabase = 0 THEN 'ALTER ROLE ALL'
+                WHEN s.setrole = 0 THEN format('ALTER DATABASE %I', current_database())
+                WHEN s.setdatabase = 0 THEN format('ALTER ROLE %I', role)
+                ELSE format('ALTER ROLE %I IN DATABASE %I', role, current_database()) END
+    INTO value, set_by
+    FROM pg_db_role_setting AS s
+    CROSS JOIN unnest(s.setconfig) AS c
+    WHERE s.setrole IN (0, to_regrole(quote_ident(role)))
+      AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+      AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'
+    ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC
+    LIMIT 1;
+END
+$$;
+
+-- pg_task_py.role_running_limit of a role, as written (NULL: not set).
+CREATE FUNCTION pgtaskpy.role_running_limit_setting(role name) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (pgtaskpy.role_running_limit_found(role)).value;
 END
 $$;
 
 -- Whether any role has pg_task_py.role_running_limit set (ALTER ROLE ... SET, in
--- this database or any): when none has (the common case), a claim looks up no
+-- this database or any; ALTER DATABASE, ALTER ROLE ALL for every role): when
+-- none has (the common case), a claim looks up no
 -- owner's limit, which costs two calls and a catalog read an owner (0.14 ms of
 -- a lone task's claim).  PL/pgSQL without SET (every name qualified), so that
 -- its plan is kept.
@@ -760,8 +776,7 @@ LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN EXISTS (SELECT FROM pg_catalog.pg_db_role_setting AS s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c
-                   WHERE s.setrole OPERATOR(pg_catalog.<>) 0
-                     AND c OPERATOR(pg_catalog.~~) E'pg\\_task\\_py.role\\_running\\_limit=%')
+                   WHERE c OPERATOR(pg_catalog.~~) E'pg\\_task\\_py.role\\_running\\_limit=%')
         OR EXISTS (SELECT FROM pg_catalog.pg_roles AS r  -- (a CONNECTION LIMIT: see role_running_limit)
                    WHERE r.rolconnlimit OPERATOR(pg_catalog.>=) 0 AND NOT r.rolsuper);
 END
@@ -793,7 +808,8 @@ $$;
 
 -- The owners whose claimed and running tasks reach their role_running_limit
 -- (0 included): those with a limit, a setting or a CONNECTION LIMIT (see
--- role_running_limits_set), looked at once a claim.
+-- role_running_limits_set), and every role that may log in when a database's
+-- or every role's default is set; looked at once a claim.
 CREATE FUNCTION pgtaskpy.owners_at_running_limit() RETURNS name[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -801,7 +817,8 @@ AS $$
     FROM pg_roles AS r
     WHERE (r.rolconnlimit >= 0 AND NOT r.rolsuper
            OR EXISTS (SELECT FROM pg_db_role_setting AS s CROSS JOIN LATERAL unnest(s.setconfig) AS c
-                      WHERE s.setrole = r.oid AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'))
+                      WHERE (s.setrole = r.oid OR s.setrole = 0 AND r.rolcanlogin)
+                        AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'))
       AND pgtaskpy.role_running_limit(r.rolname)
           <= (SELECT count(*) FROM @extschema@.task AS t WHERE t.state IN ('TAKE', 'WORK') AND t.owner = r.rolname)
 $$;
@@ -817,10 +834,14 @@ DECLARE
     failed integer := 0;
 BEGIN
     FOR bad IN
-        SELECT r.rolname, pgtaskpy.role_running_limit_setting(r.rolname) AS setting
-        FROM (SELECT DISTINCT s.setrole FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
-              WHERE s.setrole <> 0 AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%') AS w
-        JOIN pg_roles AS r ON r.oid = w.setrole
+        WITH setters AS (
+            SELECT DISTINCT s.setrole FROM pg_db_role_setting AS s CROSS JOIN unnest(s.setconfig) AS c
+            WHERE c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%')
+        SELECT r.rolname, f.value AS setting, f.set_by
+        FROM pg_roles AS r
+        CROSS JOIN LATERAL pgtaskpy.role_running_limit_found(r.rolname) AS f
+        WHERE r.oid IN (SELECT w.setrole FROM setters AS w)
+           OR r.rolcanlogin AND EXISTS (SELECT FROM setters AS w WHERE w.setrole = 0)  -- (a default for every role)
     LOOP
         CONTINUE WHEN bad.setting IS NULL OR bad.setting ~ E'^\\s*[0-9]+\\s*$';  -- (the whole numbers role_running_limit reads)
         failed := failed + pgtaskpy.fail_waiting_tasks(
@@ -828,8 +849,8 @@ BEGIN
                   WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.owner = bad.rolname AND t.plan <= now()
                   ORDER BY t.id LIMIT 1000),
             format(E'ERROR:  invalid value for setting "pg_task_py.role_running_limit" of role "%s": "%s"\n'
-                   'HINT:  It must be a whole number of tasks: ALTER ROLE %s SET pg_task_py.role_running_limit = 4, '
-                   'or RESET it.', bad.rolname, bad.setting, quote_ident(bad.rolname)),
+                   'HINT:  It must be a whole number of tasks: %s SET pg_task_py.role_running_limit = 4, '
+                   'or RESET it.', bad.rolname, bad.setting, bad.set_by),
             '22023');  -- invalid_parameter_value
     END LOOP;
     RETURN failed;
