@@ -106,6 +106,25 @@ def test_burst_tasks_whose_sessions_idle_session_timeout_ends_before_their_input
     assert any(pid != first for _, _, pid, first, _ in rows), rows  # (moved: the test held sessions idle)
 
 
+def test_a_burst_of_a_role_whose_sessions_end_idle_within_50_ms_runs_every_task():
+    """A burst's worker writes the starts of sessions that connect within 10 ms together: a
+    session connected first waited that long, and more on busy cores, before its input.  With
+    the owner's idle_session_timeout at 30-50 ms, up to a third of 150 tasks ended FAIL 57P05
+    after three sessions each, and their new sessions, all at once, kept the cores too busy for
+    the next ones.  The worker starts the tasks of such an owner each as its session connects."""
+    with launcher_on_cluster_of({"max_connections": "300"}, "idle") as (_, conn):
+        conn.execute("CREATE ROLE quick LOGIN IN ROLE pgtaskpy_user")
+        conn.execute("ALTER ROLE quick SET idle_session_timeout = '50ms'")
+        conn.execute("INSERT INTO task (\"group\", owner, input, delete) SELECT 'g' || i, 'quick',"
+                     " 'SELECT pg_sleep(0.5), ' || i, false FROM generate_series(1, 150) AS i")
+        wait_until(lambda: conn.execute("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')").fetchone()[0]
+                   == 150, 120, 0.1, "the burst's end")
+        failed = conn.execute("SELECT id, sqlstate, left(error, 200) FROM task WHERE state <> 'DONE'").fetchall()
+        assert failed == [], failed
+        outputs = conn.execute("SELECT output FROM task ORDER BY id").fetchall()
+        assert outputs == [(f"pg_sleep\t?column?\n\t{i}",) for i in range(1, 151)]
+
+
 def test_the_ended_tasks_of_a_burst_make_room_under_run_while_one_runs_on(db):
     # --run counts the tasks running: a burst's worker returns only with its last task, but those
     # that have ended count no more.  20 tasks in 20 groups, one of them long, go to one worker.

@@ -499,6 +499,7 @@ def test_a_start_a_trigger_refuses_fails_that_task_alone_in_a_burst(running, ref
     row = running.task(poison)
     assert row["state"] == "FAIL" and "the DBA refuses the start of" in row["error"], row
     assert row["error"].startswith("ERROR:  could not start the task: "), row
+    assert row["sqlstate"] == "P0001", row  # (the trigger's: retry_on can name it)
     others = running.sql("SELECT state::text, count(*) FROM task WHERE id <> %s GROUP BY 1", [poison])
     assert others == [("DONE", 150)], others
     assert running.value("SELECT count(*) FROM ran") == 150
@@ -514,6 +515,35 @@ def test_a_start_a_trigger_refuses_fails_that_task_alone_in_a_group(running, ref
     row = running.wait_done(poison)
     assert row["state"] == "FAIL" and "the DBA refuses the start of" in row["error"], row
     assert running.wait_done(last)["output"] == "after"
+
+
+@pytest.fixture
+def skipping_trigger(running):
+    """A DBA's trigger on task that returns NULL for the start of tasks whose input says
+    skip-start, so that the start's UPDATE skips the row."""
+    running.sql("CREATE FUNCTION skip_start() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$")
+    running.sql("CREATE TRIGGER skip_start BEFORE UPDATE ON task FOR EACH ROW"
+                " WHEN (OLD.state = 'TAKE' AND NEW.state = 'WORK' AND NEW.input LIKE '%skip-start%')"
+                " EXECUTE FUNCTION skip_start()")
+    yield
+    running.sql("DROP TRIGGER skip_start ON task")
+    running.sql("DROP FUNCTION skip_start()")
+
+
+@pytest.mark.parametrize("burst", [False, True])
+def test_a_start_a_trigger_skips_fails_that_task_alone(running, skipping_trigger, burst):
+    """It was taken for a task stopped meanwhile: given back, claimed again, 50 times a second
+    for good, the log silent."""
+    if burst:
+        running.sql("INSERT INTO task (input, \"group\", delete)"
+                    " SELECT 'SELECT ' || g, 'b' || g, false FROM generate_series(1, 60) AS g")
+    skipped = running.insert("SELECT 1 /* skip-start */", group="skipped", delete=False)
+    row = running.wait_done(skipped)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "09000"), row
+    assert row["error"] == ("ERROR:  could not start the task: a trigger on task made its start no start"
+                            " (returned NULL)\nSTATEMENT:  SELECT 1 /* skip-start */"), row
+    running.wait_all_done(60)
+    assert running.value("SELECT count(*) FROM task WHERE state = 'DONE'") == (60 if burst else 0)
 
 
 def test_an_end_a_trigger_refuses_holds_back_that_task_alone_in_a_burst(running):

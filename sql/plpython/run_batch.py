@@ -28,8 +28,14 @@ import time
 # Seconds a connected session waits for others to connect before their WORK is written together
 # (start_connected), unless none is still connecting.  A burst's sessions connect one after
 # another, a few milliseconds apart on busy cores: started each alone, one statement and one
-# commit a task took 0.5 ms of CPU a task from the cores the burst's new sessions need.
+# commit a task took 0.5 ms of CPU a task from the cores the burst's new sessions need.  None
+# for owners whose sessions end idle sooner than GATHER_IDLE_FLOOR, nor once a session of the
+# call was ended for being idle before its input (BatchCall.moved_on): a gathered start kept the
+# first sessions idle 10 ms and more, and a role's idle_session_timeout of 30 ms failed a third of
+# a burst's 150 tasks, whose new sessions, all at once, kept the cores too busy for the next ones.
 START_GATHER = 0.01
+GATHER_IDLE_FLOOR = 1.0  # seconds
+TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
@@ -100,6 +106,7 @@ class BatchCall:
         # of run_task's code (another procedure's) alone.
         self.call = WorkerCall(ctx, claimer, TaskSessions(ctx))
         self.untaken = []  # ids of given tasks whose rows were held when taken: taken once free
+        self.gather = START_GATHER  # seconds a connected session waits for others (run_side_by_side)
         self.unwritten = []  # ends whose rows were held when written: (entry, end_args), written once free
 
     def run(self, task_ids):
@@ -108,6 +115,8 @@ class BatchCall:
             return self.call.report  # (any held: the launcher gives them back as the call returns)
         if not self.call.read_output_limit(tasks):
             return self.call.report
+        if ends_idle_soon(self.ctx, {task["owner"] for task in tasks}):
+            self.gather = 0.0
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
         running = []
         self.open_sessions(tasks, running)
@@ -160,6 +169,7 @@ class BatchCall:
             return False
         entry.sessions += 1
         entry.preparing, entry.reader, entry.error, entry.sqlstate, entry.severity = False, None, None, None, None
+        self.gather = 0.0  # (START_GATHER: idle_session_timeout set where ends_idle_soon does not look)
         return True
 
     def run_side_by_side(self, running):
@@ -169,14 +179,14 @@ class BatchCall:
         served = time.monotonic()
         gathered, gathered_at = [], 0.0
         while running or self.unwritten:
-            wait = INTERRUPT_EVERY if not gathered else max(0.0, gathered_at + START_GATHER - time.monotonic())
+            wait = INTERRUPT_EVERY if not gathered else max(0.0, gathered_at + self.gather - time.monotonic())
             connected = [entry for entry in self.ready(running, wait) if self.step(entry)]
             if connected and not gathered:
                 gathered_at = time.monotonic()
             for entry in connected:
                 entry.gathered = True
             gathered += connected
-            if gathered and (time.monotonic() >= gathered_at + START_GATHER
+            if gathered and (time.monotonic() >= gathered_at + self.gather
                              or not any(entry.session.connecting for entry in running)):
                 for entry in gathered:
                     entry.gathered = False
@@ -242,6 +252,13 @@ class BatchCall:
         return False
 
     def start_connected(self, connected):
+        """WORK in the sessions that have connected, together (start_together), or each alone
+        when this call gathers none (START_GATHER): a statement of many starts kept the last ones'
+        sessions idle as long as it took."""
+        for together in [connected] if self.gather else [[entry] for entry in connected]:
+            self.start_together(together)
+
+    def start_together(self, connected):
         """WORK in the sessions that have connected, committed before any of their inputs goes:
         in one statement (start_tasks) and one commit.  Rows another transaction holds are not
         waited for (a client locking several tasks newest first while the worker, marking them
@@ -295,7 +312,8 @@ class BatchCall:
         except self.ctx.plpy.SPIError as exc:
             # Raised on, it failed the whole call, and the other tasks of the batch, which ran,
             # ended FAIL as lost runs.
-            self.call.fail_unstarted(entry.task, f"could not start the task: {str(exc).splitlines()[0]}", None)
+            self.call.fail_unstarted(entry.task, f"could not start the task: {str(exc).splitlines()[0]}", None,
+                                     sqlstate=getattr(exc, "sqlstate", None))
             return False
 
     def read_prepared(self, entry):
@@ -374,6 +392,26 @@ class BatchCall:
         if written == HELD:
             self.unwritten.append((entry, end))
         self.ctx.commit()
+
+
+def ends_idle_soon(ctx, owners):
+    """Whether the sessions of any of `owners` here end idle within GATHER_IDLE_FLOOR: their
+    idle_session_timeout, as ALTER ROLE or ALTER DATABASE set it (pgtaskpy.role_setting_found)."""
+    rows = ctx.run("idle_timeouts", "SELECT (pgtaskpy.role_setting_found(o, 'idle_session_timeout')).value AS v"
+                   " FROM unnest($1::name[]) AS o", ["name[]"], [sorted(owners)])
+    return any(0 < seconds < GATHER_IDLE_FLOOR for seconds in map(setting_seconds, (row["v"] for row in rows)))
+
+
+def setting_seconds(value):
+    """A time setting as ALTER ROLE stored it ('30ms', '2 s', '500': milliseconds), in seconds;
+    0 when it is not set or cannot be read (the server refuses such a value at the login)."""
+    text = (value or "").strip()
+    end = len(text.rstrip("abcdefghijklmnopqrstuvwxyz"))
+    number, unit = text[:end].strip(), text[end:] or "ms"
+    try:
+        return float(number) * TIME_UNITS[unit]
+    except (ValueError, KeyError):
+        return 0.0
 
 
 def main(plpy, GD, SD, task_ids, claimer):

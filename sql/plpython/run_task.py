@@ -273,7 +273,8 @@ class WorkerCall:
             # fails with the error, alone, and the end of the one before it, not committed yet,
             # commits with it.  Raised on, it failed the call, and that task, which ran, ended FAIL.
             self.sessions.close_kept()
-            self.fail_unstarted(task, f"could not start the task: {str(exc).splitlines()[0]}", None)
+            self.fail_unstarted(task, f"could not start the task: {str(exc).splitlines()[0]}", None,
+                                sqlstate=getattr(exc, "sqlstate", None))
             return None
         if not started:
             wake_launchers(self.ctx)

@@ -699,6 +699,14 @@ BEGIN
         -- the scheduling lock, and a claimed task started up to 115 ms after the pause had
         -- returned): it waits again, unstarted, with its group.
         PERFORM pgtaskpy.unclaim_tasks(ARRAY[task_id], claimer);
+    ELSIF EXISTS (
+            SELECT FROM @extschema@.task AS t WHERE t.id = task_id
+              AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END) THEN
+        -- Still this claimer's, and not paused: a DBA's BEFORE UPDATE trigger returned NULL for
+        -- the start.  Taken as "stopped meanwhile", the task was given back and claimed again
+        -- 50 times a second, for good, the log silent; its worker fails it with this error.
+        RAISE EXCEPTION 'a trigger on task made its start no start (returned NULL)'
+            USING ERRCODE = 'triggered_action_exception';
     END IF;
     RETURN started;
 END
@@ -729,18 +737,19 @@ RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT c.id FROM pgtaskpy.claim_next_task(group_hash, launcher) AS c $$;
 
--- pg_task_py.role_running_limit of a role, as written, and the command that
--- set it (value NULL: not set).  In PostgreSQL's order for a session's
+-- A setting of a role's sessions in this database, as written, and the command
+-- that set it (value NULL: not set): pg_task_py.role_running_limit, or one a
+-- burst's worker reads (run_batch.py).  In PostgreSQL's order for a session's
 -- defaults: ALTER ROLE ... IN DATABASE (this one), ALTER ROLE, ALTER DATABASE
--- (this one), ALTER ROLE ALL.  Read from the catalog: the owner's settings are
--- not this session's.
-CREATE FUNCTION pgtaskpy.role_running_limit_found(role name, OUT value text, OUT set_by text)
+-- (this one), ALTER ROLE ALL; not postgresql.conf's.  Read from the catalog:
+-- the owner's settings are not this session's.
+CREATE FUNCTION pgtaskpy.role_setting_found(role name, setting text, OUT value text, OUT set_by text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- PL/pgSQL keeps the plan (an SQL function plans again on every call) and
     -- the (setdatabase, setrole) index is used: this runs on every claim.
-    SELECT substr(c, length('pg_task_py.role_running_limit=') + 1),
+    SELECT substr(c, length(setting) + 2),
            CASE WHEN s.setrole = 0 AND s.setdatabase = 0 THEN 'ALTER ROLE ALL'
                 WHEN s.setrole = 0 THEN format('ALTER DATABASE %I', current_database())
                 WHEN s.setdatabase = 0 THEN format('ALTER ROLE %I', role)
@@ -750,7 +759,7 @@ BEGIN
     CROSS JOIN unnest(s.setconfig) AS c
     WHERE s.setrole IN (0, to_regrole(quote_ident(role)))
       AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
-      AND c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%'
+      AND split_part(c, '=', 1) = setting
     ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC
     LIMIT 1;
 END
@@ -761,7 +770,7 @@ CREATE FUNCTION pgtaskpy.role_running_limit_setting(role name) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN (pgtaskpy.role_running_limit_found(role)).value;
+    RETURN (pgtaskpy.role_setting_found(role, 'pg_task_py.role_running_limit')).value;
 END
 $$;
 
@@ -839,7 +848,7 @@ BEGIN
             WHERE c LIKE E'pg\\_task\\_py.role\\_running\\_limit=%')
         SELECT r.rolname, f.value AS setting, f.set_by
         FROM pg_roles AS r
-        CROSS JOIN LATERAL pgtaskpy.role_running_limit_found(r.rolname) AS f
+        CROSS JOIN LATERAL pgtaskpy.role_setting_found(r.rolname, 'pg_task_py.role_running_limit') AS f
         WHERE r.oid IN (SELECT w.setrole FROM setters AS w)
            OR r.rolcanlogin AND EXISTS (SELECT FROM setters AS w WHERE w.setrole = 0)  -- (a default for every role)
     LOOP
