@@ -8,12 +8,13 @@ N running tasks then hold N task sessions and N / TASKS_A_WORKER workers, not
 2N backends, and the burst waits for a few worker connections, not N.
 
 The worker opens every task's session at once (libpq's asynchronous connect),
-each with its task's settings (sessions.settings_at_start), and waits on all their
-sockets together.  Each task goes the way a task of run_task goes: WORK
-committed with its session's pid before its input is sent, the input sent as
-one top-level query, its end committed as soon as
-its last result is read, in a transaction of its own.  It does not go on with
-its group's next task: its end wakes the launchers, which claim it.
+each with its task's settings (sessions.settings_at_start) and without the owner's
+idle_session_timeout (IDLE_TIMEOUT_OFF), and waits on all their sockets
+together.  Each task goes the way a task of run_task goes: WORK committed with
+its session's pid before its input is sent, the input sent as one top-level
+query, its end committed as soon as its last result is read, in a transaction
+of its own.  It does not go on with its group's next task: its end wakes the
+launchers, which claim it.
 
 A task whose row another transaction holds (a client's SELECT ... FOR UPDATE or
 open UPDATE of its own task) is not waited for: its take, start or end is
@@ -28,14 +29,14 @@ import time
 # Seconds a connected session waits for others to connect before their WORK is written together
 # (start_connected), unless none is still connecting.  A burst's sessions connect one after
 # another, a few milliseconds apart on busy cores: started each alone, one statement and one
-# commit a task took 0.5 ms of CPU a task from the cores the burst's new sessions need.  None
-# for owners whose sessions end idle sooner than GATHER_IDLE_FLOOR, nor once a session of the
-# call was ended for being idle before its input (BatchCall.moved_on): a gathered start kept the
-# first sessions idle 10 ms and more, and a role's idle_session_timeout of 30 ms failed a third of
-# a burst's 150 tasks, whose new sessions, all at once, kept the cores too busy for the next ones.
+# commit a task took 0.5 ms of CPU a task from the cores the burst's new sessions need.
 START_GATHER = 0.01
-GATHER_IDLE_FLOOR = 1.0  # seconds
-TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+# A burst's session runs one task and closes: it is idle only while its worker starts its task,
+# which takes that worker longer the more sessions connect at once.  The owner's idle_session_timeout
+# (ALTER ROLE, ALTER DATABASE, postgresql.conf: a client's startup option comes before them all)
+# ended such sessions before their input: with 50 ms, 95 tasks of a burst of 150 ended FAIL 57P05
+# on a busy machine, each after three sessions whose starts kept its cores busier still.
+IDLE_TIMEOUT_OFF = "-c idle_session_timeout=0"
 
 TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call; bench/RESULTS.md)
 
@@ -51,25 +52,9 @@ if TYPE_CHECKING:  # assembled with run_task.py and the files before it by sql/b
     )
     from output import OutputTooLarge, format_message
     from plans import Context, replan_after_growth, to_json
-    from run_task import (
-        IDLE_ENDED,
-        INTERRUPT_EVERY,
-        LOST_RUN,
-        NO_SESSION,
-        SESSIONS_A_TASK,
-        WorkerCall,
-        moved_session_failed,
-    )
-    from sessions import TaskSessions, send_prepare, settings_at_start
-    from task_rows import (
-        HELD,
-        launcher_accepts,
-        move_task_to_session,
-        start_task,
-        start_tasks,
-        take_tasks,
-        wake_launchers,
-    )
+    from run_task import INTERRUPT_EVERY, LOST_RUN, WorkerCall
+    from sessions import PLAIN_SESSION_OPTIONS, TaskSessions, send_prepare, settings_at_start
+    from task_rows import HELD, launcher_accepts, start_task, start_tasks, take_tasks, wake_launchers
 
 
 class Running:
@@ -77,7 +62,7 @@ class Running:
     with its task's settings) preparing, the answer to send_prepare, then running its input."""
 
     __slots__ = ("task", "session", "settings", "preparing", "reader", "started", "error", "sqlstate", "severity",
-                 "sessions", "held", "gathered")
+                 "held", "gathered")
 
     def __init__(self, task, session, settings):
         self.task = task
@@ -87,7 +72,6 @@ class Running:
         self.reader = None  # InputResults, once the input is sent
         self.started = None  # monotonic time of its WORK
         self.error = self.sqlstate = self.severity = None  # the session's failure before the input ran
-        self.sessions = 1  # sessions it was given: see BatchCall.moved_on
         self.held = False  # connected, its start waits for its row (another transaction holds it)
         self.gathered = False  # connected, its start waits for others' (START_GATHER)
 
@@ -106,7 +90,6 @@ class BatchCall:
         # of run_task's code (another procedure's) alone.
         self.call = WorkerCall(ctx, claimer, TaskSessions(ctx))
         self.untaken = []  # ids of given tasks whose rows were held when taken: taken once free
-        self.gather = START_GATHER  # seconds a connected session waits for others (run_side_by_side)
         self.unwritten = []  # ends whose rows were held when written: (entry, end_args), written once free
 
     def run(self, task_ids):
@@ -115,8 +98,6 @@ class BatchCall:
             return self.call.report  # (any held: the launcher gives them back as the call returns)
         if not self.call.read_output_limit(tasks):
             return self.call.report
-        if ends_idle_soon(self.ctx, {task["owner"] for task in tasks}):
-            self.gather = 0.0
         self.ctx.commit()  # hold neither rows nor the scheduling lock while the backends start
         running = []
         self.open_sessions(tasks, running)
@@ -149,28 +130,11 @@ class BatchCall:
         self.open_sessions(tasks, running)
 
     def new_session(self, task):
-        """A new session of the task's owner, started (not waited for) with the task's settings;
-        and those settings."""
+        """A new session of the task's owner, started (not waited for) with the task's settings
+        and without an idle_session_timeout (IDLE_TIMEOUT_OFF); and those settings."""
         settings, options = settings_at_start(self.ctx, task)
+        options = f"{options or PLAIN_SESSION_OPTIONS} {IDLE_TIMEOUT_OFF}"
         return Session(self.call.sessions.loopback_keywords(task["owner"], options), wait=False), settings
-
-    def moved_on(self, entry, sqlstate):
-        """Whether the task, WORK in a session the server ended for being idle before it read the
-        input, goes on in a new session, as run_task's run_input does: its connect has started,
-        and start_connected moves the task to it.  False after SESSIONS_A_TASK sessions, or when
-        a new one cannot be started: the task then ends with the server's error (if its connect
-        fails, with that failure: step)."""
-        if sqlstate != IDLE_ENDED or entry.session.ok or entry.sessions >= SESSIONS_A_TASK:
-            return False
-        entry.session.close()
-        try:
-            entry.session, entry.settings = self.new_session(entry.task)
-        except ConnectError:
-            return False
-        entry.sessions += 1
-        entry.preparing, entry.reader, entry.error, entry.sqlstate, entry.severity = False, None, None, None, None
-        self.gather = 0.0  # (START_GATHER: idle_session_timeout set where ends_idle_soon does not look)
-        return True
 
     def run_side_by_side(self, running):
         """Take every task on as its session allows, until all have ended and their ends are
@@ -179,14 +143,14 @@ class BatchCall:
         served = time.monotonic()
         gathered, gathered_at = [], 0.0
         while running or self.unwritten:
-            wait = INTERRUPT_EVERY if not gathered else max(0.0, gathered_at + self.gather - time.monotonic())
+            wait = INTERRUPT_EVERY if not gathered else max(0.0, gathered_at + START_GATHER - time.monotonic())
             connected = [entry for entry in self.ready(running, wait) if self.step(entry)]
             if connected and not gathered:
                 gathered_at = time.monotonic()
             for entry in connected:
                 entry.gathered = True
             gathered += connected
-            if gathered and (time.monotonic() >= gathered_at + self.gather
+            if gathered and (time.monotonic() >= gathered_at + START_GATHER
                              or not any(entry.session.connecting for entry in running)):
                 for entry in gathered:
                     entry.gathered = False
@@ -240,10 +204,7 @@ class BatchCall:
             try:
                 return session.advance() and session.ok
             except ConnectError as exc:
-                if entry.sessions > 1:  # WORK already, moved_on
-                    self.end(entry, None, moved_session_failed(entry.task, exc), exc.sqlstate or NO_SESSION, None)
-                else:
-                    self.call.session_failed(entry.task, exc)
+                self.call.session_failed(entry.task, exc)
                 return False
         if entry.reader is None:
             self.read_prepared(entry)
@@ -252,13 +213,6 @@ class BatchCall:
         return False
 
     def start_connected(self, connected):
-        """WORK in the sessions that have connected, together (start_together), or each alone
-        when this call gathers none (START_GATHER): a statement of many starts kept the last ones'
-        sessions idle as long as it took."""
-        for together in [connected] if self.gather else [[entry] for entry in connected]:
-            self.start_together(together)
-
-    def start_together(self, connected):
         """WORK in the sessions that have connected, committed before any of their inputs goes:
         in one statement (start_tasks) and one commit.  Rows another transaction holds are not
         waited for (a client locking several tasks newest first while the worker, marking them
@@ -266,17 +220,16 @@ class BatchCall:
         the tasks it had started ended FAIL though they ran; test_burst.py): those start once free
         (retry_held).  When the statement fails (a trigger of a DBA's on task that raises, say),
         each task is started alone, so that only those it fails for fail."""
-        fresh = [entry for entry in connected if entry.sessions == 1]
         try:
-            outcomes = start_tasks(self.ctx, [entry.task for entry in fresh],
-                                   [entry.session.pid for entry in fresh]) if fresh else {}
+            outcomes = start_tasks(self.ctx, [entry.task for entry in connected],
+                                   [entry.session.pid for entry in connected])
         except self.ctx.plpy.spiexceptions.QueryCanceled:
             raise  # (this worker was cancelled: run_side_by_side's caller stops every task)
         except self.ctx.plpy.SPIError:
             outcomes = {}
         sent = []
         for entry in connected:
-            started = outcomes.get(entry.task["id"]) if entry.sessions == 1 else None
+            started = outcomes.get(entry.task["id"])
             if started is None:
                 started = self.start_alone(entry)
             entry.held = started == HELD
@@ -288,9 +241,8 @@ class BatchCall:
             try:
                 entry.preparing = send_prepare(self.ctx, entry.session, entry.task, entry.settings)
             except ConnectError as exc:
-                if not self.moved_on(entry, exc.sqlstate):  # (else WORK, in the session that connects now)
-                    entry.session.close()
-                    self.call.session_failed(entry.task, exc)
+                entry.session.close()
+                self.call.session_failed(entry.task, exc)
                 continue
             sent.append(entry)
         self.ctx.commit()
@@ -301,12 +253,10 @@ class BatchCall:
                 self.send_input(entry)
 
     def start_alone(self, entry):
-        """start_task for one task (or, in a later session, move_task_to_session): True, False or
-        HELD; False when its start's UPDATE failed, and the task has ended FAIL with the error."""
+        """start_task for one task: True, False or HELD; False when its start's UPDATE failed,
+        and the task has ended FAIL with the error."""
         try:
-            if entry.sessions == 1:
-                return start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
-            return move_task_to_session(self.ctx, entry.task, entry.session.pid)
+            return start_task(self.ctx, entry.task, entry.session.pid, unless_held=True)
         except self.ctx.plpy.spiexceptions.QueryCanceled:
             raise
         except self.ctx.plpy.SPIError as exc:
@@ -328,9 +278,8 @@ class BatchCall:
         if not entry.session.answered:
             return
         if entry.error is not None:  # the session broke, or a cancel came before the input
-            if not self.moved_on(entry, entry.sqlstate):
-                self.end(entry, None, format_message(entry.error, entry.task["input"], severity=entry.severity),
-                         entry.sqlstate or LOST_RUN, None)
+            self.end(entry, None, format_message(entry.error, entry.task["input"], severity=entry.severity),
+                     entry.sqlstate or LOST_RUN, None)
             return
         self.send_input(entry)
 
@@ -339,9 +288,8 @@ class BatchCall:
         try:
             entry.reader = self.call.send_query(entry.session, entry.task)
         except ConnectError as exc:
-            if not self.moved_on(entry, exc.sqlstate):
-                self.end(entry, None, format_message(str(exc), entry.task["input"], severity=exc.severity),
-                         exc.sqlstate or LOST_RUN, None)
+            self.end(entry, None, format_message(str(exc), entry.task["input"], severity=exc.severity),
+                     exc.sqlstate or LOST_RUN, None)
 
     def read_input(self, entry):
         """What the input has returned so far; its end once it has returned everything, and the
@@ -353,7 +301,7 @@ class BatchCall:
                 reader.take(session, result)
         except OutputTooLarge as exc:
             reader.too_large(session, exc)
-        if not session.answered or self.moved_on(entry, reader.sqlstate):
+        if not session.answered:
             return
         if not reader.closing:
             try:
@@ -392,26 +340,6 @@ class BatchCall:
         if written == HELD:
             self.unwritten.append((entry, end))
         self.ctx.commit()
-
-
-def ends_idle_soon(ctx, owners):
-    """Whether the sessions of any of `owners` here end idle within GATHER_IDLE_FLOOR: their
-    idle_session_timeout, as ALTER ROLE or ALTER DATABASE set it (pgtaskpy.role_setting_found)."""
-    rows = ctx.run("idle_timeouts", "SELECT (pgtaskpy.role_setting_found(o, 'idle_session_timeout')).value AS v"
-                   " FROM unnest($1::name[]) AS o", ["name[]"], [sorted(owners)])
-    return any(0 < seconds < GATHER_IDLE_FLOOR for seconds in map(setting_seconds, (row["v"] for row in rows)))
-
-
-def setting_seconds(value):
-    """A time setting as ALTER ROLE stored it ('30ms', '2 s', '500': milliseconds), in seconds;
-    0 when it is not set or cannot be read (the server refuses such a value at the login)."""
-    text = (value or "").strip()
-    end = len(text.rstrip("abcdefghijklmnopqrstuvwxyz"))
-    number, unit = text[:end].strip(), text[end:] or "ms"
-    try:
-        return float(number) * TIME_UNITS[unit]
-    except (ValueError, KeyError):
-        return 0.0
 
 
 def main(plpy, GD, SD, task_ids, claimer):
