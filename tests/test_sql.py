@@ -169,6 +169,42 @@ def test_task_wait_says_when_it_cannot_see_the_end(shared):
     shared.sql("DELETE FROM task WHERE id = %s", [later])
 
 
+def test_task_wait_waits_out_a_foreign_keys_lock_of_its_own_transaction(running):
+    """A row of another table that references a task takes a KEY SHARE lock on the task's row
+    (the foreign key's check), which keeps the task from neither starting nor ending: task_wait
+    in that transaction returns the task's end.  (It said at once that the task, locked by this
+    transaction, could not end before the commit.)"""
+    running.sql("CREATE TABLE task_refs (task_id bigint REFERENCES task (id))")
+    working = running.insert("SELECT pg_sleep(0.5), 'ran'", delete=False)
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [working]) == "WORK", 20)
+    waiting = running.insert("SELECT 'later'", delete=False, plan=running.value("SELECT now() + interval '1 s'"))
+    with running.connect() as conn:
+        conn.autocommit = False
+        conn.execute("INSERT INTO task_refs VALUES (%s), (%s)", [working, waiting])
+        for task_id, output in ((working, "pg_sleep\t?column?\n\tran"), (waiting, "later")):
+            row = conn.execute("SELECT state::text, output FROM task_wait(%s, '30 s')", [task_id]).fetchone()
+            assert row == ("DONE", output)
+        conn.rollback()
+
+
+def test_task_wait_of_a_task_its_transaction_locked_says_so_when_it_gives_up(running):
+    """SELECT ... FOR UPDATE keeps a waiting task from starting until the transaction ends:
+    task_wait gives up after its time (the lock may be a foreign key's, which keeps nothing
+    back), and its hint names the lock rather than the launcher."""
+    task_id = running.insert("SELECT 1", delete=False)
+    with running.connect() as conn:
+        conn.autocommit = False
+        conn.execute("SELECT id FROM task WHERE id = %s FOR UPDATE", [task_id])
+        with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
+            conn.execute("SELECT task_wait(%s, '1 s')", [task_id])
+        assert raised.value.diag.message_hint.startswith(
+            "This transaction holds a lock on the task's row: one of task_cancel, SELECT ... FOR UPDATE"), \
+            raised.value.diag.message_hint
+        assert "keeps it from starting until the transaction commits" in raised.value.diag.message_hint
+        conn.rollback()
+    assert running.wait_done(task_id)["state"] == "DONE"
+
+
 def test_wide_result(shared):
     columns = ", ".join(f"{i} AS c{i}" for i in range(1, 401))
     lines = run(shared, f"SELECT {columns}")["output"].split("\n")

@@ -134,6 +134,15 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.task_chain IS 'insert a chain of tasks, each after the one before; returns their ids';
 
+-- Whether the calling transaction (not a savepoint of it) holds a lock on the task's row: the
+-- row's xmax is its id, whatever the lock's strength.  task_wait's.
+CREATE FUNCTION pgtaskpy.row_locked_here(task_id bigint) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT t.xmax = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid
+    FROM @extschema@.task AS t WHERE t.id = task_id
+$$;
+
 -- Wait until a task has ended and return its row (NULL when it was deleted
 -- because it produced neither output nor error).  Polls with a growing pause:
 -- a function cannot wait for NOTIFY.
@@ -145,6 +154,7 @@ DECLARE
     deadline timestamptz;
     pause double precision := 0.001;
     t @extschema@.task;
+    locked_here boolean := false;  -- this transaction has locked the task's row
 BEGIN
     IF task_id IS NULL OR wait_for IS NULL THEN
         RAISE EXCEPTION 'task_wait needs a task id and how long to wait, not NULL'
@@ -173,16 +183,27 @@ BEGIN
                   = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
                 RAISE EXCEPTION 'task % was inserted by this transaction: it cannot start before the transaction commits',
                     task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
-            ELSIF t.state IN ('TAKE', 'WORK') AND (SELECT i.xmax FROM @extschema@.task AS i WHERE i.id = task_id)
-                  = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
-                RAISE EXCEPTION 'task % is locked by this transaction (task_cancel, SELECT ... FOR UPDATE): it cannot end before the transaction commits',
+            END IF;
+            -- A lock this transaction holds on the row: task_cancel's, or SELECT ... FOR UPDATE or
+            -- FOR SHARE, keeps the task from starting or ending until the transaction ends; the KEY
+            -- SHARE lock of a foreign key's check (a row of another table that references the task)
+            -- keeps it from nothing, and xmax cannot tell them apart.  So this waits, unless this
+            -- transaction's own task_cancel took it (pgtaskpy.cancelled_tasks).
+            locked_here := pgtaskpy.row_locked_here(task_id);
+            IF locked_here AND t.state IN ('TAKE', 'WORK') AND task_id::text = ANY (string_to_array(
+                   current_setting('pgtaskpy.cancelled_tasks', true), ',')) THEN
+                RAISE EXCEPTION 'task % is locked by this transaction (task_cancel): it cannot end before the transaction commits',
                     task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
             END IF;
         END IF;
         IF clock_timestamp() >= deadline THEN
+            locked_here := pgtaskpy.row_locked_here(task_id);  -- (the row's version now)
             RAISE EXCEPTION 'task % is still %, after waiting %', task_id, t.state, wait_for
                 USING ERRCODE = 'query_canceled',
-                      HINT = 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).';
+                      HINT = CASE WHEN locked_here
+                          THEN format('This transaction holds a lock on the task''s row: one of task_cancel, SELECT ... FOR UPDATE or FOR SHARE, or an INSERT of a task after it keeps it from %s until the transaction commits (a foreign key''s check does not). Commit, then call task_wait.',
+                                      CASE WHEN t.state = 'PLAN' THEN 'starting' ELSE 'ending' END)
+                          ELSE 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
         END IF;
         PERFORM pg_sleep(pause);
         pause := least(pause * 2, 0.1);
@@ -207,7 +228,7 @@ DECLARE
     series boolean;
 BEGIN
     IF pgtaskpy.cancel_if_running(task_id, stop_series) THEN
-        RETURN true;
+        RETURN pgtaskpy.note_cancelled(task_id);
     END IF;
     -- A named series' waiting run: its series is locked before its row, as task_schedule
     -- locks them (the other order deadlocked with a task_schedule of the series).
@@ -223,8 +244,18 @@ BEGIN
         RETURN true;
     END IF;
     -- (claimed meanwhile: the UPDATE waited for the claim's row lock, then found it TAKE)
-    RETURN pgtaskpy.cancel_if_running(task_id, stop_series);
+    RETURN pgtaskpy.cancel_if_running(task_id, stop_series) AND pgtaskpy.note_cancelled(task_id);
 END
+$$;
+
+-- A running task this transaction cancelled, noted for task_wait until the transaction ends: the
+-- cancel's lock on its row holds its end until then.  Returns true.
+CREATE FUNCTION pgtaskpy.note_cancelled(task_id bigint) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT set_config('pgtaskpy.cancelled_tasks',
+                      concat_ws(',', NULLIF(current_setting('pgtaskpy.cancelled_tasks', true), ''), task_id), true)
+           IS NOT NULL
 $$;
 
 -- task_cancel's half for a task that is TAKE or WORK in the caller's view of
