@@ -179,10 +179,16 @@ BEGIN
                 RAISE EXCEPTION 'task_wait cannot see a task end in a % transaction',
                     upper(current_setting('transaction_isolation'))
                     USING ERRCODE = 'feature_not_supported', HINT = 'Call it in a READ COMMITTED transaction.';
-            ELSIF (SELECT i.xmin FROM @extschema@.task AS i WHERE i.id = task_id)  -- (not inserted in a savepoint)
+            -- The row's version is this transaction's (not a savepoint's): it inserted the row, or
+            -- updated it, and so holds it until it commits (a task is inserted PLAN: one claimed or
+            -- running was updated).  The claims skip a row held; an end waits for it.
+            ELSIF (SELECT i.xmin FROM @extschema@.task AS i WHERE i.id = task_id)
                   = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
-                RAISE EXCEPTION 'task % was inserted by this transaction: it cannot start before the transaction commits',
-                    task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
+                RAISE EXCEPTION 'task % was %: it cannot % before the transaction commits', task_id,
+                    CASE WHEN t.state = 'PLAN' THEN 'inserted or updated by this transaction'
+                         ELSE 'updated by this transaction' END,
+                    CASE WHEN t.state = 'PLAN' THEN 'start' ELSE 'end' END
+                    USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
             END IF;
             -- A lock this transaction holds on the row: task_cancel's, or SELECT ... FOR UPDATE or
             -- FOR SHARE, keeps the task from starting or ending until the transaction ends; the KEY
