@@ -8,7 +8,6 @@ here in Python; the last test runs the launcher over a table that grew after it 
 from __future__ import annotations
 
 import random
-import statistics
 from dataclasses import dataclass
 
 import pytest
@@ -153,7 +152,7 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
 
     def start_delays() -> list[float]:
         delays = []
-        for _ in range(5):
+        for _ in range(7):
             row = db.wait_done(db.insert("SELECT 1", delete=False))
             delays.append((row["start"] - row["plan"]).total_seconds())
         return delays
@@ -166,8 +165,9 @@ def test_a_launcher_started_on_an_empty_table_starts_tasks_at_once_after_a_bulk_
     after = start_delays()
     # Against the same run's starts before the load, not a fixed bound: alone a start takes 2.5-10
     # ms, beside the other test process on 2 cores a median of 31 ms was seen.  The plans that read
-    # the load through the wrong index added 35-50 ms to every start.
-    assert statistics.median(after) - statistics.median(before) < 0.025, (before, after)
+    # the load through the wrong index added 35-50 ms to every start, so to the quickest one too,
+    # which a stall of the machine's does not move.
+    assert min(after) - min(before) < 0.025, (before, after)
 
 
 def test_a_claim_with_nothing_due_reads_a_few_pages_however_many_tasks_are_planned_ahead(db):

@@ -420,8 +420,8 @@ def test_a_slot_that_run_frees_goes_to_the_next_due_task_at_once(db):
     gaps = [(later[0] - earlier[1]).total_seconds() for earlier, later in zip(runs, runs[1:])]
     # With the wait for the next look, every gap was 0.94-0.95 s; then, while a spare loading
     # PL/Python counted against --run, one in three runs had a gap of 0.5-0.9 s.  Now 7-110 ms
-    # beside two busy loops on 2 cores.
-    assert statistics.median(gaps) < 0.3 and max(gaps) < 0.6, gaps
+    # beside two busy loops on 2 cores (one stall of a busy machine's allowed).
+    assert statistics.median(gaps) < 0.3 and sorted(gaps)[-2] < 0.5 and max(gaps) < 0.9, gaps
     assert launcher.stop() == 0, launcher.output()
 
 

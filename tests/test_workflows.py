@@ -19,18 +19,26 @@ def rows(db, ids: list[int]) -> dict[int, dict]:
     return {task_id: db.task(task_id) for task_id in ids}
 
 
-def diamond(db, group_max: int, a_input: str = "SELECT pg_sleep(0.3)", d_any: bool = False) -> list[int]:
+def diamond(db, group_max: int, a_input: str = "SELECT pg_sleep(0.3)", d_any: bool = False,
+            branch_input: str = "SELECT pg_sleep(0.6)") -> list[int]:
     """A -> (B, C) -> D, all in group "wf" (B and C may overlap when max >= 1)."""
     a = db.insert(a_input, group="wf", max=group_max, delete=False)
-    b = db.insert("SELECT pg_sleep(0.6)", group="wf", max=group_max, delete=False, after=[a])
-    c = db.insert("SELECT pg_sleep(0.6)", group="wf", max=group_max, delete=False, after=[a])
+    b = db.insert(branch_input, group="wf", max=group_max, delete=False, after=[a])
+    c = db.insert(branch_input, group="wf", max=group_max, delete=False, after=[a])
     d = db.insert("SELECT 'd'", group="wf", max=group_max, delete=False, after=[b, c], after_any=d_any)
     return [a, b, c, d]
 
 
 def test_diamond_runs_in_order_and_branches_overlap(running):
-    a, b, c, d = diamond(running, group_max=1)
-    assert running.task(d)["waiting_for"] == 2
+    # B and C run until the test lets them end, once both run: with a fixed sleep, the second
+    # could start after the first had ended on a busy machine.  One at a time, the first would
+    # hold the group's slot for good, and the wait for both fails.
+    with running.connect() as gate:
+        gate.execute("SELECT pg_advisory_lock(4243)")
+        a, b, c, d = diamond(running, group_max=1, branch_input="SELECT pg_advisory_xact_lock_shared(4243)")
+        assert running.task(d)["waiting_for"] == 2
+        wait_until(lambda: [running.task(i)["state"] for i in (b, c)] == ["WORK", "WORK"], 20,
+                   message="B and C to run side by side")
     running.wait_done(d)
     t = rows(running, [a, b, c, d])
     assert all(row["state"] == "DONE" for row in t.values()), t
@@ -345,7 +353,8 @@ def test_a_turn_begun_before_an_exclusive_task_was_due_claims_nothing_else_after
         holder.execute("BEGIN")
         holder.execute("LOCK TABLE pgtaskpy.scheduling_lock IN EXCLUSIVE MODE")
         with db.connect() as author, author.transaction():  # (one commit: the turn it wakes sees both)
-            plan = author.execute("SELECT now() + interval '1 s'").fetchone()[0]
+            # (3 s: the turn must wait for the lock before the plan; a busy machine may take 1 s to get there)
+            plan = author.execute("SELECT now() + interval '3 s'").fetchone()[0]
             exclusive = insert_as(author, "SELECT pg_sleep(0.5)", exclusive=True, plan=plan, delete=False,
                                   group="maintenance")
             # (due already at the start of any turn that may be waiting: one woken before this commit)
