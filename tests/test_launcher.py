@@ -721,6 +721,28 @@ def test_several_databases_in_one_launcher(cluster, db):
             admin.execute(f"DROP DATABASE {db.name}_b WITH (FORCE)")
 
 
+def test_a_database_dropped_with_force_leaves_the_launchers_other_databases_scheduling(cluster, db):
+    """A plain DROP DATABASE of a database a launcher schedules fails (the launcher's sessions are
+    in it); WITH (FORCE) ends them: the launcher says the database is gone and schedules on."""
+    cluster.create_database(f"{db.name}_gone")
+    launcher = Launcher(db.dsn, cluster.dsn(f"{db.name}_gone")).start()
+    try:
+        wait_until(lambda: launcher.output().count("scheduling (active)") == 2, 15, message="two databases")
+        with cluster.connect() as admin:
+            with pytest.raises(psycopg.errors.ObjectInUse, match="is being accessed by other users"):
+                admin.execute(f"DROP DATABASE {db.name}_gone")
+            admin.execute(f"DROP DATABASE {db.name}_gone WITH (FORCE)")
+        wait_until(lambda: f'database "{db.name}_gone" does not exist' in launcher.output(), 15,
+                   message="the launcher to say the database is gone")
+        assert db.wait_done(db.insert("SELECT 'on'", delete=False))["output"] == "on"
+        assert launcher.process.poll() is None, launcher.output()
+        assert launcher.stop() == 0, launcher.output()
+    finally:
+        launcher.stop()
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db.name}_gone WITH (FORCE)")
+
+
 def run_launcher(*args, timeout=30, env=None):
     return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})
