@@ -418,6 +418,9 @@ def test_on_conflict_replace_and_error(db):
     assert db.value("SELECT count(*) FROM task WHERE key = 'k'") == 1
     with pytest.raises(psycopg.errors.UniqueViolation):
         db.value("SELECT task_enqueue('SELECT 6', key => 'k')")
+    # A NULL is unset, as for the other arguments (a client's parameter for "not given"): 'error'.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.value("SELECT task_enqueue('SELECT 6', key => 'k', on_conflict => %s)", [None])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='invalid on_conflict "merge"'):
         db.value("SELECT task_enqueue('SELECT 6', key => 'k', on_conflict => 'merge')")
     # The same with a plain INSERT ... ON CONFLICT on the partial unique index.

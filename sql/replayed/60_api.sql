@@ -45,7 +45,9 @@ DECLARE
     conflict text := '';
     task_id bigint;
 BEGIN
-    IF on_conflict IS NULL OR on_conflict NOT IN ('error', 'skip', 'replace') THEN
+    -- (NULL is unset, as for every other argument: its default.  It was "invalid on_conflict".)
+    on_conflict := coalesce(on_conflict, 'error');
+    IF on_conflict NOT IN ('error', 'skip', 'replace') THEN
         RAISE EXCEPTION 'invalid on_conflict "%"', on_conflict
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''error'', ''skip'' or ''replace''.';
     END IF;
