@@ -173,17 +173,20 @@ def test_task_wait_of_a_task_its_transaction_updated_says_what_it_waits_for(runn
     """A task whose row the caller's open transaction updated cannot start (a waiting one: the
     claims skip the row) or end (a running one: its end waits for the row) before the commit:
     task_wait says which at once.  (It said the task was inserted by the transaction.)"""
-    working = running.insert("SELECT pg_sleep(0.5), 'ran'", delete=False)
-    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [working]) == "WORK", 20)
-    waiting = running.insert("SELECT 'later'", delete=False, plan=running.value("SELECT now() + interval '1 hour'"))
-    with running.connect() as conn:
+    with running.connect() as gate, running.connect() as conn:
+        gate.execute("SELECT pg_advisory_lock(4245)")  # (the running task runs until the test lets it end)
+        working = running.insert("SELECT pg_advisory_xact_lock_shared(4245) IS NULL AS ran", delete=False)
+        wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [working]) == "WORK", 20)
+        waiting = running.insert("SELECT 'later'", delete=False,
+                                 plan=running.value("SELECT now() + interval '1 hour'"))
         for task_id, words in ((waiting, "was inserted or updated by this transaction: it cannot start"),
                                (working, "was updated by this transaction: it cannot end")):
             with conn.transaction(force_rollback=True):
                 conn.execute("UPDATE task SET data = 'mine' WHERE id = %s", [task_id])
                 with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=f"task {task_id} {words}"):
                     conn.execute("SELECT task_wait(%s, '5 s')", [task_id])
-    assert running.wait_done(working)["output"] == "pg_sleep\t?column?\n\tran"
+        gate.execute("SELECT pg_advisory_unlock(4245)")
+    assert running.wait_done(working)["output"] == "f"
     running.sql("DELETE FROM task WHERE id = %s", [waiting])
 
 
