@@ -243,6 +243,25 @@ def test_task_retry_runs_an_ended_task_of_ones_own_again(running):
         running.sql("DROP OWNED BY alice; DROP OWNED BY bob; DROP ROLE alice; DROP ROLE bob")
 
 
+def test_task_retry_sees_a_later_attempt_of_the_task_still_to_run(db):
+    """A task's third attempt waits, behind its failed second: task_retry of the first made
+    another run beside it (it looked at the first's own retry only), and the work ran twice."""
+    first = db.value("INSERT INTO task (input, retry, state, stop) VALUES ('SELECT 1/0', 3, 'FAIL', now())"
+                     " RETURNING id")
+    second = db.value("INSERT INTO task (input, retry, parent, attempt, state, stop)"
+                      " VALUES ('SELECT 1/0', 3, %s, 2, 'FAIL', now()) RETURNING id", [first])
+    third = db.value("INSERT INTO task (input, retry, parent, attempt, plan)"
+                     " VALUES ('SELECT 1/0', 3, %s, 3, now() + interval '1 hour') RETURNING id", [second])
+    for task_id in (first, second):
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match=f"task {task_id} is being run again already: task {third}"):
+            db.value("SELECT task_retry(%s)", [task_id])
+    assert db.value("SELECT count(*) FROM task") == 3
+    db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [third])
+    again = db.value("SELECT task_retry(%s)", [first])  # (once the last attempt has ended)
+    assert db.task(again)["parent"] == first and db.task(again)["attempt"] == 1
+
+
 def test_two_task_retry_calls_side_by_side_make_one_run(db):
     """Two presses of "retry" at once, each in its own transaction: each saw no run of the task
     yet and made one, and the work ran twice.  The second now waits for the first's commit and

@@ -489,13 +489,18 @@ BEGIN
         RAISE EXCEPTION 'task % is %: only a FAIL, GONE or STOP task can be run again', task_id, t.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    -- (one run again at a time: an automatic retry still to come, or a run task_retry made; not
-    -- the next regular run of the task's series, attempt 1 with its repeat or cron; a series'
-    -- retry has them too)
-    SELECT n.id INTO retry_id FROM @extschema@.task AS n
-    WHERE n.parent = task_id AND n.owner = t.owner AND n.state IN ('PLAN', 'TAKE', 'WORK')
-      AND (n.attempt > 1 OR (n.repeat = interval '0' AND n.cron IS NULL))
-    ORDER BY n.id LIMIT 1;
+    -- (one run again at a time: an automatic retry still to come, or a run task_retry made, and
+    -- the retries of those, each the child of the attempt before: the third attempt waiting
+    -- behind a failed second was not seen, and the task ran twice; not the next regular run of
+    -- the task's series, attempt 1 with its repeat or cron; a series' retry has them too)
+    WITH RECURSIVE runs AS (
+        SELECT n.id, n.state FROM @extschema@.task AS n
+        WHERE n.parent = task_id AND n.owner = t.owner
+          AND (n.attempt > 1 OR (n.repeat = interval '0' AND n.cron IS NULL))
+        UNION ALL
+        SELECT n.id, n.state FROM runs AS r JOIN @extschema@.task AS n ON n.parent = r.id
+        WHERE n.owner = t.owner AND n.attempt > 1)
+    SELECT r.id INTO retry_id FROM runs AS r WHERE r.state IN ('PLAN', 'TAKE', 'WORK') ORDER BY r.id LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'task % is being run again already: task %', task_id, retry_id
             USING ERRCODE = 'object_not_in_prerequisite_state',
