@@ -49,7 +49,22 @@ def test_retry_max_caps_the_delay(running):
                            retry_max="0.5 s", delete=False)
     rows = wait_attempts(running, first, 3)
     gap = (rows[2]["plan"] - rows[1]["stop"]).total_seconds()
-    assert 0.5 - 0.001 <= gap <= 0.5 + 0.001  # 0.8 s +-10 % capped at 0.5 s (the spread came after the cap)
+    assert 0.45 - 0.001 <= gap <= 0.5 + 0.001  # 0.8 s +-10 % capped at 0.5 s: within its last 10 %
+
+
+def test_delays_at_retry_max_are_spread_too(db):
+    """Tasks that fail together and have reached retry_max retry at different times: the cap
+    came after the spread, and every one of them was planned exactly retry_max after its end."""
+    failed = ("jsonb_populate_record(NULL::task, jsonb_build_object('state', 'FAIL', 'attempt', a, 'retry', 30,"
+              " 'sqlstate', '40001', 'retry_on', '{40001}'::text[], 'retry_delay', '1 s', 'retry_max', '10 s',"
+              " 'timeout', '0', 'stop', '2026-01-01 00:00+00'))")
+    delays = db.sql(f"SELECT a, extract(epoch FROM pgtaskpy.retry_plan({failed}) - '2026-01-01 00:00+00')::float8"
+                    " FROM generate_series(1, 25) AS a, generate_series(1, 40)")
+    capped = [delay for attempt, delay in delays if attempt >= 5]  # (1 s * 2^4 is over 10 s)
+    assert all(9.0 - 1e-6 <= delay <= 10.0 + 1e-6 for delay in capped), (min(capped), max(capped))
+    assert len({round(delay, 3) for delay in capped}) > 100
+    first = [delay for attempt, delay in delays if attempt == 1]
+    assert all(0.9 - 1e-6 <= delay <= 1.1 + 1e-6 for delay in first) and len(set(first)) > 10
 
 
 def test_an_error_retry_on_does_not_name_is_not_retried(running):
@@ -262,6 +277,47 @@ def test_task_retry_sees_a_later_attempt_of_the_task_still_to_run(db):
     assert db.task(again)["parent"] == first and db.task(again)["attempt"] == 1
 
 
+def test_task_retry_of_a_task_that_inserted_a_task_runs_it_again(db):
+    """A task's SQL inserted a task (its child, by pg_task.id) that waits, then failed:
+    task_retry took that child for a run again of the task, and refused."""
+    failed = db.value("INSERT INTO task (input, state, stop) VALUES ('SELECT 1/0', 'FAIL', now()) RETURNING id")
+    db.sql("SELECT set_config('pg_task.id', %s, false)", [str(failed)])  # (as in the task's own session)
+    child = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 2', now() + interval '1 hour') RETURNING id")
+    db.sql("RESET pg_task.id")
+    assert db.task(child)["parent"] == failed
+    again = db.value("SELECT task_retry(%s)", [failed])
+    assert (db.task(again)["input"], db.task(again)["parent"]) == ("SELECT 1/0", failed)
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                       match=f"task {failed} is being run again already: task {again}"):
+        db.value("SELECT task_retry(%s)", [failed])
+    assert db.value("SELECT count(*) FROM task") == 3
+
+
+def test_task_retry_of_an_exclusive_series_failed_run_by_its_owner(db):
+    """An administrator made a role's series exclusive; a run failed.  The owner's task_retry
+    was refused ("permission denied to make a task exclusive"): the series' next regular run,
+    waiting, was taken for a run again already to come."""
+    db.sql("CREATE ROLE erin LOGIN IN ROLE pgtaskpy_user")
+    try:
+        erin = db.connect("erin")
+        failed = db.value("INSERT INTO task (input, repeat, exclusive, owner, state, stop)"
+                          " VALUES ('SELECT 1/0', '1 hour', true, 'erin', 'FAIL', now()) RETURNING id")
+        db.sql("INSERT INTO task (input, repeat, exclusive, owner, parent, plan)"
+               " VALUES ('SELECT 1/0', '1 hour', true, 'erin', %s, now() + interval '1 hour')", [failed])
+        again = erin.execute("SELECT task_retry(%s)", [failed]).fetchone()[0]
+        row = db.task(again)
+        assert (row["exclusive"], row["repeat"], row["owner"], row["parent"]) == (True, timedelta(0), "erin", failed)
+        # Still one at a time: another copy of her own is refused while that one waits.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to make a task exclusive"):
+            erin.execute("INSERT INTO task (input, exclusive, parent) VALUES ('SELECT 1/0', true, %s)", [failed])
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=f"being run again already: task {again}"):
+            erin.execute("SELECT task_retry(%s)", [failed])
+        erin.close()
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP OWNED BY erin; DROP ROLE erin")
+
+
 def test_two_task_retry_calls_side_by_side_make_one_run(db):
     """Two presses of "retry" at once, each in its own transaction: each saw no run of the task
     yet and made one, and the work ran twice.  The second now waits for the first's commit and
@@ -354,6 +410,16 @@ def test_attempt_and_sqlstate_are_the_schedulers(db):
         db.sql("DROP OWNED BY carol; DROP ROLE carol")
 
 
+def test_an_attempt_below_one_is_rejected(db):
+    """An administrator's attempt of 0 or less gave the task more retries than its retry says."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.attempt must be at least 1"):
+        db.insert("SELECT 1", attempt=0)
+    task_id = db.insert("SELECT 1", plan="2100-01-01")
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.attempt must be at least 1"):
+        db.sql("UPDATE task SET attempt = -3 WHERE id = %s", [task_id])
+    assert db.sql("SELECT attempt FROM task") == [(1,)]
+
+
 def test_settings_give_the_retry_defaults(db):
     db.sql("SET pg_task.retry = 3; SET pg_task.retry_delay = '2 s'; SET pg_task.retry_on = '{*}';"
            " SET pg_task.retry_unsafe = on")
@@ -437,19 +503,41 @@ def test_a_dependent_waits_for_its_prerequisites_retry(running):
     assert (row["state"], row["error"]) == ("STOP", f"ERROR:  prerequisite task {last['id']} ended FAIL")
 
 
+SERIES_FAILING = "DO $$BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = '40001'; END$$"
+
+
+def series_with_a_waiting_retry(db, key):
+    """The id of the waiting retry (attempt 2, an hour away) of the first run of the series `key`
+    (SERIES_FAILING on 1 January at midnight, retry 1), which has just failed."""
+    first = db.value("SELECT task_schedule(%s, '0 0 1 1 *', %s, retry => 1, retry_delay => '1 hour')",
+                     [key, SERIES_FAILING])
+    db.sql("UPDATE task SET plan = now() WHERE id = %s", [first])
+    return wait_until(lambda: db.value("SELECT id FROM task WHERE parent = %s AND attempt = 2 AND state = 'PLAN'",
+                                       [first]), 20, 0.05, "the retry to wait")
+
+
 def test_a_series_given_a_new_schedule_while_a_retry_waits_starts_again_with_attempt_one(running):
     """The waiting retry (attempt 2) took the new cron in place and kept its attempt: the new
     definition's first run had fewer retries than it says."""
-    failing = "DO $$BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = '40001'; END$$"
-    first = running.value("SELECT task_schedule('rt', '0 0 1 1 *', %s, retry => 1, retry_delay => '1 hour')",
-                          [failing])
-    running.sql("UPDATE task SET plan = now() WHERE id = %s", [first])
-    retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2 AND state = 'PLAN'",
-                                             [first]), 20, 0.05, "the retry to wait")
-    new = running.value("SELECT task_schedule('rt', '0 0 2 1 *', %s, retry => 1)", [failing])
+    retry = series_with_a_waiting_retry(running, "rt")
+    new = running.value("SELECT task_schedule('rt', '0 0 2 1 *', %s, retry => 1)", [SERIES_FAILING])
     assert new != retry
     assert running.value("SELECT state::text FROM task WHERE id = %s", [retry]) == "STOP"
     assert running.sql("SELECT cron, attempt, retry FROM task WHERE key = 'rt' AND state = 'PLAN'") == [
         ("0 0 2 1 *", 1, 1)]
     same = running.value("SELECT task_schedule('rt', '0 0 2 1 *', 'SELECT 2', retry => 1)")  # (no new schedule)
     assert same == new
+
+
+def test_a_series_given_a_new_input_while_a_retry_waits_starts_again_with_attempt_one(running):
+    """The waiting retry (attempt 2) of a series whose input changed took the new input, and ran it
+    at the old run's retry time, as attempt 2 with fewer retries.  The same call again leaves it."""
+    retry = series_with_a_waiting_retry(running, "ri")
+    same = running.value("SELECT task_schedule('ri', '0 0 1 1 *', %s, retry => 1, retry_delay => '1 hour')",
+                         [SERIES_FAILING])
+    assert same == retry and running.task(retry)["state"] == "PLAN"
+    new = running.value("SELECT task_schedule('ri', '0 0 1 1 *', 'SELECT 2', retry => 1)")
+    assert new != retry
+    assert running.task(retry)["state"] == "STOP"
+    assert running.sql("SELECT input, attempt, extract(month FROM plan AT TIME ZONE 'UTC') FROM task"
+                       " WHERE key = 'ri' AND state = 'PLAN'") == [("SELECT 2", 1, 1)]

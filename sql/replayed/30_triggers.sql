@@ -141,6 +141,8 @@ BEGIN
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
         WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
         WHEN NOT NEW.retry BETWEEN 0 AND 2147483646 THEN 'task.retry must be from 0 to 2147483646'
+        -- (an administrator's: 0 or less gave a task more retries than retry says)
+        WHEN NOT NEW.attempt >= 1 THEN 'task.attempt must be at least 1'
         WHEN NOT (NEW.retry_delay >= interval '0' AND NEW.retry_max >= interval '0'
                   AND pgtaskpy.interval_is_sane(NEW.retry_delay) AND pgtaskpy.interval_is_sane(NEW.retry_max))
             THEN 'task.retry_delay and retry_max must be at most 1000 years, without negative parts'
@@ -166,15 +168,14 @@ BEGIN
        AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER')  -- (true for superusers)
        -- (task_retry's copy of an ended exclusive task: its input, where and how it runs, one at a
        -- time.  Any row naming such a parent was let through: an author inserted exclusive tasks
-       -- of any input, as many as it liked, once an admin had made one of its tasks exclusive.)
+       -- of any input, as many as it liked, once an admin had made one of its tasks exclusive.
+       -- The next regular run of a series is no run again: it refused the copy of its failed run.)
        AND NOT (TG_OP = 'INSERT' AND EXISTS (
                     SELECT FROM @extschema@.task AS p
                     WHERE p.id = NEW.parent AND p.owner = NEW.owner AND p.exclusive
                       AND p.state IN ('FAIL', 'GONE', 'STOP') AND p.input = NEW.input
-                      AND p.remote IS NOT DISTINCT FROM NEW.remote AND p.target IS NOT DISTINCT FROM NEW.target
-                      AND NOT EXISTS (SELECT FROM @extschema@.task AS n
-                                      WHERE n.parent = p.id AND n.owner = p.owner AND n.exclusive
-                                        AND n.state IN ('PLAN', 'TAKE', 'WORK')))) THEN
+                      AND p.remote IS NOT DISTINCT FROM NEW.remote AND p.target IS NOT DISTINCT FROM NEW.target)
+                AND pgtaskpy.run_again_to_come(NEW.parent) IS NULL) THEN
         RAISE EXCEPTION 'permission denied to make a task exclusive'
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
@@ -235,7 +236,8 @@ AS $$ SELECT pg_catalog.has_table_privilege('pg_catalog.pg_authid'::pg_catalog.r
 -- read current_user's rights.)
 CREATE TRIGGER task_check
     BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
-        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group", parent
+        cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group", parent,
+        attempt
     ON @extschema@.task
     FOR EACH ROW
     WHEN (NOT pgtaskpy.current_user_is_superuser() OR CURRENT_USER <> SESSION_USER

@@ -1075,7 +1075,8 @@ AS $$ SELECT '08006' $$;
 -- (retry_unsafe), and not before a minute, so that an operator can step in.
 -- The delay doubles from retry_delay with each attempt, is spread by +-10 %
 -- so that tasks failing together do not retry together, and is at most
--- retry_max.
+-- retry_max: a delay the cap cuts is spread over the cap's last 10 % (capped
+-- after the spread, tasks failing together retried at one time again).
 CREATE FUNCTION pgtaskpy.retry_plan(t @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1100,8 +1101,10 @@ BEGIN
         RETURN NULL;
     END IF;
     -- (seconds as float8: retry_delay * 2^60 would overflow an interval; both are at most 1000 years)
-    delay := least(extract(epoch FROM t.retry_max),
-                   extract(epoch FROM t.retry_delay) * 2.0 ^ least(t.attempt - 1, 60) * (0.9 + 0.2 * random()));
+    delay := extract(epoch FROM t.retry_delay) * 2.0 ^ least(t.attempt - 1, 60) * (0.9 + 0.2 * random());
+    IF delay > extract(epoch FROM t.retry_max) THEN
+        delay := extract(epoch FROM t.retry_max) * (0.9 + 0.1 * random());
+    END IF;
     IF lost THEN
         delay := greatest(delay, extract(epoch FROM t.retry_delay), 60);
     END IF;

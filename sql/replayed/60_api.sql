@@ -461,6 +461,27 @@ BEGIN
 END
 $$;
 
+-- The run again of ended task `task_id` still to come (waiting, claimed or running), if any: its
+-- automatic retry, a copy task_retry made of it (a one-off child with its input and remote), or
+-- a retry of those, each the child of the attempt before (the third attempt waiting behind a
+-- failed second was not seen, and the task ran twice).  Not the next regular run of the task's
+-- series (attempt 1 with its repeat or cron; a series' retry has them too), nor a task the
+-- task's own SQL inserted (its child by pg_task.id, with an input of its own): task_retry took
+-- such a child for a run again, and refused.  The caller's rows only (row-level security).
+CREATE FUNCTION pgtaskpy.run_again_to_come(task_id bigint) RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE runs AS (
+        SELECT n.id, n.owner, n.state FROM @extschema@.task AS t JOIN @extschema@.task AS n ON n.parent = t.id
+        WHERE t.id = task_id AND n.owner = t.owner
+          AND (n.attempt > 1 OR (n.repeat = interval '0' AND n.cron IS NULL AND n.input = t.input
+                                 AND n.remote IS NOT DISTINCT FROM t.remote))
+        UNION ALL
+        SELECT n.id, n.owner, n.state FROM runs AS r JOIN @extschema@.task AS n ON n.parent = r.id
+        WHERE n.owner = r.owner AND n.attempt > 1)
+    SELECT min(r.id) FROM runs AS r WHERE r.state IN ('PLAN', 'TAKE', 'WORK')
+$$;
+
 -- Run an ended task again now (FAIL, GONE or STOP: redrive a dead task): a
 -- new row with its definition, parent = the task, attempt 1 (so it has its
 -- retries again).  A one-off run: it does not repeat and joins no series (the
@@ -489,19 +510,8 @@ BEGIN
         RAISE EXCEPTION 'task % is %: only a FAIL, GONE or STOP task can be run again', task_id, t.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    -- (one run again at a time: an automatic retry still to come, or a run task_retry made, and
-    -- the retries of those, each the child of the attempt before: the third attempt waiting
-    -- behind a failed second was not seen, and the task ran twice; not the next regular run of
-    -- the task's series, attempt 1 with its repeat or cron; a series' retry has them too)
-    WITH RECURSIVE runs AS (
-        SELECT n.id, n.state FROM @extschema@.task AS n
-        WHERE n.parent = task_id AND n.owner = t.owner
-          AND (n.attempt > 1 OR (n.repeat = interval '0' AND n.cron IS NULL))
-        UNION ALL
-        SELECT n.id, n.state FROM runs AS r JOIN @extschema@.task AS n ON n.parent = r.id
-        WHERE n.owner = t.owner AND n.attempt > 1)
-    SELECT r.id INTO retry_id FROM runs AS r WHERE r.state IN ('PLAN', 'TAKE', 'WORK') ORDER BY r.id LIMIT 1;
-    IF FOUND THEN
+    retry_id := pgtaskpy.run_again_to_come(task_id);  -- (one run again at a time)
+    IF retry_id IS NOT NULL THEN
         RAISE EXCEPTION 'task % is being run again already: task %', task_id, retry_id
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = format('Wait for task %s (task_wait), or cancel it (task_cancel) first.', retry_id);
@@ -575,13 +585,16 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM pgtaskpy.lock_series(current_user, key);  -- one change of a series at a time
-    -- A retry of the series' last run waiting (attempt > 1) when the schedule changes: the new
-    -- definition's first run is a regular run at its first match, with its own retries, not that
-    -- retry moved there (which kept its attempt, and so fewer retries).  The retry stops (a
-    -- user's STOP: no next run follows it), and the new run is inserted below.
+    -- A retry of the series' last run waiting (attempt > 1) when the series changes what it runs,
+    -- where or when (its input, remote, group, cron or tz): the new definition's first run is a
+    -- regular run at its first match, with its own retries, not that retry moved there (which
+    -- kept its attempt, and so fewer retries, and ran the new input at the old run's retry time).
+    -- The retry stops (a user's STOP: no next run follows it), and the new run is inserted below.
+    -- The same call again (a deploy's) leaves the retry waiting.
     UPDATE @extschema@.task AS t SET state = 'STOP'
     WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN' AND t.attempt > 1
-      AND (t.cron IS DISTINCT FROM task_schedule.cron OR t.tz IS DISTINCT FROM zone);
+      AND (t.cron, t.tz, t.input, t.remote, t."group") IS DISTINCT FROM
+          (task_schedule.cron, zone, task_schedule.input, task_schedule.remote, group_name);
     EXECUTE 'UPDATE @extschema@.task AS t SET cron = $2, tz = $4, input = $3, "group" = $5, max = $6, timeout = $7,'
             ' remote = $8, repeat = interval ''0'', (retry, retry_delay, retry_max, retry_on, retry_unsafe) = ROW('
             || retries || '), "delete" = ' || deletes
