@@ -1,6 +1,7 @@
 """Tasks with `remote`: run on another server with the same output, errors, timeouts and cancel."""
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -345,24 +346,30 @@ def test_stopping_the_launcher_takes_back_a_task_whose_remote_server_never_answe
     assert "took back 1 claimed task(s) that no worker started: they wait again" in launcher.output()
 
 
-def test_a_remote_that_refuses_for_lack_of_connections_is_tried_again_once_a_second(running, remote):
+def test_a_remote_that_refuses_for_lack_of_connections_is_tried_again_once_a_second(db, remote):
     """A remote database that takes no connection now (here ALLOW_CONNECTIONS false; a role's or the
     server's limit alike) holds the task back for a second each time: claimed again at once, it was
-    tried 380 times a second, and 'started' as often in the log, for as long as the refusal lasted."""
+    tried 380 times a second, and 'started' as often in the log, for as long as the refusal lasted.
+    (Each try's lines are at DEBUG: connection_waits.py.)"""
+    launcher = db.launcher("--log-level", "DEBUG")
     with remote.connect() as conn:
         conn.execute("ALTER DATABASE remotedb ALLOW_CONNECTIONS false")
     try:
-        task_id = running.insert("SELECT 'ran'", remote=conninfo(remote), delete=False)
-        launcher = running.launchers[-1]
+        task_id = db.insert("SELECT 'ran'", remote=conninfo(remote), delete=False)
         wait_until(lambda: f"task {task_id} waits: no free connection" in launcher.output(), 20, 0.05,
                    "a refused session")
         before = launcher.output().count(f"task {task_id} started")
         time.sleep(3.0)  # (the window whose attempts are counted)
         # (one hand-out a refusal and a second; two, before the launcher held the task itself)
-        assert launcher.output().count(f"task {task_id} started") - before <= 4, launcher.output()[-3000:]
-        assert running.value("SELECT state::text FROM task WHERE id = %s", [task_id]) in ("PLAN", "TAKE")
+        assert 1 <= launcher.output().count(f"task {task_id} started") - before <= 4, launcher.output()[-3000:]
+        assert db.value("SELECT state::text FROM task WHERE id = %s", [task_id]) in ("PLAN", "TAKE")
     finally:
         with remote.connect() as conn:
             conn.execute("ALTER DATABASE remotedb ALLOW_CONNECTIONS true")
-    row = running.wait_done(task_id, 20)
+    row = db.wait_done(task_id, 20)
     assert (row["state"], row["output"]) == ("DONE", "ran"), row
+    assert launcher.stop() == 0, launcher.output()
+    # Its wait is told once, not at every try (two lines a second, for as long as the refusal lasted).
+    told = [line.split(" ", 3)[2] for line in launcher.output().splitlines()
+            if re.search(fr"task {task_id} (started|waits: no free connection for its session)$", line)]
+    assert told.count("DEBUG") >= 2 and told.count("INFO") == 1 and told.count("WARNING") == 1, told

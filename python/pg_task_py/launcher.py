@@ -18,6 +18,7 @@ import psycopg
 import psycopg.sql
 
 from pg_task_py import __version__
+from pg_task_py.connection_waits import ConnectionWaits
 from pg_task_py.metrics import Metrics
 from pg_task_py.turns import TurnWatch
 
@@ -123,6 +124,7 @@ class Scheduler:
         self.snapshot_at = 0.0  # time.monotonic() of the next metrics snapshot
         self.snapshot_since: object = None  # the database's now() of the last one
         self.turns: TurnWatch | None = None  # what holds up the turns of the session in use
+        self.waits = ConnectionWaits()  # tasks whose sessions found no free connection lately
         if metrics:
             metrics.expect(self.name)
 
@@ -273,7 +275,7 @@ class Scheduler:
             ).fetchone()
         events = events if isinstance(events, list) else json.loads(events)
         for event in events:
-            log_event(self.name, event)
+            log_event(self.name, event, self.waits)
         if self.metrics:
             self.metrics.turn(self.name, events, running)
             if time.monotonic() >= self.snapshot_at:
@@ -478,13 +480,28 @@ def is_older(extension: str | None, launcher: str) -> bool:
     return installed is not None and wanted is not None and installed < wanted[:2]
 
 
-def log_event(database: str, event: dict) -> None:
-    """One readable line per event from dispatch(); with --log-json its fields go along as they are."""
+def log_event(database: str, event: dict, waits: ConnectionWaits | None = None) -> None:
+    """One readable line per event from dispatch(); with --log-json its fields go along as they are.
+    `waits`: the database's tasks waiting for a free connection, whose tries go to DEBUG."""
     try:
         level, text = describe(event)
+        if waits is not None:
+            level, text = waits_told(waits, event, level, text)
     except (KeyError, TypeError, ValueError):  # an event shaped otherwise (another version's): show it all
         level, text = logging.INFO, describe_other(event)
     log.log(level, "%s: %s", database, text, extra={"fields": {"database": database, **event}})
+
+
+def waits_told(waits: ConnectionWaits, event: dict, level: int, text: str) -> tuple[int, str]:
+    """The line of an event of a task that may wait for a free connection (connection_waits.py)."""
+    kind = event.get("event")
+    if kind == "postponed":
+        return waits.refused(event["id"])
+    if kind == "start":
+        return waits.handed_out(event["id"]), text
+    if kind == "end":
+        waits.ended(event["id"])
+    return level, text
 
 
 def describe(event: dict) -> tuple[int, str]:

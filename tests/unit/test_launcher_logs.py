@@ -159,3 +159,33 @@ def test_the_starting_line_shows_at_every_log_level():
     failed = logging.LogRecord("pg_task_py", logging.WARNING, __file__, 1, "task 2 FAIL", (), None)
     assert [at_warning.filter(r) for r in (started, done, failed)] == [True, False, True]
     assert AtLevelOrAlways("INFO").filter(done)
+
+
+def test_a_task_waiting_for_a_free_connection_is_told_once_a_minute_not_at_every_try(caplog):
+    """Tried once a second, a task at its role's CONNECTION LIMIT wrote "started" and "waits"
+    every second for as long as the limit held."""
+    from pg_task_py.connection_waits import ConnectionWaits
+
+    caplog.set_level(logging.DEBUG, logger="pg_task_py")
+    now = [100.0]
+    waits = ConnectionWaits(clock=lambda: now[0])
+    for _ in range(61):  # a try a second for a minute
+        log_event("db", {"event": "start", "id": 7, "worker": "w"}, waits)
+        log_event("db", {"event": "postponed", "id": 7}, waits)
+        now[0] += 1.0
+    log_event("db", {"event": "start", "id": 7, "worker": "w"}, waits)
+    log_event("db", {"event": "end", "id": 7, "state": "DONE", "seconds": 0.5}, waits)
+    told = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
+    assert told == [("INFO", "db: task 7 started"),
+                    ("WARNING", "db: task 7 waits: no free connection for its session"),
+                    ("WARNING", "db: task 7 waits: no free connection for its session (for 60s)"),
+                    ("INFO", "db: task 7 DONE in 0.500s")]
+    assert len(caplog.records) == 2 * 62  # (every try at DEBUG)
+    # Once it has ended, or not been refused for a while (it started, went GONE), its next wait is new.
+    caplog.clear()
+    log_event("db", {"event": "postponed", "id": 7}, waits)
+    log_event("db", {"event": "postponed", "id": 8}, waits)
+    now[0] += 30.0
+    log_event("db", {"event": "start", "id": 8, "worker": "w"}, waits)
+    log_event("db", {"event": "postponed", "id": 8}, waits)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "INFO", "WARNING"]
