@@ -226,6 +226,20 @@ def test_task_wait_of_a_task_its_transaction_locked_says_so_when_it_gives_up(run
     assert running.wait_done(task_id)["state"] == "DONE"
 
 
+def test_task_wait_that_gives_up_says_what_the_task_waits_for(db):
+    """Its hint asked whether a launcher was running, for a task that waited for its
+    prerequisites or for its plan."""
+    later = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', '2100-01-01 00:00+00') RETURNING id")
+    dependent = db.insert("SELECT 2", after=[later])
+    hints = {}
+    for task_id in (later, dependent):
+        with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
+            db.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
+        hints[task_id] = raised.value.diag.message_hint
+    assert hints[later].startswith("It is planned for 2100-01-01"), hints
+    assert hints[dependent].startswith(f"It waits for 1 of its prerequisites (after: {{{later}}}) to end."), hints
+
+
 def test_wide_result(shared):
     columns = ", ".join(f"{i} AS c{i}" for i in range(1, 401))
     lines = run(shared, f"SELECT {columns}")["output"].split("\n")

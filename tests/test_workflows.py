@@ -119,6 +119,63 @@ def test_a_prerequisite_deleted_in_the_transaction_that_inserted_its_dependent_s
     assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_waiting_task_that_ends_or_is_deleted_leaves_no_wait_behind(db):
+    """A deleted waiting task left its edge: the next task inserted with its id (ids the sequence
+    has given may be inserted again), another role's too, was stopped when the prerequisite it
+    never named ended, and inserting that id after the same prerequisite failed on the edges' key.
+    So did a dependent a user stopped, and one stopped by another of its prerequisites."""
+    ahead = "now() + interval '1 hour'"
+    first, second, other = (db.value(f"INSERT INTO task (input, plan) VALUES ('SELECT 1', {ahead}) RETURNING id")
+                            for _ in range(3))
+    deleted = db.insert("SELECT 2", after=[first])
+    stopped = db.insert("SELECT 3", after=[first])
+    stopped_by_other = db.insert("SELECT 4", after=[second, first])
+    db.sql("DELETE FROM task WHERE id = %s", [deleted])
+    db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [stopped])
+    db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [second])
+    assert db.task(stopped_by_other)["state"] == "STOP"
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+    again = db.value("INSERT INTO task (id, input, after) VALUES (%s, 'SELECT 5', %s) RETURNING id",
+                     [deleted, [other]])
+    db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [first])
+    assert (db.task(again)["state"], db.task(again)["waiting_for"]) == ("PLAN", 1)
+    db.sql("DELETE FROM task WHERE id = %s", [again])
+    db.insert("SELECT 6", id=deleted, after=[other])  # (the same id after the same prerequisite)
+    assert db.sql("SELECT prerequisite, dependent FROM pgtaskpy.pending_prerequisite") == [(other, deleted)]
+
+
+def test_truncate_takes_the_waits_with_the_tasks(db):
+    """TRUNCATE task RESTART IDENTITY left every edge: a new task 3 waiting for task 1 was
+    released when an unrelated task 2 ended."""
+    first = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 hour') RETURNING id")
+    second = db.insert("SELECT 2", after=[first])
+    db.insert("SELECT 3", after=[second])
+    db.sql("TRUNCATE task RESTART IDENTITY")
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+    ids = [db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 hour') RETURNING id")
+           for _ in range(2)]
+    third = db.insert("SELECT 3", after=[ids[0]])
+    assert [*ids, third] == [1, 2, 3]
+    db.sql("UPDATE task SET state = 'DONE' WHERE id = 2")  # (an admin's hand end)
+    assert (db.task(third)["state"], db.task(third)["waiting_for"]) == ("PLAN", 1)
+
+
+def test_a_dependent_released_in_a_long_transaction_is_due_from_its_release(db):
+    """Released by a cancel in a transaction that began a second before, the dependent's plan
+    was that beginning (now()), and with an `active` shorter than the transaction it went GONE
+    without ever having been due."""
+    prerequisite = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 hour')"
+                            " RETURNING id")
+    dependent = db.insert("SELECT 2", after=[prerequisite], after_any=True, active="1 s")
+    with db.connect() as conn:
+        with conn.transaction():
+            conn.execute("SELECT pg_sleep(1.2)")
+            conn.execute("SELECT task_cancel(%s)", [prerequisite])
+    assert db.task(dependent)["plan"] >= db.task(prerequisite)["stop"]
+    assert db.value("SELECT pgtaskpy.expire_inactive_tasks()") == 0
+    assert db.task(dependent)["state"] == "PLAN"
+
+
 def test_a_waiting_prerequisite_an_admin_ends_by_hand_is_followed_by_its_dependents(db):
     """Superusers and pgtaskpy_admin may repair a row by hand: a waiting prerequisite set to DONE
     or FAIL left its dependents waiting for ever (a waiting dependent never goes GONE)."""
@@ -243,6 +300,32 @@ def test_a_prerequisite_retried_before_the_insert_commits_hands_it_on_to_the_ret
     for task_id in (dependent, either):
         row = running.wait_done(task_id)
         assert row["state"] == "DONE" and row["start"] >= retried["stop"], (row, retried)
+    assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
+def test_a_prerequisite_retried_before_the_insert_commits_whose_retry_produced_nothing_releases_it(running):
+    """The retry that ended DONE had produced nothing, and its row was deleted at its end: the
+    dependent's commit could not follow the failed attempt to it, and stopped the dependent,
+    "prerequisite ended FAIL", after the retry had done the work.  The row is kept for it."""
+    running.sql("CREATE FUNCTION fails_first() RETURNS void LANGUAGE plpgsql AS $$ BEGIN"
+                " IF (SELECT attempt FROM task WHERE id = current_setting('pg_task.id')::bigint) = 1 THEN"
+                " PERFORM pg_advisory_lock(4246); RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; END $$")
+    nothing = "SELECT FROM fails_first() AS f WHERE random() < 0"  # (no row, no command tag: nothing kept)
+    with running.connect() as gate, running.connect() as author:
+        gate.execute("SELECT pg_advisory_lock(4246)")
+        prerequisite = running.value("SELECT task_enqueue(%s, retry => 1, retry_delay => '0.1 s')", [nothing])
+        wait_until(lambda: running.task(prerequisite)["state"] == "WORK", 20, 0.01, "the prerequisite running")
+        with author.transaction():
+            dependent = author.execute("SELECT task_enqueue('SELECT 42', after => ARRAY[%s::bigint])",
+                                       [prerequisite]).fetchone()[0]
+            gate.execute("SELECT pg_advisory_unlock(4246)")
+            # (its row kept, or deleted: the retry's id given, none of the task's attempts left to run)
+            wait_until(lambda: running.value(
+                "SELECT pg_sequence_last_value('task_id_seq') > %s AND NOT EXISTS (SELECT FROM task"
+                " WHERE parent = %s AND state IN ('PLAN', 'TAKE', 'WORK'))", [dependent, prerequisite]),
+                20, 0.02, "the retry's end while the insert is open")
+    row = running.wait_done(dependent)
+    assert (row["state"], row["output"], row["error"]) == ("DONE", "42", None), row
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 

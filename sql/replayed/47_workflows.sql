@@ -191,7 +191,7 @@ BEGIN
     IF waiting < NEW.waiting_for THEN
         PERFORM set_config('pgtaskpy.next_run', 'on', true);  -- (the scheduler's own plan, as resolve_dependents')
         UPDATE @extschema@.task AS d
-        SET waiting_for = waiting, plan = CASE WHEN waiting = 0 THEN greatest(d.plan, now()) ELSE d.plan END
+        SET waiting_for = waiting, plan = CASE WHEN waiting = 0 THEN greatest(d.plan, clock_timestamp()) ELSE d.plan END
         WHERE d.id = NEW.id;
         PERFORM set_config('pgtaskpy.next_run', 'off', true);
         IF waiting = 0 THEN
@@ -220,7 +220,10 @@ $$;
 -- The end of task `task_id` as its dependents see it (end_state NULL: the row
 -- was deleted before it ended): each dependent waiting in PLAN counts it down
 -- when it ended DONE or the dependent has after_any, and the last one makes it
--- due (plan moves up to now, so that `active` counts from here); otherwise the
+-- due (plan moves up to now, so that `active` counts from here: the clock's
+-- now, not the transaction's start, which a DBA's long transaction that
+-- cancelled the prerequisite put seconds back, and the dependent went GONE
+-- before it was ever due); otherwise the
 -- dependent ends STOP with the error naming the prerequisite, and its own
 -- dependents follow, down the graph, in a loop (a chain of 1,000 is no
 -- recursion 1,000 deep).  Dependents are locked in order of ids.  Each ended
@@ -259,7 +262,7 @@ BEGIN
             WITH counted AS (
                 UPDATE @extschema@.task AS d
                 SET waiting_for = d.waiting_for - 1,
-                    plan = CASE WHEN d.waiting_for = 1 THEN greatest(d.plan, now()) ELSE d.plan END
+                    plan = CASE WHEN d.waiting_for = 1 THEN greatest(d.plan, clock_timestamp()) ELSE d.plan END
                 WHERE d.id = ANY (dependents) AND d.state = 'PLAN' AND d.waiting_for > 0
                   AND (ended_as[i] = 'ended DONE' OR d.after_any)
                 RETURNING d.waiting_for, d.hash, d.max)
@@ -282,6 +285,7 @@ BEGIN
                 SELECT array_agg(ended_now.id ORDER BY ended_now.id) INTO stopped FROM ended_now;
                 PERFORM set_config('pgtaskpy.resolving', '', true);
                 IF stopped IS NOT NULL THEN
+                    PERFORM pgtaskpy.forget_waits_of(stopped);  -- (on their other prerequisites)
                     ended := ended || stopped;
                     ended_as := ended_as || array_fill('ended STOP'::text, ARRAY[cardinality(stopped)]);
                 END IF;
@@ -328,6 +332,7 @@ CREATE FUNCTION pgtaskpy.prerequisite_stopped() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM pgtaskpy.forget_waits_of(ARRAY[NEW.id]);
     PERFORM pgtaskpy.resolve_dependents(NEW.id, NEW.state);
     RETURN NULL;
 END
@@ -340,8 +345,59 @@ CREATE FUNCTION pgtaskpy.prerequisite_deleted() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM pgtaskpy.forget_waits_of(ARRAY[OLD.id]);
     PERFORM pgtaskpy.resolve_dependents(OLD.id, NULL);
     RETURN NULL;
+END
+$$;
+
+-- The edges on which tasks that will never run (ended, or deleted, while
+-- they waited for prerequisites) wait.  Left behind, an edge of a deleted
+-- waiting task counted down, or stopped, the next task inserted with its id
+-- (ids the sequence has given may be inserted again), another role's too, with
+-- an error naming a task it never listed; and inserting that id after the same
+-- prerequisite failed on the edges' primary key.
+CREATE FUNCTION pgtaskpy.forget_waits_of(ids bigint[]) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = ANY (ids) $$;
+REVOKE ALL ON FUNCTION pgtaskpy.forget_waits_of(bigint[]) FROM PUBLIC;
+
+-- TRUNCATE task (its owner's, a superuser's) takes every task, and so every
+-- edge: kept, they released a later task with a reused id (RESTART IDENTITY)
+-- when another ended, before its own prerequisite had run.
+CREATE FUNCTION pgtaskpy.forget_truncated_prerequisites() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgtaskpy.pending_prerequisite;
+    RETURN NULL;
+END
+$$;
+
+-- Whether an earlier attempt of the retry `t` is locked by another
+-- transaction: an open INSERT of a dependent of the first attempt holds that
+-- row FOR KEY SHARE until it commits, and then follows the failed attempt to
+-- its retry (settle_prerequisites).  finish_task keeps such a retry's row,
+-- though it produced nothing: deleted at its end, it could not be followed,
+-- and the dependent stopped, "prerequisite ended FAIL", after the retry had
+-- done the work.  Retention deletes the row later.  (The earlier attempts are
+-- locked FOR UPDATE to tell, until the end's commit: ended rows, which only
+-- task_retry and such an INSERT's commit lock.)
+CREATE FUNCTION pgtaskpy.earlier_attempt_held(t @extschema@.task) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+DECLARE
+    earlier bigint[];
+BEGIN
+    WITH RECURSIVE attempts AS (
+        SELECT p.id, p.attempt, p.parent FROM @extschema@.task AS p WHERE p.id = t.parent AND t.attempt > 1
+        UNION ALL
+        SELECT p.id, p.attempt, p.parent FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.parent
+        WHERE a.attempt > 1)
+    SELECT array_agg(a.id) INTO earlier FROM attempts AS a;
+    RETURN coalesce(cardinality(earlier) > (SELECT count(*) FROM (SELECT l.id FROM @extschema@.task AS l
+                                                                  WHERE l.id = ANY (earlier) ORDER BY l.id
+                                                                  FOR UPDATE SKIP LOCKED) AS free), false);
 END
 $$;
 
@@ -356,6 +412,10 @@ CREATE TRIGGER task_prerequisites_recorded
     AFTER INSERT ON @extschema@.task
     FOR EACH ROW WHEN (NEW.waiting_for > 0)
     EXECUTE FUNCTION pgtaskpy.record_prerequisites();
+
+CREATE TRIGGER task_prerequisites_truncated
+    AFTER TRUNCATE ON @extschema@.task
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskpy.forget_truncated_prerequisites();
 
 CREATE TRIGGER task_prerequisites_update
     BEFORE UPDATE OF after ON @extschema@.task

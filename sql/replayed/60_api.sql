@@ -211,6 +211,12 @@ BEGIN
                       HINT = CASE WHEN locked_here
                           THEN format('This transaction holds a lock on the task''s row: one of task_cancel, SELECT ... FOR UPDATE or FOR SHARE, or an INSERT of a task after it keeps it from %s until the transaction commits (a foreign key''s check does not). Commit, then call task_wait.',
                                       CASE WHEN t.state = 'PLAN' THEN 'starting' ELSE 'ending' END)
+                          -- (a launcher is not what it lacks: said as the hint to look for one misled)
+                          WHEN t.state = 'PLAN' AND t.waiting_for > 0
+                          THEN format('It waits for %s of its prerequisites (after: %s) to end. Wait longer with task_wait(id, interval).',
+                                      t.waiting_for, t.after)
+                          WHEN t.state = 'PLAN' AND t.plan > clock_timestamp()
+                          THEN format('It is planned for %s. Wait longer with task_wait(id, interval).', t.plan)
                           ELSE 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
         END IF;
         PERFORM pg_sleep(pause);
