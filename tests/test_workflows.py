@@ -514,6 +514,23 @@ def test_on_conflict_replace_and_error(db):
                   " WHERE state = 'PLAN' AND key IS NOT NULL DO NOTHING RETURNING id") == []
 
 
+def test_on_conflict_decides_for_a_task_whose_prerequisite_has_failed(db):
+    """A task of a key whose prerequisite had ended otherwise than DONE was made STOP before it met
+    the key's waiting task: each call inserted a STOP row beside it, 'skip' did not return its id,
+    'replace' did not replace it, and 'error' raised nothing."""
+    waiting = db.value("SELECT task_enqueue('SELECT 1', plan => now() + interval '1 h', key => 'k')")
+    failed = db.value("INSERT INTO task (input, state) VALUES ('SELECT 0', 'STOP') RETURNING id")
+    call = "SELECT task_enqueue('SELECT 2', key => 'k', after => ARRAY[%s::bigint], on_conflict => %s)"
+    assert db.value(call, [failed, "skip"]) == waiting
+    assert db.value(call, [failed, "replace"]) == waiting and db.task(waiting)["input"] == "SELECT 2"
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.value(call, [failed, "error"])
+    assert db.sql("SELECT id, state::text FROM task WHERE key = 'k'") == [(waiting, "PLAN")]
+    db.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [waiting])  # (none waits: the new one stops)
+    stopped = db.task(db.value(call, [failed, "skip"]))
+    assert (stopped["state"], stopped["error"]) == ("STOP", f"ERROR:  prerequisite task {failed} ended STOP")
+
+
 def test_an_empty_or_overlong_key_is_refused_with_a_clear_error(db):
     """A key names a series: '' names nothing, and one longer than the unique index of waiting keys
     can hold failed the insert with the server's raw index message."""

@@ -89,6 +89,18 @@ BEGIN
            count(*) FILTER (WHERE t.state IN ('PLAN', 'TAKE', 'WORK')) AS waiting
     INTO ended FROM @extschema@.task AS t WHERE t.id = ANY (NEW.after);
     IF NOT NEW.after_any AND ended.id IS NOT NULL AND NEW.state = 'PLAN' THEN
+        -- A waiting task of the row's key: the row is left waiting, to meet it in the key's unique
+        -- index as any other would, where ON CONFLICT (task_enqueue's on_conflict) decides.  Made
+        -- STOP, it met none, and a STOP row was inserted beside the waiting task whatever
+        -- on_conflict said.  That task is held FOR SHARE (no claim takes it) to the commit, so
+        -- that it still waits when the row meets it: a row left waiting beside none would run.
+        IF NEW.key IS NOT NULL THEN
+            PERFORM FROM @extschema@.task AS w
+            WHERE w.owner = NEW.owner AND w.key = NEW.key AND w.state = 'PLAN' FOR SHARE;
+            IF FOUND THEN
+                RETURN NEW;
+            END IF;
+        END IF;
         NEW.state := 'STOP';
         NEW.error := format('ERROR:  prerequisite task %s ended %s', ended.id, ended.state);
         NEW.stop := clock_timestamp();
