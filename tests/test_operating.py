@@ -392,6 +392,29 @@ def test_who_may_pause_whose_group(running, authors):
     assert running.wait_done(alices)["state"] == "DONE"
 
 
+def test_an_admin_lifts_the_pause_and_limit_of_a_dropped_role(running, authors):
+    """A role dropped with its group paused and limited: an admin removes both (they said
+    "role does not exist", so the rows stayed in task_stats for good); nobody sets new ones."""
+    running.sql("CREATE ROLE ops_gone LOGIN IN ROLE pgtaskpy_user")
+    gone = running.connect("ops_gone")
+    gone.execute("SELECT task_pause('g')")
+    gone.execute("SELECT task_limit('g', 1, '1 hour')")
+    gone.close()
+    running.sql("DROP ROLE ops_gone")
+    alice = authors["alice"]
+    for call in ("task_resume('g', 'ops_gone')", "task_limit('g', 0, owner => 'ops_gone')"):
+        with pytest.raises(psycopg.errors.UndefinedObject, match='role "ops_gone" does not exist'):
+            alice.execute(f"SELECT {call}")  # (not an admin)
+    for call in ("task_pause('g', 'ops_gone')", "task_limit('g', 2, owner => 'ops_gone')"):
+        with pytest.raises(psycopg.errors.UndefinedObject, match='role "ops_gone" does not exist'):
+            running.sql(f"SELECT {call}")
+    assert running.value("SELECT task_resume('g', 'ops_gone')") is True
+    running.sql("SELECT task_limit('g', 0, owner => 'ops_gone')")
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_pause") == 0
+    assert running.value("SELECT count(*) FROM pgtaskpy.group_limit") == 0
+    assert running.value("SELECT task_resume('g', 'ops_gone')") is False
+
+
 # --- Rate limits --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("where", ["local", "remote"])

@@ -250,8 +250,11 @@ END
 $$;
 
 -- The owner whose group a caller may steer: the caller's own, another's only
--- for members of pgtaskpy_admin (and superusers).
-CREATE FUNCTION pgtaskpy.steered_owner(task_group text, task_owner name, what text) RETURNS name
+-- for members of pgtaskpy_admin (and superusers).  `lifts`: the call only
+-- removes a pause or a limit, which an admin may do for a role dropped since,
+-- so that its rows do not stay for good (they hold nothing, but task_stats
+-- shows them).
+CREATE FUNCTION pgtaskpy.steered_owner(task_group text, task_owner name, what text, lifts boolean) RETURNS name
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -260,7 +263,8 @@ BEGIN
     ELSIF octet_length(task_group) > 1000 THEN  -- (no task's group is: a pause or limit of it would hold nothing)
         RAISE EXCEPTION '%: the group must not be over 1000 bytes', what USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF task_owner IS NOT NULL AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = task_owner) THEN
+    IF task_owner IS NOT NULL AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = task_owner)
+       AND NOT (lifts AND pg_has_role('pgtaskpy_admin', 'MEMBER')) THEN
         RAISE EXCEPTION '%: role "%" does not exist', what, task_owner USING ERRCODE = 'undefined_object';
     END IF;
     IF COALESCE(task_owner, current_user) <> current_user AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
@@ -278,7 +282,7 @@ CREATE FUNCTION @extschema@.task_pause("group" text, owner name DEFAULT NULL) RE
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    whose name := pgtaskpy.steered_owner(task_pause."group", task_pause.owner, 'task_pause');
+    whose name := pgtaskpy.steered_owner(task_pause."group", task_pause.owner, 'task_pause', false);
 BEGIN
     INSERT INTO pgtaskpy.group_pause AS p (owner, "group") VALUES (whose, task_pause."group")
     ON CONFLICT DO NOTHING;
@@ -295,7 +299,7 @@ CREATE FUNCTION @extschema@.task_resume("group" text, owner name DEFAULT NULL) R
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    whose name := pgtaskpy.steered_owner(task_resume."group", task_resume.owner, 'task_resume');
+    whose name := pgtaskpy.steered_owner(task_resume."group", task_resume.owner, 'task_resume', true);
     paused_since timestamptz;
 BEGIN
     DELETE FROM pgtaskpy.group_pause AS p WHERE p.owner = whose AND p."group" = task_resume."group"
@@ -481,7 +485,8 @@ RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    whose name := pgtaskpy.steered_owner(task_limit."group", task_limit.owner, 'task_limit');
+    whose name := pgtaskpy.steered_owner(task_limit."group", task_limit.owner, 'task_limit',
+                                                 COALESCE(task_limit.starts, 0) = 0);
 BEGIN
     IF COALESCE(task_limit.starts, 0) = 0 THEN
         DELETE FROM pgtaskpy.group_limit AS l WHERE l.owner = whose AND l."group" = task_limit."group";
