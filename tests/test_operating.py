@@ -808,8 +808,14 @@ def test_metrics_rise_with_the_workload_and_health_follows_the_server():
                 conn.execute("INSERT INTO task (input, delete) SELECT 'SELECT 1/0', false FROM generate_series(1, 5)")
                 conn.execute("INSERT INTO task (plan, active, input)"
                              " VALUES (now() - interval '2 h', '1 h', 'SELECT 1')")  # (ends GONE)
+                # (ends FAIL before it starts: its owner's running limit is no number)
+                conn.execute("CREATE ROLE misset IN ROLE pgtaskpy_user")
+                conn.execute("ALTER ROLE misset SET pg_task_py.role_running_limit = 'abc'")
+                conn.execute("SET ROLE misset")
+                conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT 1', false)")
+                conn.execute("RESET ROLE")
             wait_until(lambda: metric(port, "pg_task_py_tasks_ended_total", state="DONE") == 20
-                       and metric(port, "pg_task_py_tasks_ended_total", state="FAIL") == 5
+                       and metric(port, "pg_task_py_tasks_ended_total", state="FAIL") == 6
                        and metric(port, "pg_task_py_tasks_ended_total", state="GONE") == 1, 30,
                        message=f"the ends counted: {scrape(port, '/metrics')[1]}")
             assert metric(port, "pg_task_py_tasks_started_total") == 25

@@ -124,6 +124,8 @@ class Metrics:
                     self.run_time.labels(database).observe(event["seconds"])
             elif kind == "expired":  # (housekeeping's: not started within `active`)
                 self.ended.labels(database, "GONE").inc(event.get("count", 0))
+            elif kind == "misconfigured":  # (housekeeping's: their owner's role_running_limit is bad)
+                self.ended.labels(database, "FAIL").inc(event.get("count", 0))
         self.running.labels(database).set(running)
         self.last_turn.labels(database).set(time.time())
         with self.lock:
