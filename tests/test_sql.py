@@ -240,6 +240,35 @@ def test_task_wait_that_gives_up_says_what_the_task_waits_for(db):
     assert hints[dependent].startswith(f"It waits for 1 of its prerequisites (after: {{{later}}}) to end."), hints
 
 
+def test_task_wait_that_gives_up_names_a_pause_a_rate_limit_or_a_running_limit(db):
+    """A task held by its group's pause or rate limit, or by its role's running limit of 0, was
+    hinted `Is a launcher running?`."""
+    db.sql("SELECT task_pause('held')")
+    db.sql("SELECT task_limit('slow', 1, '1 hour')")
+    paused = db.insert("SELECT 1", group="held")
+    limited = db.insert("SELECT 1", group="slow")
+    db.sql("CREATE ROLE hint_nobody IN ROLE pgtaskpy_user")
+    try:
+        db.sql("ALTER ROLE hint_nobody SET pg_task_py.role_running_limit = 0")
+        with db.connect() as conn:
+            conn.execute("SET ROLE hint_nobody")
+            held_back = conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
+            conn.commit()
+        hints = {}
+        for task_id in (paused, limited, held_back):
+            with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
+                db.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
+            hints[task_id] = raised.value.diag.message_hint
+        assert hints[paused] == "Its group 'held' of role postgres is paused: task_resume('held') lets it start.", hints
+        assert hints[limited].startswith("Its group 'slow' of role postgres starts at most 1 tasks per 01:00:00"
+                                         " (task_limit): it waits its turn."), hints
+        assert hints[held_back] == ("Role hint_nobody may run no task: its pg_task_py.role_running_limit"
+                                    " (or CONNECTION LIMIT) is 0."), hints
+    finally:
+        db.sql("DELETE FROM task WHERE owner = 'hint_nobody'")
+        db.sql("DROP ROLE hint_nobody")
+
+
 def test_wide_result(shared):
     columns = ", ".join(f"{i} AS c{i}" for i in range(1, 401))
     lines = run(shared, f"SELECT {columns}")["output"].split("\n")

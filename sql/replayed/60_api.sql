@@ -217,6 +217,17 @@ BEGIN
                                       t.waiting_for, t.after)
                           WHEN t.state = 'PLAN' AND t.plan > clock_timestamp()
                           THEN format('It is planned for %s. Wait longer with task_wait(id, interval).', t.plan)
+                          WHEN t.state = 'PLAN' AND pgtaskpy.group_paused(t.owner, t."group")
+                          THEN format('Its group %L of role %I is paused: task_resume(%L) lets it start.',
+                                      t."group", t.owner, t."group")
+                          WHEN t.state = 'PLAN' AND pgtaskpy.role_running_limit(t.owner) = 0
+                          THEN format('Role %I may run no task: its pg_task_py.role_running_limit (or CONNECTION LIMIT) is 0.',
+                                      t.owner)
+                          WHEN t.state = 'PLAN' AND EXISTS (SELECT FROM pgtaskpy.group_limit AS l
+                                                            WHERE l.owner = t.owner AND l."group" = t."group")
+                          THEN (SELECT format('Its group %L of role %I starts at most %s tasks per %s (task_limit): it waits its turn. Wait longer with task_wait(id, interval).',
+                                              t."group", t.owner, l.starts, l.per)
+                                FROM pgtaskpy.group_limit AS l WHERE l.owner = t.owner AND l."group" = t."group")
                           ELSE 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
         END IF;
         PERFORM pg_sleep(pause);
