@@ -594,6 +594,13 @@ def test_a_task_claimed_before_its_group_was_paused_does_not_start(db):
         assert claimer.execute("SELECT (pgtaskpy.start_task(%s, pg_backend_pid(), pg_backend_pid())).id",
                                [task_id]).fetchone() == (None,)
     assert (db.task(task_id)["state"], db.task(task_id)["start"]) == ("PLAN", None)
+    # A worker going on with its group (claim_next_task) starts a waiting task it has locked and
+    # checked, claimer NULL: a pause committed in between was taken for a DBA's trigger that
+    # refused the start (the launcher logged an ERROR).
+    with db.connect() as worker:
+        assert worker.execute("SELECT (pgtaskpy.start_task(%s, NULL, pg_backend_pid())).id",
+                              [task_id]).fetchone() == (None,)
+    assert (db.task(task_id)["state"], db.task(task_id)["start"]) == ("PLAN", None)
     db.launcher()
     assert db.wait_done(db.insert("SELECT 'other'", delete=False))["output"] == "other"
     assert db.task(task_id)["state"] == "PLAN"

@@ -692,13 +692,16 @@ BEGIN
         IF current_setting('synchronous_commit') = 'off' THEN
             PERFORM set_config('synchronous_commit', 'local', true);
         END IF;
-    ELSIF claimer IS NOT NULL AND EXISTS (
-            SELECT FROM @extschema@.task AS t WHERE t.id = task_id AND t.state = 'TAKE' AND t.worker = claimer
+    ELSIF EXISTS (
+            SELECT FROM @extschema@.task AS t WHERE t.id = task_id
+              AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
               AND pgtaskpy.group_paused(t.owner, t."group")) THEN
         -- Claimed before task_pause committed (a claim reads the pauses before it waits for
         -- the scheduling lock, and a claimed task started up to 115 ms after the pause had
-        -- returned): it waits again, unstarted, with its group.
-        PERFORM pgtaskpy.unclaim_tasks(ARRAY[task_id], claimer);
+        -- returned): it waits again, unstarted, with its group.  (claimer NULL: it waits still.)
+        IF claimer IS NOT NULL THEN
+            PERFORM pgtaskpy.unclaim_tasks(ARRAY[task_id], claimer);
+        END IF;
     ELSIF EXISTS (
             SELECT FROM @extschema@.task AS t WHERE t.id = task_id
               AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END) THEN
