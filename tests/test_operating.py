@@ -807,6 +807,11 @@ def test_metrics_rise_with_the_workload_and_health_follows_the_server():
             launcher.wait_active()
             wait_until(lambda: scrape(port, "/health")[0] == 200, 10, message="/health 200")
             assert scrape(port, "/nothing")[0] == 404
+            # (a probe's query string or trailing slash, and HEAD, were 404 and 501)
+            assert scrape(port, "/health/")[0] == scrape(port, "/health?probe=1")[0] == 200
+            head = urllib.request.Request(f"http://127.0.0.1:{port}/health", method="HEAD")
+            with urllib.request.urlopen(head, timeout=5) as answer:
+                assert (answer.status, answer.read()) == (200, b"")
             with cluster.connect("metered") as conn:
                 conn.execute("SELECT task_pause('held')")
                 conn.execute("INSERT INTO task (\"group\", plan, input)"

@@ -187,21 +187,29 @@ def serve(metrics: Metrics, address: str, port: int) -> ThreadingHTTPServer:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.path.split("?", 1)[0] == "/metrics":
-                self.answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif self.path == "/health":
+            self.respond(with_body=True)
+
+        def do_HEAD(self) -> None:  # noqa: N802 - a load balancer's health check may send HEAD
+            self.respond(with_body=False)
+
+        def respond(self, with_body: bool) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/")  # (/health?probe=1 and /health/ are /health)
+            if path == "/metrics":
+                self.answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST, with_body)
+            elif path == "/health":
                 stale = metrics.stale()
                 body = ("ok\n" if not stale else "".join(f"no turn within {HEALTHY_WITHIN:g}s: {n}\n" for n in stale))
-                self.answer(503 if stale else 200, body.encode(), "text/plain; charset=utf-8")
+                self.answer(503 if stale else 200, body.encode(), "text/plain; charset=utf-8", with_body)
             else:
-                self.answer(404, b"/metrics or /health\n", "text/plain; charset=utf-8")
+                self.answer(404, b"/metrics or /health\n", "text/plain; charset=utf-8", with_body)
 
-        def answer(self, status: int, body: bytes, content_type: str) -> None:
+        def answer(self, status: int, body: bytes, content_type: str, with_body: bool) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if with_body:
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - scrapes are not log lines
             pass
