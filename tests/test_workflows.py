@@ -365,6 +365,17 @@ def test_unknown_or_invisible_prerequisite_is_refused(db):
             alice.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [own])
             assert alice.execute("SELECT state::text FROM task WHERE id = %s", [mine]).fetchone()[0] == "STOP"
         assert db.value("SELECT count(*) FROM task") == before + 3
+        # An admin may change the list (a repair), and is told when it changes nothing the task waits for.
+        first = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h') RETURNING id")
+        second = db.insert("SELECT 2", after=[first])
+        notices = []
+        with db.connect() as admin:
+            admin.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary)))
+            admin.execute("UPDATE task SET after = '{}' WHERE id = %s", [second])
+            admin.execute("UPDATE task SET after = '{}' WHERE id = %s", [own])  # (ended: nothing to tell)
+        assert notices == [("WARNING", f"task {second}: its after changed, but not what it waits for"
+                                       ": 1 of the prerequisites its INSERT named")], notices
+        assert (db.task(second)["after"], db.task(second)["waiting_for"]) == ([], 1)
         db.sql("DELETE FROM task")
     finally:
         db.sql("DROP OWNED BY wf_alice; DROP ROLE wf_alice")

@@ -215,7 +215,10 @@ END
 $$;
 
 -- BEFORE UPDATE OF after: the count and the edges were made from the list
--- given at INSERT.  Members of pgtaskpy_admin may repair rows by hand.
+-- given at INSERT.  Members of pgtaskpy_admin may repair rows by hand, and are
+-- told when the row waits: its new list was taken, and changed nothing of what
+-- it waits for.  (Not when a failed run's retry takes its place in its
+-- dependents' lists: pass_dependents_on.)
 CREATE FUNCTION pgtaskpy.keep_prerequisites() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -224,6 +227,10 @@ BEGIN
         RAISE EXCEPTION 'task.after cannot change once the task is inserted'
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Stop the task (state = ''STOP'') and insert a new one.';
+    ELSIF NEW.state = 'PLAN' AND current_setting('pgtaskpy.passing_dependents', true) IS DISTINCT FROM 'on' THEN
+        RAISE WARNING 'task %: its after changed, but not what it waits for: % of the prerequisites its INSERT named',
+            NEW.id, NEW.waiting_for
+            USING HINT = 'To wait for other tasks, stop it (state = ''STOP'') and insert a new one.';
     END IF;
     RETURN NEW;
 END
@@ -324,8 +331,10 @@ CREATE FUNCTION pgtaskpy.pass_dependents_on(from_task bigint, to_task bigint) RE
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
+    PERFORM set_config('pgtaskpy.passing_dependents', 'on', true);  -- (keep_prerequisites)
     UPDATE @extschema@.task AS d SET after = array_replace(d.after, from_task, to_task)
     WHERE d.id IN (SELECT e.dependent FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = from_task);
+    PERFORM set_config('pgtaskpy.passing_dependents', '', true);
     UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = to_task WHERE e.prerequisite = from_task;
 END
 $$;
