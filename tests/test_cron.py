@@ -304,6 +304,21 @@ def test_bad_expression_is_rejected_naming_field_and_token(db, cron, message):
     assert db.value("SELECT count(*) FROM task") == 0  # nothing inserted
 
 
+def test_a_day_range_may_end_on_sunday_by_name(db):
+    """`sat-sun` and `mon-sun` were refused, "range sat-sun runs backwards" (`sun` is 0), where
+    `6-7` and `1-7` were taken: a range that ends on `sun` ends the week."""
+    for named, numbered in (("sat-sun", "6-7"), ("mon-sun", "1-7"), ("fri-sun/2", "5-7/2"), ("sun-sun", "0"),
+                            ("sun-sat", "0-6")):
+        assert (next_runs(db, f"0 0 * * {named}", "UTC", 10, "2024-01-01 00:00+00")
+                == next_runs(db, f"0 0 * * {numbered}", "UTC", 10, "2024-01-01 00:00+00")), named
+    assert [run.strftime("%a") for run in next_runs(db, "0 0 * * sat-sun", "UTC", 4, "2024-01-01 00:00+00")] == [
+        "Sat", "Sun", "Sat", "Sun"]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="step 0 is out of range 1-8"):
+        next_runs(db, "0 0 * * sun-sat/0", "UTC", 1, "2024-01-01 00:00+00")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="range sat-mon runs backwards"):
+        next_runs(db, "0 0 * * sat-mon", "UTC", 1, "2024-01-01 00:00+00")
+
+
 def test_bad_time_zone_and_cron_with_repeat_are_rejected(db):
     with pytest.raises(psycopg.errors.CheckViolation) as raised:
         db.insert("SELECT 1", cron="@daily", tz="Europe/Atlantis")

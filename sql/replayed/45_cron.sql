@@ -125,6 +125,8 @@ BEGIN
                         END IF;
                         IF e = 2 THEN
                             lo := hi;
+                        ELSIF f = 5 AND m[e] = 'sun' AND lo > 0 THEN
+                            hi := 7;  -- (sat-sun, mon-sun: the week's end, as 6-7 and 1-7 are)
                         END IF;
                     END LOOP;
                     IF m[3] IS NULL AND m[4] IS NOT NULL THEN
