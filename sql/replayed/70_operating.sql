@@ -486,7 +486,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     whose name := pgtaskpy.steered_owner(task_limit."group", task_limit.owner, 'task_limit',
-                                                 COALESCE(task_limit.starts, 0) = 0);
+                                         COALESCE(task_limit.starts, 0) = 0);  -- (0 lifts the limit)
 BEGIN
     IF COALESCE(task_limit.starts, 0) = 0 THEN
         DELETE FROM pgtaskpy.group_limit AS l WHERE l.owner = whose AND l."group" = task_limit."group";
