@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     run.add_argument("--dsn", action="append", default=[], metavar="CONNINFO",
                      help="database to schedule; repeat for several databases")
-    run.add_argument("--config", type=Path, metavar="FILE",
+    run.add_argument("--config", type=config_path, metavar="FILE",
                      help="JSON list of databases: [{\"dsn\": ..., \"run\": N, \"grace\": S, \"standby\": ...}]")
     run.add_argument("--run", type=positive_int, default=Settings.run, metavar="N",
                      help="most tasks running at once per database, like pg_task.run "
@@ -125,12 +125,23 @@ def positive_seconds(text: object) -> float:
     return value
 
 
+def config_path(text: str) -> Path:
+    """--config: a file's name (an empty one was read as '.', "Is a directory: '.'")."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name a file")
+    return Path(text)
+
+
 def listen_address(text: str) -> tuple[str, int]:
     """--metrics: 'ADDR:PORT' ('127.0.0.1:9187', ':9187' for every address, '[::1]:9187')."""
     address, _, port = text.rpartition(":")
     if not _ or not ascii_digits(port) or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError("must be ADDR:PORT, e.g. 127.0.0.1:9187 or :9187")
-    host = address.strip("[]") or "0.0.0.0"
+    host = address[1:-1] if address.startswith("[") and address.endswith("]") else address
+    if "[" in host or "]" in host or host != address and ":" not in host:
+        # ('[::1:9187' and '[]:9187' were taken; brackets hold an IPv6 address, and only that)
+        raise argparse.ArgumentTypeError("must be ADDR:PORT with an IPv6 address in brackets, e.g. [::1]:9187")
+    host = host or "0.0.0.0"
     try:  # (a name that does not resolve is a bad value: it ended the launcher with exit 1, once started)
         socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as exc:

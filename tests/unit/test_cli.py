@@ -41,6 +41,8 @@ def test_version(capsys):
     (["run", "--grace", "inf"], "argument --grace: must be a number of seconds, 0 or more"),
     (["run", "--standby", "host"], "argument --standby: must be a libpq conninfo"),
     (["run", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
+    (["run", "--config", ""], "argument --config: must name a file"),  # (read as '.': "Is a directory")
+    (["run", "--metrics", "[::1:9187"], "argument --metrics: must be ADDR:PORT with an IPv6 address in brackets"),
     (["status", "--watch", "0"], "argument --watch: must be a number of seconds, at least 0.1"),
     (["status", "--watch", "-1"], "argument --watch: must be a number of seconds, at least 0.1"),
     # (accepted, the first table came and then OverflowError's traceback: a thread waits so long at most)

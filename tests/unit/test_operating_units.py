@@ -22,7 +22,8 @@ def test_metrics_address_that_does_not_resolve_is_refused():
         listen_address("999.1.1.1:9187")
 
 
-@pytest.mark.parametrize("text", ["9187", "host:", "host:port", "host:0", "host:65536", "host:²", "host:١٩"])
+@pytest.mark.parametrize("text", ["9187", "host:", "host:port", "host:0", "host:65536", "host:²", "host:١٩",
+                                  "[::1:9187", "::1]:9187", "[]:9187", "[127.0.0.1]:9187", "[[::1]]:9187"])
 def test_metrics_address_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="ADDR:PORT"):
         listen_address(text)
