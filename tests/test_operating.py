@@ -904,6 +904,31 @@ def test_status_watch_refreshes_until_interrupted(running):
     assert "\033[2J" not in "".join(screens)  # (a pipe gets the tables one after another; a terminal is cleared)
 
 
+def test_status_watch_goes_on_after_its_connection_is_lost(running):
+    """A server restart under `status --watch` ended it, exit 1, `terminating connection due to
+    administrator command`: it says the connection was lost and shows the table again."""
+    running.insert("SELECT 1", plan="9999-01-01")
+    watcher = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn, "--watch", "0.2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        wait_until(lambda: lines.append(watcher.stdout.readline()) or any("owner" in line for line in lines), 20,
+                   interval=0, message="the first table")
+        assert running.value("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                             " WHERE application_name = 'pg_task_py status'") == 1
+        wait_until(lambda: lines.append(watcher.stdout.readline()) or any("connection lost" in line for line in lines),
+                   20, interval=0, message="the lost connection told")
+        lost = len(lines)
+        wait_until(lambda: lines.append(watcher.stdout.readline()) or any("owner" in line for line in lines[lost:]),
+                   20, interval=0, message="a table after the lost connection")
+        assert watcher.poll() is None
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(10) == 0, watcher.stderr.read()
+    assert [line for line in lines if "connection lost" in line][0].startswith(
+        "connection lost: terminating connection due to administrator command; trying again in 0.2s"), lines
+
+
 def test_status_watch_into_a_pipe_that_closes_ends_quietly(running):
     """`status --watch | head -1`: the reader goes, and status ends with 0 and no traceback."""
     watcher = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn, "--watch", "0.1"],

@@ -28,32 +28,51 @@ class StatusError(Exception):
 
 
 def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sys.stdout) -> None:
-    """Print task_stats once, or every `watch` seconds until `stopping` is set."""
-    try:
-        # (the launcher's session settings: its search_path of pg_catalog alone above all)
-        with connect(dsn, "pg_task_py status") as conn:
-            # (in the extension's schema, whether or not that is on the search_path)
-            schema = conn.execute(
-                "SELECT n.nspname FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n"
-                " ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'").fetchone()
-            if schema is None:
-                raise StatusError("no view task_stats here: the extension pg_task_py is not installed in this database"
-                                  " (CREATE EXTENSION pg_task_py CASCADE)")
-            view = sql.Identifier(schema[0], "task_stats")
-            if conn.execute(sql.SQL("SELECT pg_catalog.to_regclass({}) IS NULL").format(
-                    sql.Literal(view.as_string(conn)))).fetchone()[0]:
-                raise StatusError("no view task_stats here: the extension pg_task_py is older than 1.3 in this"
-                                  " database (ALTER EXTENSION pg_task_py UPDATE)")
-            query = sql.SQL(QUERY).format(view=view)
-            clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe gets the tables one after another)
-            while True:
-                rows = conn.execute(query).fetchall()
-                out.write(clear + render(rows))
-                out.flush()
-                if watch is None or stopping.wait(watch):
-                    return
-    except psycopg.Error as exc:
-        raise StatusError(str(exc).strip().splitlines()[0]) from None
+    """Print task_stats once, or every `watch` seconds until `stopping` is set.  A watch that has
+    shown a table outlives a lost connection (a server restart): it says so and connects again."""
+    shown = False
+    while True:
+        try:
+            with connect(dsn, "pg_task_py status") as conn:
+                query = status_query(conn)
+                clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe gets the tables one after another)
+                while True:
+                    rows = conn.execute(query).fetchall()
+                    out.write(clear + render(rows))
+                    out.flush()
+                    shown = True
+                    if watch is None or stopping.wait(watch):
+                        return
+        except psycopg.OperationalError as exc:
+            if watch is None or not shown:
+                raise StatusError(first_line(exc)) from None
+            out.write(f"connection lost: {first_line(exc)}; trying again in {watch:g}s\n")
+            out.flush()
+            if stopping.wait(watch):
+                return
+        except psycopg.Error as exc:
+            raise StatusError(first_line(exc)) from None
+
+
+def status_query(conn: psycopg.Connection) -> sql.Composed:
+    """The query of task_stats in the extension's schema, whether or not that is on the search_path
+    (the session has the launcher's settings: its search_path of pg_catalog alone above all)."""
+    schema = conn.execute(
+        "SELECT n.nspname FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n"
+        " ON n.oid = e.extnamespace WHERE e.extname = 'pg_task_py'").fetchone()
+    if schema is None:
+        raise StatusError("no view task_stats here: the extension pg_task_py is not installed in this database"
+                          " (CREATE EXTENSION pg_task_py CASCADE)")
+    view = sql.Identifier(schema[0], "task_stats")
+    if conn.execute(sql.SQL("SELECT pg_catalog.to_regclass({}) IS NULL").format(
+            sql.Literal(view.as_string(conn)))).fetchone()[0]:
+        raise StatusError("no view task_stats here: the extension pg_task_py is older than 1.3 in this"
+                          " database (ALTER EXTENSION pg_task_py UPDATE)")
+    return sql.SQL(QUERY).format(view=view)
+
+
+def first_line(exc: psycopg.Error) -> str:
+    return str(exc).strip().splitlines()[0]
 
 
 def render(rows: list[tuple]) -> str:
