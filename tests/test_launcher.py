@@ -873,6 +873,9 @@ def test_log_json_has_one_object_a_line(db, tmp_path):
     assert ended[0]["id"] == task_id and ended[0]["state"] == "DONE" and ended[0]["level"] == "INFO"
     logged = datetime.fromisoformat(ended[0]["time"])  # (with its offset: a moment, whatever the zone)
     assert logged.tzinfo is not None and abs(logged - db.task(task_id)["stop"]) < timedelta(seconds=30), ended[0]
+    # The lines about the database carry its field as the task's do (they had it in the message only).
+    about = [line for line in lines if line["message"].endswith((": scheduling (active)", ": stopped"))]
+    assert len(about) == 2 and all(line.get("database") == ended[0]["database"] for line in about), lines
 
 
 @pytest.fixture

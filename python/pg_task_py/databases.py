@@ -41,11 +41,12 @@ class Database:
         except SetupError as exc:
             self.failed_stopping = self.stop.is_set()
             self.error = str(exc)
-            log.error("%s", exc)
+            log.error("%s", exc, extra={"fields": {"database": self.scheduler.name}})  # (its message names it)
         except Exception as exc:  # noqa: BLE001 (a fault of the launcher's: said once, not restarted in a loop)
             self.failed_stopping = self.stop.is_set()
             self.error = f"{self.scheduler.name}: stopped by an error of the launcher: {exc!r}"
-            log.exception("%s (please report it; a reload starts it again)", self.error)
+            log.exception("%s (please report it; a reload starts it again)", self.error,
+                          extra={"fields": {"database": self.scheduler.name}})
 
     @property
     def settings(self) -> Settings:
@@ -114,7 +115,8 @@ class Databases:
             return False
         for database in alive:
             log.error("%s: still not stopped (its turn, or its connection, has not returned): exiting without "
-                      "it (the tasks it started record their own end)", database.scheduler.name)
+                      "it (the tasks it started record their own end)", database.scheduler.name,
+                      extra={"fields": {"database": database.scheduler.name}})
         return True
 
     def reload(self, wanted: list[Settings]) -> None:

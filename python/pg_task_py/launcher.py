@@ -97,6 +97,12 @@ def is_fatal(exc: psycopg.Error) -> bool:
     return any(phrase in str(exc) for phrase in FATAL_PHRASES) or INVALID_VALUE.search(str(exc)) is not None
 
 
+def database_log(name: str, level: int, message: str, *args: object) -> None:
+    """A line about one database: `name: message` in the text log, and its `database` field in
+    JSON (a log shipper filters on it; the lines of tasks had it, those of the database did not)."""
+    log.log(level, "%s: " + message, name, *args, extra={"fields": {"database": name}})
+
+
 class SetupError(Exception):
     """The database cannot be scheduled as configured; the message says what to do."""
 
@@ -145,11 +151,12 @@ class Scheduler:
                     # connections, and say so once a minute, not each second (3,600 lines an hour).
                     backoff = min(backoff, PROMOTION_LOOK_EVERY * 2)
                     if told is None or told[0] != reason or time.monotonic() - told[1] >= STANDBY_LOG_EVERY:
-                        log.warning("%s: cannot connect (%s); trying again each second while it refuses so",
-                                    self.name, reason)
+                        database_log(self.name, logging.WARNING,
+                                     "cannot connect (%s); trying again each second while it refuses so",
+                                     reason)
                         told = (reason, time.monotonic())
                 else:
-                    log.warning("%s: cannot connect (%s); retrying in %.1fs", self.name, reason, backoff)
+                    database_log(self.name, logging.WARNING, "cannot connect (%s); retrying in %.1fs", reason, backoff)
                 if self.metrics:
                     self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
@@ -165,16 +172,16 @@ class Scheduler:
                         # dispatch() hands it to the worker backends it opens (sql/plpython/dispatch.py).
                         conn.execute("SELECT set_config('pgtaskpy.standby', %s, false)", [self.settings.standby])
                     if not self._wait_for_promotion(conn):
-                        log.info("%s: stopped", self.name)
+                        database_log(self.name, logging.INFO, "stopped")
                         return
                     with (WakeListener(self.settings.dsn, wake_channel(conn), self.name) as wakes,
                           TurnWatch(self.name, lambda: connect(self.settings.dsn, "pg_task_py watch"),
                                     conn.info.backend_pid) as self.turns):
-                        log.info("%s: scheduling (active)", self.name)
+                        database_log(self.name, logging.INFO, "scheduling (active)")
                         backoff = 0.5
                         self._loop(conn, wakes)
                         while not self._drain(conn, wakes):  # (a reload wanted it back while it was stopping)
-                            log.info("%s: scheduling again", self.name)
+                            database_log(self.name, logging.INFO, "scheduling again")
                             self._loop(conn, wakes)
                     return
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -182,10 +189,12 @@ class Scheduler:
                 raise SetupError(f"{self.name}: {first_line(exc)}: {NEEDS_SUPERUSER}") from None
             except psycopg.Error as exc:
                 if self.stopping.is_set() and isinstance(exc, psycopg.errors.QueryCanceled):
-                    log.warning("%s: stopped, its scheduling turn cancelled (%s)", self.name, first_line(exc))
+                    database_log(self.name, logging.WARNING,
+                                 "stopped, its scheduling turn cancelled (%s)", first_line(exc))
                     return  # (Databases.left_stuck: a stop that outlasted its grace)
                 what = "connection lost" if conn.broken or isinstance(exc, ListenerLost) else "scheduler error"
-                log.warning("%s: %s (%s); reconnecting in %.1fs", self.name, what, first_line(exc), backoff)
+                database_log(self.name, logging.WARNING,
+                             "%s (%s); reconnecting in %.1fs", what, first_line(exc), backoff)
                 if self.metrics:
                     self.metrics.reconnect(self.name)
                 backoff = self._pause(backoff)
@@ -199,13 +208,13 @@ class Scheduler:
         try:
             conn.cancel_safe(timeout=2)
         except (psycopg.Error, OSError) as exc:
-            log.warning("%s: could not cancel the scheduling turn: %s", self.name, first_line(exc))
+            database_log(self.name, logging.WARNING, "could not cancel the scheduling turn: %s", first_line(exc))
 
     def _on_notice(self, notice: psycopg.errors.Diagnostic) -> None:
         """The server's warnings to the launcher's session (a scheduler setting it ignores, said
         once per value: pgtaskpy.warn_ignored_setting) in the launcher's log, not only the server's."""
         if notice.severity_nonlocalized == "WARNING":
-            log.warning("%s: %s", self.name, notice.message_primary)
+            database_log(self.name, logging.WARNING, "%s", notice.message_primary)
 
     def _rename(self, name: str) -> None:
         if self.metrics and name != self.name:
@@ -238,15 +247,17 @@ class Scheduler:
                 " (or, while it runs for other databases, send it SIGHUP)"
             )
         if is_older(row[1], __version__):
-            log.warning("%s: the pg_task_py extension is version %s, older than this launcher (%s): "
-                        "run ALTER EXTENSION pg_task_py UPDATE; in this database",
-                        self.name, row[1], __version__)
+            database_log(self.name, logging.WARNING,
+                         "the pg_task_py extension is version %s, older than this launcher (%s): "
+                         "run ALTER EXTENSION pg_task_py UPDATE; in this database",
+                         row[1], __version__)
         replica = [where for (where,) in conn.execute(REPLICA_DEFAULTS) if where]
         if replica:
-            log.warning("%s: session_replication_role is not origin by default (%s): the triggers of table task"
-                        " do not fire in such sessions, and tasks inserted there skip its checks (exclusive,"
-                        " states, prerequisites, cron plans); set it for a restore's session only (PGOPTIONS)",
-                        self.name, "; ".join(replica))
+            database_log(self.name, logging.WARNING,
+                         "session_replication_role is not origin by default (%s): the triggers of table task"
+                         " do not fire in such sessions, and tasks inserted there skip its checks (exclusive,"
+                         " states, prerequisites, cron plans); set it for a restore's session only (PGOPTIONS)",
+                         "; ".join(replica))
 
     def _wait_for_promotion(self, conn: psycopg.Connection) -> bool:
         """On a standby, claim and run nothing (dispatch() would only answer "standby", and
@@ -256,10 +267,11 @@ class Scheduler:
         while not self.stopping.is_set():
             if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
                 if announced:
-                    log.info("%s: promoted: taking over the scheduling", self.name)
+                    database_log(self.name, logging.INFO, "promoted: taking over the scheduling")
                 return True
             if not announced:
-                log.info("%s: a standby (in recovery): running nothing, waiting for a promotion", self.name)
+                database_log(self.name, logging.INFO,
+                             "a standby (in recovery): running nothing, waiting for a promotion")
                 announced = True
             if self.metrics:  # (a look is a standby's turn: /health said 503 on every standby)
                 self.metrics.standby_look(self.name)
@@ -316,19 +328,19 @@ class Scheduler:
             now = time.monotonic()
             cancel = not cancelled and now >= deadline
             if cancel:
-                log.warning("%s: grace period over, cancelling %d running task(s)", self.name, running)
+                database_log(self.name, logging.WARNING, "grace period over, cancelling %d running task(s)", running)
             elif cancelled and now >= deadline + 5:
-                log.warning("%s: %d task(s) still running; they record their own end", self.name, running)
+                database_log(self.name, logging.WARNING, "%d task(s) still running; they record their own end", running)
                 break
             elif now - logged_at >= WAITING_LOG_EVERY:
-                log.info("%s: stopping, waiting for %d running task(s)", self.name, running)
+                database_log(self.name, logging.INFO, "stopping, waiting for %d running task(s)", running)
                 logged_at = now
             wakes.wait(0.5 if cancelled else min(0.5, deadline - now))  # no wait when cancelling
             _, running = self._dispatch(conn, 0, cancel=cancel)
             cancelled = cancelled or cancel
         if not self.stopping.is_set():
             return False
-        log.info("%s: stopped", self.name)
+        database_log(self.name, logging.INFO, "stopped")
         return True
 
 
@@ -383,7 +395,8 @@ class WakeListener:
             self._listen()
         except psycopg.Error as exc:
             raise ListenerLost(f"{first_line(lost)}; listening again: {first_line(exc)}") from None
-        log.warning("%s: the listening session was lost (%s); listening in a new one", self.name, first_line(lost))
+        database_log(self.name, logging.WARNING,
+                     "the listening session was lost (%s); listening in a new one", first_line(lost))
 
     def wait(self, timeout: float) -> None:
         """Sleep until a wake arrives or `timeout` seconds pass; one that arrived during the
