@@ -9,7 +9,7 @@ from datetime import timedelta
 import psycopg
 from psycopg import sql
 
-from pg_task_py.launcher import connect
+from pg_task_py.launcher import connect, first_line
 from pg_task_py.text import escape_controls
 
 COLUMNS = ("owner", "group", "running", "due", "late", "later", "done 1h", "fail 1h", "gone 1h", "paused",
@@ -69,10 +69,6 @@ def status_query(conn: psycopg.Connection) -> sql.Composed:
         raise StatusError("no view task_stats here: the extension pg_task_py is older than 1.3 in this"
                           " database (ALTER EXTENSION pg_task_py UPDATE)")
     return sql.SQL(QUERY).format(view=view)
-
-
-def first_line(exc: psycopg.Error) -> str:
-    return str(exc).strip().splitlines()[0]
 
 
 def render(rows: list[tuple]) -> str:

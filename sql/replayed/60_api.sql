@@ -157,6 +157,7 @@ DECLARE
     pause double precision := 0.001;
     t @extschema@.task;
     locked_here boolean := false;  -- this transaction has locked the task's row
+    rate_limit text;  -- its group's task_limit, for the hint of a wait that runs out
 BEGIN
     IF task_id IS NULL OR wait_for IS NULL THEN
         RAISE EXCEPTION 'task_wait needs a task id and how long to wait, not NULL'
@@ -206,6 +207,8 @@ BEGIN
         END IF;
         IF clock_timestamp() >= deadline THEN
             locked_here := pgtaskpy.row_locked_here(task_id);  -- (the row's version now)
+            rate_limit := (SELECT format('%s tasks per %s', l.starts, l.per) FROM pgtaskpy.group_limit AS l
+                           WHERE l.owner = t.owner AND l."group" = t."group");
             RAISE EXCEPTION 'task % is still %, after waiting %', task_id, t.state, wait_for
                 USING ERRCODE = 'query_canceled',
                       HINT = CASE WHEN locked_here
@@ -223,11 +226,9 @@ BEGIN
                           WHEN t.state = 'PLAN' AND pgtaskpy.role_running_limit(t.owner) = 0
                           THEN format('Role %I may run no task: its pg_task_py.role_running_limit (or CONNECTION LIMIT) is 0.',
                                       t.owner)
-                          WHEN t.state = 'PLAN' AND EXISTS (SELECT FROM pgtaskpy.group_limit AS l
-                                                            WHERE l.owner = t.owner AND l."group" = t."group")
-                          THEN (SELECT format('Its group %L of role %I starts at most %s tasks per %s (task_limit): it waits its turn. Wait longer with task_wait(id, interval).',
-                                              t."group", t.owner, l.starts, l.per)
-                                FROM pgtaskpy.group_limit AS l WHERE l.owner = t.owner AND l."group" = t."group")
+                          WHEN t.state = 'PLAN' AND rate_limit IS NOT NULL
+                          THEN format('Its group %L of role %I starts at most %s (task_limit): it waits its turn. Wait longer with task_wait(id, interval).',
+                                      t."group", t.owner, rate_limit)
                           ELSE 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
         END IF;
         PERFORM pg_sleep(pause);
