@@ -13,8 +13,12 @@ EXTENSION = pg_task_py
 # The one version source: the control file's default_version (the launcher's is X.Y.0, python/setup.py).
 EXTVERSION := $(shell sed -n "s/^default_version *= *'\(.*\)'.*/\1/p" pg_task_py.control)
 PREVIOUS = 1.2
+# The released versions before PREVIOUS (from sql/released.sha256) get one update script each
+# straight to EXTVERSION, so that their released steps run with the safe search_path too.
+OLDER := $(filter-out $(PREVIOUS),$(shell sed -n 's/.*pg_task_py--\([0-9.]*\)\.sql$$/\1/p' sql/released.sha256))
+DIRECT = $(foreach old,$(OLDER),sql/pg_task_py--$(old)--$(EXTVERSION).sql)
 DATA = $(sort $(wildcard sql/pg_task_py--*.sql) sql/pg_task_py--$(EXTVERSION).sql \
-              sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql)
+              sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql $(DIRECT))
 
 PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
 PGXS := $(shell $(PG_CONFIG) --pgxs)
@@ -24,11 +28,13 @@ include $(PGXS)
 # from sql/created_once, sql/replayed, sql/upgrade and sql/plpython (sql/build.py);
 # scripts of released versions are never rebuilt.
 SOURCES = sql/build.py $(wildcard sql/created_once/*.sql sql/replayed/*.sql sql/upgrade/*.sql sql/plpython/*.py)
-all: sql/pg_task_py--$(EXTVERSION).sql sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql
+all: sql/pg_task_py--$(EXTVERSION).sql sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql $(DIRECT)
 sql/pg_task_py--$(EXTVERSION).sql: $(SOURCES)
 	python3 sql/build.py install > $@
 sql/pg_task_py--$(PREVIOUS)--$(EXTVERSION).sql: $(SOURCES)
 	python3 sql/build.py upgrade $(PREVIOUS) $(EXTVERSION) > $@
+$(DIRECT): sql/pg_task_py--%--$(EXTVERSION).sql: $(SOURCES)
+	python3 sql/build.py upgrade $* $(PREVIOUS) $(EXTVERSION) > $@
 
 VENV ?= .venv
 PYTEST = $(VENV)/bin/python -m pytest

@@ -31,6 +31,7 @@ passes them on, so that every file imports in plain Python as well.
 
     python3 sql/build.py install > sql/pg_task_py--1.3.sql
     python3 sql/build.py upgrade 1.2 1.3 > sql/pg_task_py--1.2--1.3.sql
+    python3 sql/build.py upgrade 1.0 1.2 1.3 > sql/pg_task_py--1.0--1.3.sql
 
 An upgrade script is sql/upgrade/FROM--TO.sql (what CREATE OR REPLACE cannot
 do: drops of changed signatures and of what is gone, changes of created_once
@@ -176,11 +177,41 @@ def install_script() -> str:
 
 def upgrade_script(old: str, new: str) -> str:
     out = header("ALTER EXTENSION pg_task_py UPDATE")
-    out.append(source(HERE / "upgrade" / f"{old}--{new}.sql"))
+    out.append(upgrade_body(old, new))
+    return "\n".join(out)
+
+
+def upgrade_body(old: str, new: str) -> str:
+    """The upgrade script without its header."""
+    out = [source(HERE / "upgrade" / f"{old}--{new}.sql")]
     for path in sorted(REPLAYED.glob("*.sql")):
         out.append(CREATE_ROUTINE.sub(r"CREATE OR REPLACE \1 ", source(path)))
     out.append(public_execute())
     return "\n".join(out)
+
+
+def direct_upgrade_script(old: str, previous: str, new: str) -> str:
+    """OLD -> NEW in one script: the released steps from OLD to PREVIOUS, byte for byte but their
+    two header lines, then PREVIOUS -> NEW.  The released steps of 1.0 and 1.1 ran with the
+    search_path the server gives an extension's script (its schema first); in one script of this
+    version's they run with SAFE_SEARCH_PATH, as CREATE EXTENSION does.  ALTER EXTENSION UPDATE
+    takes the shortest path, so this one script, not the steps."""
+    out = header("ALTER EXTENSION pg_task_py UPDATE")
+    for step in released_steps(old, previous):
+        out.append(f"-- ---- sql/{step.name} (released)")
+        out.append(step.read_text().split("\n", 2)[2])
+    out.append(upgrade_body(previous, new))
+    return "\n".join(out)
+
+
+def released_steps(old: str, previous: str) -> list[pathlib.Path]:
+    """The released update scripts that take OLD to PREVIOUS, one version at a time (the released
+    versions are those whose install script sql/released.sha256 records)."""
+    names = [line.split()[1] for line in (HERE / "released.sha256").read_text().splitlines()]
+    versions = sorted((name.removeprefix("pg_task_py--").removesuffix(".sql") for name in names
+                       if name.count("--") == 1), key=lambda version: tuple(map(int, version.split("."))))
+    chain = versions[versions.index(old):versions.index(previous) + 1]
+    return [HERE / f"pg_task_py--{a}--{b}.sql" for a, b in zip(chain, chain[1:])]
 
 
 def main() -> None:
@@ -188,8 +219,10 @@ def main() -> None:
         sys.stdout.write(install_script())
     elif sys.argv[1:2] == ["upgrade"] and len(sys.argv) == 4:
         sys.stdout.write(upgrade_script(sys.argv[2], sys.argv[3]))
+    elif sys.argv[1:2] == ["upgrade"] and len(sys.argv) == 5:
+        sys.stdout.write(direct_upgrade_script(sys.argv[2], sys.argv[3], sys.argv[4]))
     else:
-        sys.exit("usage: build.py install | build.py upgrade OLD NEW")
+        sys.exit("usage: build.py install | build.py upgrade OLD NEW | build.py upgrade OLD PREVIOUS NEW")
 
 
 main()

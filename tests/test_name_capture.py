@@ -132,6 +132,27 @@ def test_an_update_binds_and_runs_nothing_of_a_role_that_creates_in_its_schema(c
         assert captured(db, by_the_scheduler=True) == []
 
 
+@pytest.mark.parametrize("old", RELEASED)
+def test_every_step_of_an_update_runs_with_pg_catalog_alone_on_the_search_path(cluster: Cluster, old):
+    """The released steps of 1.0 and 1.1 ran with the search_path the server gives an extension's
+    script (its schema first), where README says every update runs with pg_catalog alone (an
+    audit): an update from them takes one script of this version's, which sets it first."""
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py")
+        db.conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {}").format(sql.Literal(old)))
+        db.sql("CREATE TABLE public.update_paths (tag text, path text)")
+        db.sql("CREATE FUNCTION public.note_path() RETURNS event_trigger LANGUAGE plpgsql AS"
+               " $$ BEGIN INSERT INTO public.update_paths VALUES (tg_tag, current_setting('search_path')); END $$")
+        db.sql("CREATE EVENT TRIGGER note_path ON ddl_command_end EXECUTE FUNCTION public.note_path()")
+        try:
+            db.sql("ALTER EXTENSION pg_task_py UPDATE")
+        finally:
+            db.sql("DROP EVENT TRIGGER note_path")
+        # (the ALTER EXTENSION itself ends after its script, with the session's own path)
+        assert db.sql("SELECT path, count(*) > 100 FROM public.update_paths WHERE tag <> 'ALTER EXTENSION'"
+                      " GROUP BY path") == [("pg_catalog, pg_temp", True)]
+
+
 def test_a_graceful_stop_cancels_past_grace_beside_a_task_cancel_of_a_role(cluster: Cluster, capturer):
     """The stop's own task_cancel call names both arguments: a role's task_cancel(bigint) in the
     extension's schema made a one-argument call ambiguous, and the stop failed on every turn."""

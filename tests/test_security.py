@@ -322,7 +322,8 @@ def test_a_member_of_a_role_names_it_as_owner_by_set_role_and_is_told_so(running
 
 
 @pytest.mark.parametrize("function", ["record_prerequisites", "settle_prerequisites", "prerequisite_stopped",
-                                      "prerequisite_deleted", "count_finished_task", "uncount_deleted_tasks"])
+                                      "prerequisite_deleted", "forget_truncated_prerequisites",
+                                      "count_finished_task", "uncount_deleted_tasks"])
 def test_an_author_cannot_attach_the_schedulers_trigger_functions_to_a_table_of_its_own(running, function):
     """The workflow triggers' functions run as the extension's owner (SECURITY DEFINER) and were
     executable by anyone: attached to an author's own table, fed another role's task ids, they
@@ -339,6 +340,21 @@ def test_an_author_cannot_attach_the_schedulers_trigger_functions_to_a_table_of_
                 mallory.execute("DROP TABLE pg_temp.fed")
     finally:
         running.sql("DROP ROLE mallory")
+
+
+def test_the_only_security_definer_routines_anyone_may_call_are_the_three_with_a_proof(running):
+    """A SECURITY DEFINER trigger function left executable by PUBLIC (forget_truncated_prerequisites)
+    could be attached to an author's own table, and emptied every role's waits when it fired: their
+    dependents waited for ever (an audit).  Every such routine of the extension is revoked from
+    PUBLIC, but the three README's Security model names, which act only with a proof."""
+    callable_by_anyone = running.sql(
+        "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+        " JOIN pg_depend AS d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'"
+        " JOIN pg_extension AS e ON e.oid = d.refobjid AND e.extname = 'pg_task_py'"
+        " WHERE p.prosecdef AND has_function_privilege('public', p.oid, 'EXECUTE') ORDER BY 1")
+    assert [name for (name,) in callable_by_anyone] == [
+        "pgtaskpy.cancel_running_task(bigint,boolean)", "pgtaskpy.end_series(name,text)",
+        "pgtaskpy.follow_skipped_run(bigint)"]
 
 
 def test_an_admin_steers_another_roles_tasks_but_cannot_change_what_they_run(running):

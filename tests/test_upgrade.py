@@ -102,6 +102,9 @@ def test_development_scripts_are_built_from_their_sources():
     assert build("install") == (REPO / "sql" / f"pg_task_py--{CURRENT}.sql").read_text(), "run make"
     upgrade = REPO / "sql" / f"pg_task_py--{RELEASED[-1]}--{CURRENT}.sql"
     assert build("upgrade", RELEASED[-1], CURRENT) == upgrade.read_text(), "run make"
+    for old in RELEASED[:-1]:  # straight to CURRENT, the released steps inside (sql/build.py)
+        direct = REPO / "sql" / f"pg_task_py--{old}--{CURRENT}.sql"
+        assert build("upgrade", old, RELEASED[-1], CURRENT) == direct.read_text(), "run make"
 
 
 def test_default_version_is_the_one_in_development(db):

@@ -547,6 +547,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.settle_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.keep_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_stopped() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_deleted() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.forget_truncated_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;
