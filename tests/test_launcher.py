@@ -182,6 +182,25 @@ def test_a_session_that_idle_session_timeout_ends_before_the_input_moves_the_tas
         assert len(slow) == 1 and slow[0] != row["pid"], (slow, row)
 
 
+def test_a_task_that_ends_its_session_with_the_idle_timeouts_sqlstate_after_its_work_runs_once(running):
+    """A session that ended with SQLSTATE 57P05 after the input had run and committed work (here
+    its own FATAL of that SQLSTATE; a probe: its own ERROR of it, RAISE ... USING ERRCODE, then
+    its session terminated at that moment, 3 runs of 11) was taken for one the server had ended
+    idle before the input: the worker moved the task to a new session and ran it again.  Only a
+    session that ended so before any result of the input has not run it."""
+    running.sql("CREATE TABLE public.runs (task bigint)")
+    try:
+        task_id = running.insert("INSERT INTO public.runs VALUES (current_setting('pg_task.id')::bigint); COMMIT;"
+                                 " DO $$plpy.fatal('looks idle', sqlstate='57P05')$$ LANGUAGE plpython3u",
+                                 delete=False)
+        row = running.wait_done(task_id)
+        assert running.value("SELECT count(*) FROM public.runs") == 1
+        assert (row["state"], row["sqlstate"]) == ("FAIL", "57P05"), row
+        assert row["error"].startswith("FATAL:  looks idle"), row
+    finally:
+        running.sql("DROP TABLE public.runs")
+
+
 @pytest.mark.parametrize("language", ["C", "de_DE.UTF-8"])
 def test_tasks_whose_sessions_end_idle_as_they_are_given_the_input_all_run(running, task_role, language):
     """A session the server ends for idleness while the worker sends it the input: libpq keeps

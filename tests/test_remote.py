@@ -58,6 +58,25 @@ def test_remote_cancel(running, remote):
     assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  canceling statement due to user request")
 
 
+def test_a_cancel_that_reaches_a_remote_tasks_worker_as_its_query_ends_is_no_lost_run(running):
+    """task_cancel of a remote task signals its worker once it has the task's row.  A remote task
+    of this very database that wrote its own row holds that row until its query ends: the cancel
+    then came to the worker as it wrote the task's end, failed its call, and the run, which had
+    ended and committed its work, ended FAIL 08006 as a lost run, and was run again under
+    retry_unsafe (a probe)."""
+    task_id = running.insert("UPDATE task SET data = 'half' WHERE id = current_setting('pg_task.id')::bigint;"
+                             " SELECT pg_sleep(1.5)", remote=f"dbname={running.name}", retry=1, retry_unsafe=True,
+                             retry_delay="0 s", delete=False)
+    wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity AS a JOIN task AS t ON t.pid = a.pid"
+                                     " WHERE t.id = %s AND a.wait_event = 'PgSleep'", [task_id]) == 1, 20, 0.02,
+               "the task's sleep, after its own write")
+    running.value("SELECT task_cancel(%s)", [task_id])
+    row = running.wait_done(task_id, 30)
+    assert (row["state"], row["sqlstate"], row["error"]) == ("DONE", None, None), row
+    running.wait_all_done()
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
 def test_cancelling_a_task_whose_remote_server_stopped_answering_ends_it(running, remote):
     """A remote backend that answers nothing (here stopped: a frozen host, a network cut with no
     reset) answers neither its query nor the cancel: the task stayed WORK, its group held, a
@@ -157,7 +176,10 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
             # options a superuser's login applies before the rule is checked: refused unsent (a file
             # was loaded as a library in postgres's backend: `could not load library "/etc/passwd"`)
             for options in ("-c session_preload_libraries=/etc/passwd", "--session-preload-libraries=/etc/passwd",
-                            "-c statement_timeout=5s -c log_min_messages=debug5", "-d 5", "-c no_such.setting=1"):
+                            "-c statement_timeout=5s -c log_min_messages=debug5", "-d 5", "-c no_such.setting=1",
+                            # (getopt reads -Pc as -P -c: one allowed -c beside them let them through)
+                            "-c work_mem=8MB -Pc session_preload_libraries=/etc/passwd", "-c work_mem=8MB -W 3",
+                            "-c work_mem=8MB -c no_such.setting=1"):
                 quoted = options.replace("\\", "\\\\").replace("'", "\\'")
                 row = running.wait_done(insert(local_as_postgres + f" user=postgres password=x options='{quoted}'"))
                 assert (row["state"], row["sqlstate"]) == ("FAIL", "22023"), (options, row)

@@ -24,6 +24,7 @@ TYPE_CHECKING = False  # (not typing's: importing it slows a worker's first call
 
 if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
     from libpq import (
+        PG_DIAG_SEVERITY_NONLOCALIZED,
         PG_DIAG_SQLSTATE,
         PGRES_COMMAND_OK,
         PGRES_COPY_BOTH,
@@ -303,7 +304,8 @@ class WorkerCall:
         try:
             next_task = claim_next_task(self.ctx, task, self.claimer, offer.session.pid if offer.ready else None,
                                         offer.prepared_for)
-        except self.ctx.plpy.spiexceptions.DeadlockDetected:
+        except (self.ctx.plpy.spiexceptions.DeadlockDetected, self.ctx.plpy.spiexceptions.QueryCanceled):
+            # (QueryCanceled: a cancel meant for the task that has just ended, as in finish_task.)
             # The claim, waiting for the scheduling lock while the end holds a prerequisite key
             # that another worker's end waits for (behind a launcher's turn), lost the cycle: its
             # statement alone is rolled back.  The end commits without it; a launcher claims the
@@ -333,8 +335,8 @@ class WorkerCall:
         than a session's start then fails it with the server's error rather than loop.
         """
         for _ in range(SESSIONS_A_TASK - 1):
-            ended = self.run_input_in(kept.session, task)
-            if ended[2] != IDLE_ENDED or kept.session.ok:
+            ended, idle_ended = self.run_input_in(kept.session, task)
+            if not idle_ended or kept.session.ok:
                 return ended
             try:
                 kept = self.move_to_new_session(task)
@@ -342,7 +344,7 @@ class WorkerCall:
                 return None, moved_session_failed(task, exc), exc.sqlstate or NO_SESSION, None
             if kept is None:
                 return ended
-        return self.run_input_in(kept.session, task)
+        return self.run_input_in(kept.session, task)[0]
 
     def move_to_new_session(self, task):
         """A new session for the WORK task whose session ended before it read the input, the
@@ -367,16 +369,20 @@ class WorkerCall:
         return kept
 
     def run_input_in(self, session, task):
-        """Run the input in `session`: run_input's one attempt."""
+        """Run the input in `session`: run_input's one attempt; (output, error, sqlstate, notices),
+        and whether the session had ended idle before the input ran."""
+        reader = None
         try:
             session.collect()  # the answer to send_prepare, if it was sent
-            return self.send_input(session, task)
+            reader = self.send_query(session, task)
+            return self.read_input(session, reader), reader.idle_ended
         except ConnectError as exc:  # the session broke, or a cancel came before the input
-            return None, format_message(str(exc), task["input"], severity=exc.severity), exc.sqlstate or LOST_RUN, None
+            error = format_message(str(exc), task["input"], severity=exc.severity)
+            ran = reader is not None and reader.taken > 0
+            return (None, error, exc.sqlstate or LOST_RUN, None), exc.sqlstate == IDLE_ENDED and not ran
 
-    def send_input(self, session, task):
-        """Send the input as one top-level query; return (output, error, sqlstate, notices)."""
-        reader = self.send_query(session, task)
+    def read_input(self, session, reader):
+        """Read what the input returns; (output, error, sqlstate, notices)."""
         waiting = {"on_wait": lambda: self.serve_task_interrupts(session), "wait_step": INTERRUPT_EVERY}
         try:
             try:
@@ -495,6 +501,12 @@ class InputResults:
         self.writer = writer
         self.error = self.sqlstate = None
         self.closing = False  # the input has returned everything: its transaction is being ended
+        self.taken = 0  # results read before the error
+        # The session's FATAL idle_session_timeout came before any result: the input never ran.
+        # Not a 57P05 of the task's own (a RAISE ... USING ERRCODE, an ERROR) after it had run
+        # and committed work: with its session terminated at that moment, the task moved to a new
+        # session and ran again (a probe).
+        self.idle_ended = False
 
     def take(self, session, result):
         """One result of the input (freed here); OutputTooLarge when the output grows past the limit."""
@@ -502,6 +514,7 @@ class InputResults:
             status = result.status
             if self.error is not None:
                 return  # drain what is left after an error of ours
+            self.taken += 1
             if status in (PGRES_SINGLE_TUPLE, PGRES_TUPLES_OK):
                 self.writer.rows(result.columns(escaped=True), result.rows(escaped=True))
                 if status == PGRES_TUPLES_OK:
@@ -526,6 +539,8 @@ class InputResults:
                 self.error = format_error(result, self.task["input"], words)
                 # (none: libpq's own error, the connection broke; ended idle, if its words say so)
                 self.sqlstate = result.field(PG_DIAG_SQLSTATE) or lost_sqlstate(words, verbose_sqlstate) or LOST_RUN
+                self.idle_ended = (self.sqlstate == IDLE_ENDED and self.taken == 1
+                                   and result.field(PG_DIAG_SEVERITY_NONLOCALIZED) in (None, "FATAL"))
 
     def copy_out(self, session, binary):
         """The rows of a COPY ... TO STDOUT into the output.  Past the output's limit, the COPY

@@ -634,7 +634,10 @@ class TaskSessions:
                 names.append(None)
                 continue
             names.append(word.split("=", 1)[0].replace("-", "_").lower() if "=" in word else None)
-        allowed = self.ctx.run("user_settings", "SELECT coalesce(bool_and(s.context = 'user'), false) AS ok"
+        # (each word's own false: bool_and skips NULLs, and one -c of work_mem let a `-Pc
+        # session_preload_libraries=...` beside it through, which the server's getopt reads as -c)
+        allowed = self.ctx.run("user_settings", "SELECT coalesce(bool_and(coalesce(s.context = 'user', false)), false)"
+                               " AS ok"
                                " FROM unnest($1::text[]) AS n(name) LEFT JOIN pg_catalog.pg_settings AS s"
                                " ON s.name = n.name", ["text[]"], [names])[0]["ok"]
         if not names or not allowed:

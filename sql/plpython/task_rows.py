@@ -178,6 +178,15 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
                 raise
             time.sleep(DEADLOCK_BACKOFF * attempt)
             continue
+        except ctx.plpy.spiexceptions.QueryCanceled:
+            # A cancel of this worker meant for the task's query that came as the query ended:
+            # task_cancel of a remote task signals the worker, after it has the task's row, for
+            # which this end then waits.  Failing the call ended a run that had ended (its work
+            # committed) as a lost one, 08006, and retried it under retry_unsafe.  The query is
+            # over: its end is written again (the statement alone was rolled back).
+            if attempt == DEADLOCK_ATTEMPTS:
+                raise
+            continue
         if rows:
             return rows[0]["s"]
         return HELD if unless_held and held_rows(ctx, [task_id]) else None
