@@ -328,6 +328,34 @@ def test_retention_keeps_the_tasks_other_tables_reference_and_deletes_the_rest(r
         running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.keep_runs")
 
 
+def test_a_client_holding_a_row_that_retention_cascades_to_holds_back_no_task(running):
+    """Retention's deletion of a finished task cascades to the rows that reference it ON DELETE
+    CASCADE, another table's, which a client may hold (here FOR UPDATE in an open transaction).
+    Housekeeping waited for that client while it held the scheduling lock: no task of any role
+    started for as long (a probe).  The task is kept for a later pass, and the others go."""
+    running.sql("CREATE TABLE mine (task_id bigint REFERENCES task (id) ON DELETE CASCADE)")
+    old = [running.wait_done(running.insert(f"SELECT {i}", delete=False))["id"] for i in range(3)]
+    running.sql("INSERT INTO mine VALUES (%s)", [old[0]])
+    running.sql("UPDATE task SET stop = now() - interval '2 days' + id * interval '1 ms' WHERE id = ANY (%s)", [old])
+    present = "SELECT array_agg(id ORDER BY id) FROM task WHERE id = ANY (%s)"
+    with running.connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT * FROM mine FOR UPDATE")  # (its transaction left open)
+        running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention = '1 day'")
+        try:
+            wait_until(lambda: running.value(present, [old]) == [old[0]], 15,
+                       message="the old tasks no client holds a referencing row of to be deleted")
+            row = running.wait_done(running.insert("SELECT 'on time'", delete=False), 10)
+            assert (row["state"], row["output"]) == ("DONE", "on time"), row
+            holder.execute("ROLLBACK")
+            wait_until(lambda: running.value(present, [old]) is None, 30,
+                       message="the held task to be deleted once its client let go")
+            assert running.value("SELECT count(*) FROM mine") == 0
+        finally:
+            running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.retention")
+    assert "scheduler error" not in running.launchers[0].output(), running.launchers[0].output()
+
+
 def test_several_launchers_share_the_work_and_run_each_task_once(db):
     db.sql("CREATE TABLE audit (task_id bigint PRIMARY KEY)")
     # 5 groups of max 2 have 15 slots; no launcher may fill more than 5, so all

@@ -574,7 +574,7 @@ def describe(event: dict) -> tuple[int, str]:
     if kind == "retention_kept":
         return logging.WARNING, (f"kept {event['count']} finished task(s) past pg_task_py.retention or keep_runs: other"
                                  " tables reference them by a foreign key without ON DELETE CASCADE or SET NULL,"
-                                 " or a trigger refuses their DELETE")
+                                 " a trigger refuses their DELETE, or a transaction holds a row it would change")
     if kind == "retention_blocked":
         return logging.WARNING, (f"finished tasks past pg_task_py.retention or keep_runs are kept: {event['message']}"
                                  " (a table references them by a foreign key without ON DELETE CASCADE or SET NULL)")

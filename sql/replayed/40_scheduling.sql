@@ -1450,6 +1450,12 @@ $$;
 -- dealt with (all, unless the batch failed); `one_by_one`: the batch failed.
 -- The kept ones are counted in pgtaskpy.retention_kept, which the launcher
 -- reports.
+--
+-- No deletion waits for a lock more than 10 ms: the rows an ON DELETE CASCADE or SET NULL
+-- reaches are another table's, which a client may hold (SELECT ... FOR UPDATE of its own row
+-- that references a task), and housekeeping holds the scheduling lock: the wait held back
+-- every role's tasks for as long as that client's transaction lasted (a probe).  A row whose
+-- deletion would wait is kept (counted), and the ones after it are left to the next call.
 CREATE FUNCTION pgtaskpy.delete_finished(ids bigint[], OUT deleted integer, OUT looked integer,
                                         OUT one_by_one boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -1460,36 +1466,44 @@ DECLARE
     n integer;
     kept integer := 0;
     refusal_sqlstate text;
+    lock_wait text := current_setting('lock_timeout');
 BEGIN
+    PERFORM set_config('lock_timeout', '10ms', true);
     BEGIN
         DELETE FROM @extschema@.task AS t WHERE t.id = ANY (ids);
         GET DIAGNOSTICS deleted = ROW_COUNT;
         looked := cardinality(ids);
         one_by_one := false;
+        PERFORM set_config('lock_timeout', lock_wait, true);
         RETURN;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS refusal_sqlstate = RETURNED_SQLSTATE;
-        IF pgtaskpy.server_trouble(refusal_sqlstate) THEN
+        IF pgtaskpy.server_trouble(refusal_sqlstate) AND refusal_sqlstate <> '55P03' THEN  -- (lock_not_available)
+            PERFORM set_config('lock_timeout', lock_wait, true);
             RAISE;
         END IF;
         deleted := 0;
         one_by_one := true;
     END;
-    looked := least(cardinality(ids), budget);
-    FOREACH task_id IN ARRAY ids[1:looked] LOOP
+    looked := 0;
+    FOREACH task_id IN ARRAY ids[1:least(cardinality(ids), budget)] LOOP
+        looked := looked + 1;
         BEGIN
             DELETE FROM @extschema@.task AS t WHERE t.id = task_id;
             GET DIAGNOSTICS n = ROW_COUNT;
             deleted := deleted + n;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS refusal_sqlstate = RETURNED_SQLSTATE;
-            IF pgtaskpy.server_trouble(refusal_sqlstate) THEN
+            IF pgtaskpy.server_trouble(refusal_sqlstate) AND refusal_sqlstate <> '55P03' THEN
+                PERFORM set_config('lock_timeout', lock_wait, true);
                 RAISE;
             END IF;
             kept := kept + 1;
+            EXIT WHEN refusal_sqlstate = '55P03';  -- (one wait a call at most)
         END;
     END LOOP;
-    PERFORM set_config('pgtaskpy.one_by_one_left', (budget - looked)::text, false),
+    PERFORM set_config('lock_timeout', lock_wait, true),
+            set_config('pgtaskpy.one_by_one_left', (budget - looked)::text, false),
             set_config('pgtaskpy.retention_kept',
                        (COALESCE(NULLIF(current_setting('pgtaskpy.retention_kept', true), ''), '0')::integer
                         + kept)::text, false);

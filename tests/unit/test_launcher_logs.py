@@ -79,7 +79,8 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
     ({"event": "expired", "count": 1}, logging.INFO, "1 task(s) not started within active: GONE"),
     ({"event": "retention_kept", "count": 3}, logging.WARNING,
      "kept 3 finished task(s) past pg_task_py.retention or keep_runs: other tables reference them by a"
-     " foreign key without ON DELETE CASCADE or SET NULL, or a trigger refuses their DELETE"),
+     " foreign key without ON DELETE CASCADE or SET NULL, a trigger refuses their DELETE, or a transaction holds"
+     " a row it would change"),
     ({"event": "retention_blocked", "message": "violates foreign key constraint"}, logging.WARNING,
      "finished tasks past pg_task_py.retention or keep_runs are kept: violates foreign key constraint"
      " (a table references them by a foreign key without ON DELETE CASCADE or SET NULL)"),
