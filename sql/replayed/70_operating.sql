@@ -239,13 +239,19 @@ $$;
 -- session: an SQL function with a subquery is not inlined, and is planned
 -- again by every query that calls it (about 40 us a claim).  No SET clause: it
 -- names its schema and operators.
+--
+-- The parameters with their columns' collations (here and in the rate limit's lookups
+-- below): a parameter takes the call's collation, an index serves a comparison of its own
+-- collation only, and the lookup was a scan of every pause (90 us a call beside 3,000
+-- pauses; a claim beside 15,000 paused groups with due tasks, 6 s: every role's tasks
+-- waited that long).
 CREATE FUNCTION pgtaskpy.group_paused(task_owner name, task_group text) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN EXISTS (SELECT FROM pgtaskpy.group_pause AS p
-                   WHERE p.owner OPERATOR(pg_catalog.=) task_owner
-                     AND p."group" OPERATOR(pg_catalog.=) task_group);
+                   WHERE p.owner OPERATOR(pg_catalog.=) (task_owner COLLATE pg_catalog."C")
+                     AND p."group" OPERATOR(pg_catalog.=) (task_group COLLATE pg_catalog."default"));
 END
 $$;
 
@@ -350,17 +356,17 @@ BEGIN
     RETURN (
         SELECT l.starts
                OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM pgtaskpy.limited_start AS s
-                                       WHERE s.owner OPERATOR(pg_catalog.=) task_owner
-                                         AND s."group" OPERATOR(pg_catalog.=) task_group
+                                       WHERE s.owner OPERATOR(pg_catalog.=) (task_owner COLLATE pg_catalog."C")
+                                         AND s."group" OPERATOR(pg_catalog.=) (task_group COLLATE pg_catalog."default")
                                          AND s.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp()
                                                                           OPERATOR(pg_catalog.-) l.per))
                -- (OPERATOR(...) binds left to right: starts - window, then - claimed)
                OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM @extschema@.task AS t  -- (task_hash_running)
                                        WHERE t.state OPERATOR(pg_catalog.=) 'TAKE'
-                                         AND t.owner OPERATOR(pg_catalog.=) task_owner
-                                         AND t."group" OPERATOR(pg_catalog.=) task_group)
+                                         AND t.owner OPERATOR(pg_catalog.=) (task_owner COLLATE pg_catalog."C")
+                                         AND t."group" OPERATOR(pg_catalog.=) (task_group COLLATE pg_catalog."default"))
         FROM pgtaskpy.group_limit AS l
-        WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group);
+        WHERE l.owner OPERATOR(pg_catalog.=) (task_owner COLLATE pg_catalog."C") AND l."group" OPERATOR(pg_catalog.=) (task_group COLLATE pg_catalog."default"));
 END
 $$;
 
@@ -389,7 +395,7 @@ BEGIN
             FROM pgtaskpy.group_limit AS l
             JOIN pgtaskpy.limited_start AS s ON s.owner OPERATOR(pg_catalog.=) l.owner
                                             AND s."group" OPERATOR(pg_catalog.=) l."group"
-            WHERE l.owner OPERATOR(pg_catalog.=) task_owner AND l."group" OPERATOR(pg_catalog.=) task_group
+            WHERE l.owner OPERATOR(pg_catalog.=) (task_owner COLLATE pg_catalog."C") AND l."group" OPERATOR(pg_catalog.=) (task_group COLLATE pg_catalog."default")
               AND s.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.per)
             ORDER BY s.at LIMIT 1);
 END
@@ -467,10 +473,12 @@ CREATE FUNCTION pgtaskpy.take_start_slot(task_owner name, task_group text) RETUR
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group
+    PERFORM FROM pgtaskpy.group_limit AS l
+    WHERE l.owner = (task_owner COLLATE "C") AND l."group" = (task_group COLLATE "default")  -- (see group_paused)
     FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN  -- no limit, or a row held
-        RETURN NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = task_owner AND l."group" = task_group);
+        RETURN NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l
+                           WHERE l.owner = (task_owner COLLATE "C") AND l."group" = (task_group COLLATE "default"));
     END IF;
     RETURN pgtaskpy.rate_has_room(task_owner, task_group, 1);  -- (a statement after the lock: the other's claim seen)
 END
