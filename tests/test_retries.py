@@ -209,6 +209,32 @@ def test_a_repeating_task_retries_without_two_waiting_runs_and_keeps_its_beat(ru
     assert [(a, s) for a, s, _ in rows][:6] == [(1, "FAIL"), (2, "DONE")] * 3
 
 
+def test_a_series_keeps_its_beat_when_keep_runs_would_delete_the_failed_run_its_retry_follows(running):
+    """keep_runs (here 0) deleted a series' failed run while its retry waited; the retry's end
+    found no first attempt to count the series' beat from, and the series went on from the
+    retry's own plan, late for good (a probe: 10 s series, runs at 0, 14.7 and 29.1 s)."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.keep_runs = 0")
+    try:
+        first = running.insert(FLAKY.format(failures=1, code="40001"), repeat="3 s", retry=1,
+                               retry_delay="1.5 s", delete=False, **{"group": "kept"})
+        base = running.value("SELECT plan FROM task WHERE id = %s", [first])
+        retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2", [first]),
+                           20, 0.01, "the retry")
+        # (a housekeeping turn or two while the retry waits: the failed run stays)
+        wait_until(lambda: running.value("SELECT clock_timestamp() > plan - interval '0.3 s' FROM task WHERE id = %s",
+                                         [retry]), 10, 0.01, "the retry's time, nearly")
+        assert running.value("SELECT state::text FROM task WHERE id = %s", [first]) == "FAIL"
+        nxt = wait_until(lambda: running.value("SELECT plan FROM task WHERE parent = %s AND attempt = 1", [retry]),
+                         20, 0.01, "the series' next regular run")
+        assert nxt == base + timedelta(seconds=3), (nxt - base)
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id = %s", [first]) == 0, 10, 0.05,
+                   "the failed run deleted once its retry has ended")
+    finally:
+        running.sql(f"ALTER DATABASE {running.name} RESET pg_task_py.keep_runs")
+        running.sql("UPDATE task SET repeat = '0' WHERE state = 'PLAN'")
+        running.sql("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
+
+
 def test_a_retry_after_the_series_next_run_is_not_inserted(running):
     first = running.insert("SELECT 1/0", repeat="1 s", retry=3, retry_delay="5 s", retry_on="{*}")
     running.wait_done(first)

@@ -1116,6 +1116,30 @@ BEGIN
 END
 $$;
 
+-- Whether a later attempt of the failed run `task_id` (its retry, or that one's, and so on) still
+-- waits or runs.  Retention and keep_runs keep such a run of a series: the retry's end finds the
+-- series' beat in its first attempt (series_plan), and with that attempt deleted, the series
+-- went on from the retry's own plan, off its beat for good (a probe: keep_runs = 1).
+CREATE FUNCTION pgtaskpy.retry_pending(task_id bigint, task_attempt integer) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE later AS (
+        SELECT c.id, c.attempt, c.state FROM @extschema@.task AS c
+        WHERE c.parent = task_id AND c.attempt = task_attempt + 1
+        UNION ALL
+        SELECT c.id, c.attempt, c.state FROM later AS l JOIN @extschema@.task AS c
+        ON c.parent = l.id AND c.attempt = l.attempt + 1)
+    SELECT EXISTS (SELECT FROM later AS l WHERE l.state IN ('PLAN', 'TAKE', 'WORK'))
+$$;
+
+-- Whether the finished row `f` is a run of a series (repeat, cron) whose retry is pending.
+CREATE FUNCTION pgtaskpy.kept_for_its_retry(f @extschema@.task) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT f.state = 'FAIL' AND f.attempt <= f.retry AND (f.repeat > interval '0' OR f.cron IS NOT NULL)
+           AND pgtaskpy.retry_pending(f.id, f.attempt)
+$$;
+
 -- The plan of the regular run of t's series that t is an attempt of: a
 -- retry's own plan is off the series' beat (repeat without drift counts
 -- from it).  Its attempts are its parents, each one attempt back.
@@ -1554,6 +1578,7 @@ BEGIN
         FROM (SELECT f.id, f.stop FROM @extschema@.task AS f
               WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = policy.state
                 AND f.stop < now() - policy.retention
+                AND NOT (f.state = 'FAIL' AND pgtaskpy.kept_for_its_retry(f))
                 AND (resume IS NULL OR f.stop >= (resume ->> 0)::timestamptz
                                        AND (f.stop, f.id) > ((resume ->> 0)::timestamptz, (resume ->> 1)::bigint))
               ORDER BY f.state, f.stop, f.id LIMIT batch - deleted
@@ -1755,6 +1780,8 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.retry_pending(bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.kept_for_its_retry(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_waiting_tasks(bigint[], @extschema@.state, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;
