@@ -924,19 +924,25 @@ END
 $$;
 
 -- `moment` + `step` as PostgreSQL adds them in a session whose TimeZone is `zone`
--- (months and days on the local calendar, then the time of day as elapsed
--- time), whatever the session's own: it counted a daily task's days in the
--- TimeZone of whichever session ended a run.  AT TIME ZONE rather than a
--- TimeZone set for the moment, which refuses the abbreviations a task's tz
--- may be (PST: UTC-8 all year, as cron reads it).  A step of hours or less is
--- the same in every zone.
+-- (the months on the local calendar, then the days on it, each step taken to
+-- the zone's time, then the time of day as elapsed time), whatever the
+-- session's own: it counted a daily task's days in the TimeZone of whichever
+-- session ended a run.  The months and the days in two steps, as PostgreSQL
+-- does: a month landing in a spring-forward gap moves an hour on before the
+-- days are added (in one step, 5 sums in 100,000 of `1 mon 1 day` differed).
+-- AT TIME ZONE rather than a TimeZone set for the moment, which refuses the
+-- abbreviations a task's tz may be (PST: UTC-8 all year, as cron reads it).
+-- A step of hours or less is the same in every zone.
 CREATE FUNCTION pgtaskpy.plus_in_zone(moment timestamptz, step interval, zone text) RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN c.calendar = interval '0' THEN moment + step
-                ELSE ((moment AT TIME ZONE zone) + c.calendar) AT TIME ZONE zone + (step - c.calendar) END
-    FROM (SELECT make_interval(months => (date_part('year', step) * 12 + date_part('month', step))::integer,
-                               days => date_part('day', step)::integer) AS calendar) AS c
+    SELECT d.moment + (step - c.months - c.days)
+    FROM (SELECT make_interval(months => (date_part('year', step) * 12 + date_part('month', step))::integer)
+                 AS months, make_interval(days => date_part('day', step)::integer) AS days) AS c
+    CROSS JOIN LATERAL (SELECT CASE WHEN c.months = interval '0' THEN moment
+                                    ELSE ((moment AT TIME ZONE zone) + c.months) AT TIME ZONE zone END AS moment) AS m
+    CROSS JOIN LATERAL (SELECT CASE WHEN c.days = interval '0' THEN m.moment
+                                    ELSE ((m.moment AT TIME ZONE zone) + c.days) AT TIME ZONE zone END AS moment) AS d
 $$;
 
 -- End a task: record its result (and its error's SQLSTATE), insert what
