@@ -342,6 +342,28 @@ def test_an_author_cannot_attach_the_schedulers_trigger_functions_to_a_table_of_
         running.sql("DROP ROLE mallory")
 
 
+def test_an_authors_setting_of_the_schedulers_resolving_flag_leaves_no_dependent_waiting(running):
+    """pgtaskpy.resolving, set by the scheduler around its own stops of dependents, tells the
+    trigger that follows a hand stop to leave them to it; any session may set it, and an author
+    who did stopped its task with another role's dependent `after_any` it left waiting for good
+    (a probe).  The flag counts for a superuser's statement only."""
+    running.sql("CREATE ROLE mallory LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("mallory") as mallory:
+            mallory.autocommit = False
+            prerequisite = insert_as(mallory, "SELECT 1", plan="2100-01-01", delete=False)
+            mallory.commit()
+            dependent = running.insert("SELECT 'ran'", after=[prerequisite], after_any=True, delete=False)
+            mallory.execute("SET LOCAL pgtaskpy.resolving = on")
+            mallory.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [prerequisite])
+            mallory.commit()
+        row = running.wait_done(dependent)
+        assert (row["state"], row["output"]) == ("DONE", "ran"), row
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE mallory")
+
+
 def test_the_only_security_definer_routines_anyone_may_call_are_the_three_with_a_proof(running):
     """A SECURITY DEFINER trigger function left executable by PUBLIC (forget_truncated_prerequisites)
     could be attached to an author's own table, and emptied every role's waits when it fired: their

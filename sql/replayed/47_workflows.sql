@@ -443,6 +443,18 @@ CREATE TRIGGER task_prerequisites_update
     FOR EACH ROW WHEN (NEW.after IS DISTINCT FROM OLD.after)
     EXECUTE FUNCTION pgtaskpy.keep_prerequisites();
 
+-- Whether this end of a task is resolve_dependents' own (pgtaskpy.resolving, which it sets
+-- around its stops of dependents), which task_prerequisite_stopped leaves to it.  Any session
+-- may set that setting: a task author who did stopped its own task with its dependents,
+-- another role's too, left waiting for good (a probe).  It counts for a superuser's statement
+-- only: resolve_dependents runs as one (a scheduler session, or a SECURITY DEFINER trigger's).
+CREATE FUNCTION pgtaskpy.resolving_dependents() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT current_setting('pgtaskpy.resolving', true) IS NOT DISTINCT FROM 'on'
+           AND EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user AND r.rolsuper)
+$$;
+
 -- Deferred constraint triggers: CREATE OR REPLACE, which every upgrade script
 -- replays (sql/build.py), cannot make them, so each is made once, here.
 DO $do$
@@ -454,11 +466,11 @@ BEGIN
             FOR EACH ROW WHEN (NEW.waiting_for > 0)
             EXECUTE FUNCTION pgtaskpy.settle_prerequisites();
     END IF;
-    -- (1.3 made it fire for hand ends of claimed and running tasks, and for GONE: made again
-    -- where an earlier version's is)
+    -- (1.3 made it fire for hand ends of claimed and running tasks, and for GONE, and left it
+    -- to the scheduler's own resolving alone: made again where an earlier version's is)
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
                    WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_stopped'
-                     AND pg_catalog.pg_get_triggerdef(oid) LIKE '%pgtaskpy.scheduler%') THEN
+                     AND pg_catalog.pg_get_triggerdef(oid) LIKE '%pgtaskpy.resolving_dependents()%') THEN
         DROP TRIGGER IF EXISTS task_prerequisite_stopped ON @extschema@.task;
         CREATE CONSTRAINT TRIGGER task_prerequisite_stopped
             AFTER UPDATE OF state ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
@@ -466,7 +478,7 @@ BEGIN
                                 OR OLD.state = 'PLAN' AND NEW.state IN ('DONE', 'FAIL')
                                 OR OLD.state IN ('PLAN', 'TAKE', 'WORK') AND NEW.state IN ('DONE', 'FAIL', 'STOP', 'GONE')
                                    AND pg_catalog.current_setting('pgtaskpy.scheduler', true) IS DISTINCT FROM 'on')
-                               AND pg_catalog.current_setting('pgtaskpy.resolving', true) IS DISTINCT FROM 'on')
+                               AND NOT pgtaskpy.resolving_dependents())
             EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
