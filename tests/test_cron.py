@@ -207,7 +207,8 @@ def test_a_repeat_in_a_tz_is_summed_as_postgresql_sums_it_in_that_timezone(db, z
             "SELECT m, s, m + s, pgtaskpy.plus_in_zone(m, s, %s)"
             " FROM generate_series(timestamptz '2024-08-01 00:00+00', timestamptz '2024-10-15 00:00+00',"
             "                      interval '17 minutes') AS m,"
-            "      unnest(ARRAY['1 day', '1 mon', '1 mon 1 day', '1 day 1 hour', '1 year 2 mons 3 days 04:05']::interval[]) AS s"
+            "      unnest(ARRAY['1 day', '1 mon', '1 mon 1 day', '1 day 1 hour',"
+            "                    '1 year 2 mons 3 days 04:05']::interval[]) AS s"
             " WHERE m + s IS DISTINCT FROM pgtaskpy.plus_in_zone(m, s, %s)", [zone, zone])
     finally:
         db.sql("RESET TimeZone")

@@ -307,7 +307,8 @@ def test_a_role_with_thousands_of_paused_groups_of_due_tasks_holds_back_no_other
     alice, bob = authors["alice"], authors["bob"]
     alice.execute("INSERT INTO pgtaskpy.group_pause (owner, \"group\")"
                   " SELECT current_user, 'held' || i FROM generate_series(1, 15000) AS i")
-    alice.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'held' || i FROM generate_series(1, 15000) AS i")
+    alice.execute("INSERT INTO task (input, \"group\")"
+                  " SELECT 'SELECT 1', 'held' || i FROM generate_series(1, 15000) AS i")
     try:
         for _ in range(3):
             row = running.wait_done(insert_as(bob, "SELECT 'not held'", delete=False), 5)
