@@ -1138,14 +1138,6 @@ AS $$
     SELECT EXISTS (SELECT FROM later AS l WHERE l.state IN ('PLAN', 'TAKE', 'WORK'))
 $$;
 
--- Whether the finished row `f` is a run of a series (repeat, cron) whose retry is pending.
-CREATE FUNCTION pgtaskpy.kept_for_its_retry(f @extschema@.task) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT f.state = 'FAIL' AND f.attempt <= f.retry AND (f.repeat > interval '0' OR f.cron IS NOT NULL)
-           AND pgtaskpy.retry_pending(f.id, f.attempt)
-$$;
-
 -- The plan of the regular run of t's series that t is an attempt of: a
 -- retry's own plan is off the series' beat (repeat without drift counts
 -- from it).  Its attempts are its parents, each one attempt back.
@@ -1584,7 +1576,8 @@ BEGIN
         FROM (SELECT f.id, f.stop FROM @extschema@.task AS f
               WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = policy.state
                 AND f.stop < now() - policy.retention
-                AND NOT (f.state = 'FAIL' AND pgtaskpy.kept_for_its_retry(f))
+                AND NOT (f.state = 'FAIL' AND f.attempt <= f.retry AND (f.repeat > interval '0' OR f.cron IS NOT NULL)
+                         AND pgtaskpy.retry_pending(f.id, f.attempt))  -- (a series' run its retry follows)
                 AND (resume IS NULL OR f.stop >= (resume ->> 0)::timestamptz
                                        AND (f.stop, f.id) > ((resume ->> 0)::timestamptz, (resume ->> 1)::bigint))
               ORDER BY f.state, f.stop, f.id LIMIT batch - deleted
@@ -1787,7 +1780,6 @@ REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBL
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_pending(bigint, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.kept_for_its_retry(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_waiting_tasks(bigint[], @extschema@.state, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;
