@@ -435,6 +435,7 @@ def backlog(cluster) -> dict:
         result["groups_due"] = conn.execute(
             "SELECT count(DISTINCT \"group\") FROM task WHERE state = 'PLAN'").fetchone()[0]
         result.update(held_claim(cluster, empty))
+        result.update(paused_claim(cluster, empty))
     result.update(burst_claim(cluster))
     return result
 
@@ -452,6 +453,27 @@ def held_claim(cluster, empty, tasks: int = 20_000) -> dict:
         empty_ms, held_ms = claims_in_turns(empty, conn, 5)
     return {"held_empty_ms": round(empty_ms, 3), "held_ms": round(held_ms, 3),
             "held_ratio": round(held_ms / empty_ms, 2)}
+
+
+def paused_claim(cluster, empty, groups: int = 15_000) -> dict:
+    """Claim cost beside one role's `groups` paused groups, each with a due task, against
+    `empty`'s, in turns; a database of its own.  Such a claim looks at each group's pause: not a
+    ratio near 1 (its cost grows with the groups), but milliseconds, not seconds."""
+    cluster.create_database("paused")
+    with cluster.connect("paused") as conn:
+        conn.execute("INSERT INTO pgtaskpy.group_pause (owner, \"group\")"
+                     " SELECT 'postgres', 'p' || i FROM generate_series(1, %s) AS i", [groups])
+        conn.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'p' || i FROM generate_series(1, %s) AS i",
+                     [groups])
+        conn.execute("INSERT INTO task (input, \"group\") VALUES ('SELECT 1', 'due')")
+        settle(conn)
+        conn.execute("ANALYZE pgtaskpy.group_pause")
+        times: tuple[list[float], list[float]] = ([], [])
+        for _ in range(3):
+            times[0].append(claim_ms(empty, 5))
+            times[1].append(claim_ms(conn, 5))
+    empty_ms, paused_ms = statistics.median(times[0]), statistics.median(times[1])
+    return {"paused_groups": groups, "paused_empty_ms": round(empty_ms, 3), "paused_ms": round(paused_ms, 3)}
 
 
 def burst_claim(cluster, tasks: int = 1000) -> dict:
