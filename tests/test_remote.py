@@ -77,6 +77,27 @@ def test_a_cancel_that_reaches_a_remote_tasks_worker_as_its_query_ends_is_no_los
     assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
 
 
+def test_cancels_called_again_while_a_target_tasks_end_waits_end_it_as_cancelled(running):
+    """task_cancel of a task of a target (or remote) signals its worker, which passes the cancel
+    on to the task's query.  Called again in the caller's open transaction, which holds the task's
+    row, each call signalled the worker again as it waited for that row to write the task's end,
+    and the sixth failed its call: the cancelled task ended FAIL 08006 as a lost run (a probe)."""
+    task_id = running.insert("SELECT pg_sleep(30)", target="standby", delete=False)  # (no standby: here)
+    wait_until(lambda: running.task(task_id)["state"] == "WORK", message="WORK")
+    worker_waits = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_task_py worker'"
+                    " AND wait_event_type = 'Lock'")
+    with running.connect() as caller:
+        caller.execute("BEGIN")
+        assert caller.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+        for _ in range(8):
+            wait_until(lambda: running.value(worker_waits) == 1, 20, 0.01, "the worker waiting for the task's row")
+            caller.execute("SELECT task_cancel(%s)", [task_id])
+        caller.execute("COMMIT")
+    row = running.wait_done(task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), row
+    assert row["error"].startswith("ERROR:  canceling statement due to user request"), row
+
+
 def test_cancelling_a_task_whose_remote_server_stopped_answering_ends_it(running, remote):
     """A remote backend that answers nothing (here stopped: a frozen host, a network cut with no
     reset) answers neither its query nor the cancel: the task stayed WORK, its group held, a

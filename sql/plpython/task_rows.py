@@ -7,6 +7,7 @@ import time
 
 LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
 DEADLOCK_ATTEMPTS = 5  # most tries of a task's end that the server fails to break a deadlock
+CANCELLED_ATTEMPTS = 100  # most tries of a task's end that cancels meant for its ended query interrupt
 # Seconds a worker waits before trying a task's end again, times the attempt: time for the other
 # transaction's backend to take what the failed end let go of (see finish_task).
 DEADLOCK_BACKOFF = 0.02
@@ -169,22 +170,27 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
                        f"SELECT {call.format(id='l.id')} FROM ({row} FOR NO KEY UPDATE SKIP LOCKED) AS l")
     else:
         name, query = "finish", f"SELECT {call.format(id='l.id')} FROM ({row}) AS l"
-    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+    deadlocks = cancels = 0
+    while True:
         try:
             rows = ctx.run(name, query, ["bigint", "text", "text", "text", "text", "boolean", "text", "float8", "oid"],
                            [task_id, state, output, error, notices, wake, sqlstate, stop, table_oid])
         except ctx.plpy.spiexceptions.DeadlockDetected:
-            if attempt == DEADLOCK_ATTEMPTS:
+            deadlocks += 1
+            if deadlocks == DEADLOCK_ATTEMPTS:
                 raise
-            time.sleep(DEADLOCK_BACKOFF * attempt)
+            time.sleep(DEADLOCK_BACKOFF * deadlocks)
             continue
         except ctx.plpy.spiexceptions.QueryCanceled:
             # A cancel of this worker meant for the task's query that came as the query ended:
-            # task_cancel of a remote task signals the worker, after it has the task's row, for
-            # which this end then waits.  Failing the call ended a run that had ended (its work
-            # committed) as a lost one, 08006, and retried it under retry_unsafe.  The query is
-            # over: its end is written again (the statement alone was rolled back).
-            if attempt == DEADLOCK_ATTEMPTS:
+            # task_cancel of a remote task (or one of a target) signals the worker, after it has
+            # the task's row, for which this end then waits; each call again (a role's several
+            # calls in one open transaction) signals it again.  Failing the call ended a run
+            # that had ended (its work committed) as a lost one, 08006, and retried it under
+            # retry_unsafe.  The query is over: its end is written again (the statement alone
+            # was rolled back).
+            cancels += 1
+            if cancels == CANCELLED_ATTEMPTS:
                 raise
             continue
         if rows:
