@@ -5,11 +5,20 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
-from pg_task_py_testing import PG_BIN, Cluster, Launcher, extension_version, new_database, wait_until
+from pg_task_py_testing import (
+    PG_BIN,
+    Cluster,
+    Launcher,
+    extension_version,
+    new_database,
+    throwaway_cluster,
+    wait_until,
+)
 from pg_task_py_testing.database import drop_database
 from psycopg import sql
 
@@ -109,6 +118,43 @@ def test_development_scripts_are_built_from_their_sources():
 
 def test_default_version_is_the_one_in_development(db):
     assert db.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == CURRENT
+
+
+@pytest.mark.parametrize("old", [None, *RELEASED])
+def test_several_databases_create_or_update_the_extension_at_once(old):
+    """The roles pgtaskpy_admin and pgtaskpy_user are the cluster's: each database's script
+    makes them when missing.  Run at once in several databases of a cluster that had none, every
+    script found one missing, and all CREATE ROLEs but the first failed on pg_authid's key: all
+    the CREATE EXTENSIONs (or updates from 1.0, 1.1, 1.2, which had no pgtaskpy_user) but one."""
+    names = ["d1", "d2", "d3", "d4"]
+    with throwaway_cluster() as server:
+        for name in names:
+            server.create_database(name, extension=False)
+            if old is not None:
+                with server.connect(name) as conn:
+                    conn.execute(sql.SQL("CREATE EXTENSION pg_task_py VERSION {} CASCADE").format(sql.Literal(old)))
+        conns = [server.connect(name) for name in names]
+        start, failures = threading.Barrier(len(conns)), []
+
+        def create_or_update(conn: psycopg.Connection) -> None:
+            start.wait()
+            try:
+                conn.execute("CREATE EXTENSION pg_task_py CASCADE" if old is None
+                             else "ALTER EXTENSION pg_task_py UPDATE")
+            except psycopg.Error as exc:
+                failures.append(str(exc))
+
+        threads = [threading.Thread(target=create_or_update, args=(conn,)) for conn in conns]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        versions = [conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'").fetchone()
+                    for conn in conns]
+        for conn in conns:
+            conn.close()
+    assert failures == []
+    assert versions == [(CURRENT,)] * len(names)
 
 
 @pytest.mark.parametrize("old", RELEASED)

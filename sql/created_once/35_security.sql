@@ -7,12 +7,23 @@ GRANT USAGE ON SCHEMA pgtaskpy TO PUBLIC;  -- column defaults and triggers call 
 
 DO $$
 BEGIN
-    -- Roles are cluster-wide: the first database to create the extension makes them.
+    -- Roles are cluster-wide: the first database to create the extension makes them.  Two
+    -- databases' scripts at once may both find a role missing; the later CREATE ROLE then
+    -- fails on pg_authid's key once the other commits (a probe: 3 of 4 CREATE EXTENSION at
+    -- once failed), and the role is there, which is all the script needs.
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_admin') THEN
-        CREATE ROLE pgtaskpy_admin NOLOGIN;
+        BEGIN
+            CREATE ROLE pgtaskpy_admin NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_user') THEN
-        CREATE ROLE pgtaskpy_user NOLOGIN;
+        BEGIN
+            CREATE ROLE pgtaskpy_user NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
 END
 $$;

@@ -20,7 +20,11 @@ ALTER TABLE @extschema@.task ALTER COLUMN parent SET DEFAULT
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgtaskpy_user') THEN
-        CREATE ROLE pgtaskpy_user NOLOGIN;
+        BEGIN
+            CREATE ROLE pgtaskpy_user NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN  -- (another database's update at once)
+            NULL;
+        END;
     END IF;
 END
 $$;
