@@ -477,6 +477,28 @@ def test_a_claim_from_the_old_primary_with_a_pid_alive_here_runs(running):
         assert (row["state"], row["output"]) == ("DONE", "42"), row
 
 
+def test_a_lost_runs_pid_that_is_another_session_here_ends_the_run_and_not_that_session(running):
+    """After a failover a running task's row holds the old primary's pids: its session's pid may
+    be, here, a backend of the task's owner older than the run (an application's session on the
+    standby this server was).  The run's recovery terminated it as the task's session (a probe:
+    an application's read-only session, and the launcher's own).  A row as a crash there leaves
+    it: its worker gone, its session's pid that of an idle session of the owner here."""
+    running.sql("CREATE ROLE app LOGIN")
+    try:
+        with running.connect("app") as app:
+            app.execute("SELECT 'connected long before the run'")
+            task_id = running.value(
+                "INSERT INTO task (input, owner, state, worker, pid, start, delete)"
+                " VALUES ('SELECT pg_sleep(60)', 'app', 'WORK', 999999, %s, now(), false) RETURNING id",
+                [app.info.backend_pid])
+            row = running.wait_done(task_id)
+            assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
+            assert app.execute("SELECT 'still here'").fetchone() == ("still here",)
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP ROLE app")
+
+
 def test_a_standby_tasks_session_here_ends_with_its_lost_run(running):
     """Run here for want of a standby, a `standby` task's session was taken for one out of reach:
     its run ended FAIL once its worker died while the session went on (a series' next run started

@@ -1346,6 +1346,11 @@ $$;
 -- standby this server was until its promotion (its pid fits as a local one's).
 -- A remote task's session, or a standby's elsewhere, is out of reach: true.
 -- False, and nothing done, while the worker is alive: the run is not lost.
+-- Only a backend that runs the task's input (or ran it last, or commits it) is
+-- terminated: after a failover the row's pid is the old primary's, and a backend
+-- here of that pid, the owner's, older than the run (an application's session on
+-- the standby this server was) was terminated (a probe).  A session the worker left
+-- before the input ends by itself: its client is gone, and it is idle.
 CREATE FUNCTION pgtaskpy.lost_session_ended(t @extschema@.task) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1358,7 +1363,8 @@ BEGIN
     IF t.pid IS NULL OR t.remote IS NOT NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-          AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start, a.application_name)) THEN
+          AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start, a.application_name)
+          AND (a.query <> '' AND starts_with(t.input, a.query) OR a.query = 'COMMIT' AND a.state = 'active')) THEN
         RETURN true;
     END IF;
     -- (a session that ends between the look and the signal makes the signal warn "PID ... is
