@@ -438,6 +438,31 @@ def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_prim
     assert "Traceback" not in launcher.output()
 
 
+def test_a_standby_tasks_session_kept_on_a_standby_since_promoted_is_not_used(pair):
+    """A group's session kept on the standby (count, live) went on running the group's standby
+    tasks there once that standby was promoted (the old primary cut off but alive): a write, which
+    a standby refuses, landed on the promoted server (a probe).  The task moves to a new session:
+    a standby's, or the primary's, read-only."""
+    launcher = Launcher(pair.primary.dsn(DB), args=("--standby", f"host={pair.standby.socket_dir} "
+                                                    f"port={pair.standby.port}")).start()
+    pair.launchers.append(launcher)
+    launcher.wait_active()
+    first = insert(pair.primary, "SELECT pg_sleep(1.5)", target="standby",
+                   live="1 hour", **{"group": "reports"})
+    with pair.primary.connect(DB) as conn:
+        wait_until(lambda: conn.execute("SELECT state = 'WORK' FROM task WHERE id = %s", [first]).fetchone()[0],
+                   10, message="the first report to run")
+        pair.standby.promote()
+        write = insert(pair.primary, "INSERT INTO audit VALUES (555)", target="standby", live="1 hour",
+                       **{"group": "reports"})
+    assert wait_task(pair.primary, first)["state"] == "DONE"
+    row = wait_task(pair.primary, write)
+    assert row["state"] == "FAIL", row
+    assert row["error"].startswith("ERROR:  cannot execute INSERT in a read-only transaction"), row
+    with pair.standby.connect(DB) as promoted:
+        assert promoted.execute("SELECT count(*) FROM audit").fetchone()[0] == 0
+
+
 def test_target_is_null_or_standby(db):
     for bad, columns in (("primary", {}), ("Standby", {}), ("standby", {"remote": "host=elsewhere"})):
         with pytest.raises(psycopg.errors.CheckViolation, match="task.target must be NULL or 'standby'"):

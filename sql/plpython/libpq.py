@@ -592,6 +592,13 @@ class Session:
         return ctypes.string_at(name).decode("ascii", "replace") if name else "UTF8"
 
     @property
+    def in_hot_standby(self):
+        """The server's in_hot_standby as it last reported it ('on' on a standby): a standby's
+        promotion reaches a session with the answer to its next query."""
+        value = PQparameterStatus(self.handle, b"in_hot_standby") if self.handle else None
+        return ctypes.string_at(value).decode("ascii", "replace") if value else None
+
+    @property
     def server_encoding(self):
         """The database's encoding, as its server reports it."""
         name = PQparameterStatus(self.handle, b"server_encoding") if self.handle else None

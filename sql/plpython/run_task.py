@@ -332,11 +332,12 @@ class WorkerCall:
         open) has not run the task, whatever the instant it ended in: the look for its end
         before it is given a task (open_while_idle) cannot see one that comes after.  The
         task moves to a new session, up to SESSIONS_A_TASK in all: a role's timeout shorter
-        than a session's start then fails it with the server's error rather than loop.
+        than a session's start then fails it with the server's error rather than loop.  So does
+        a task whose session, kept on a standby, finds that standby promoted (run_input_in).
         """
         for _ in range(SESSIONS_A_TASK - 1):
-            ended, idle_ended = self.run_input_in(kept.session, task)
-            if not idle_ended or kept.session.ok:
+            ended, moves = self.run_input_in(kept.session, task)
+            if not moves:
                 return ended
             try:
                 kept = self.move_to_new_session(task)
@@ -370,16 +371,25 @@ class WorkerCall:
 
     def run_input_in(self, session, task):
         """Run the input in `session`: run_input's one attempt; (output, error, sqlstate, notices),
-        and whether the session had ended idle before the input ran."""
+        and whether the input did not run, and the task moves to a new session: the server ended
+        the session idle before it, or the standby the session is on has been promoted."""
         reader = None
         try:
             session.collect()  # the answer to send_prepare, if it was sent
+            if getattr(session, "on_standby", False) and session.in_hot_standby == "off":
+                # A session kept (count, live) on a standby since promoted: the task's input,
+                # read-only on a standby, wrote there (a probe).  Its next session is a standby's
+                # again, or the primary's, read-only.
+                error = format_message("the standby the task's session was kept on has been promoted", task["input"])
+                return (None, error, NO_SESSION, None), True
             reader = self.send_query(session, task)
-            return self.read_input(session, reader), reader.idle_ended
+            ended = self.read_input(session, reader)
+            return ended, reader.idle_ended and not session.ok
         except ConnectError as exc:  # the session broke, or a cancel came before the input
             error = format_message(str(exc), task["input"], severity=exc.severity)
             ran = reader is not None and reader.taken > 0
-            return (None, error, exc.sqlstate or LOST_RUN, None), exc.sqlstate == IDLE_ENDED and not ran
+            return (None, error, exc.sqlstate or LOST_RUN, None), exc.sqlstate == IDLE_ENDED and not ran \
+                and not session.ok
 
     def read_input(self, session, reader):
         """Read what the input returns; (output, error, sqlstate, notices)."""

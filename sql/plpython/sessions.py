@@ -547,6 +547,7 @@ class TaskSessions:
         if lag is None or float(lag) > (0 if caught_up else limit["lag"]):
             session.close()
             return None
+        session.on_standby = True  # (run_task.py: a kept one is not used once its server is promoted)
         return session
 
     def open_remote(self, task, on_wait=None):
