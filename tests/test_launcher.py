@@ -484,6 +484,32 @@ def test_a_turn_held_up_by_a_lock_is_said_in_json_with_its_holder(db):
     assert db.wait_done(db.insert("SELECT 'after the lock'"))["output"] == "after the lock"
 
 
+def test_a_turn_whose_commit_waits_for_a_synchronous_standby_says_so():
+    """A server whose synchronous_standby_names names a standby that is not there (a promoted one
+    keeps its primary's) holds every commit of the launcher's turns; the report said "no session
+    blocks it" and nothing more (a probe)."""
+    with throwaway_cluster() as server:
+        server.create_database("sync")
+        with server.connect("sync") as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = on")  # (the test clusters' is off)
+            conn.execute("SELECT pg_reload_conf()")
+        launcher = Launcher(server.dsn("sync")).start()
+        try:
+            launcher.wait_active()
+            with server.connect("sync") as conn:
+                conn.execute("SET synchronous_commit = local")  # (the task's insert does not wait)
+                conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
+            wait_until(lambda: "IPC:SyncRep" in launcher.output(), 30, 0.1, "the report of the turn's wait")
+            assert "its commit waits for a synchronous standby" in launcher.output()
+        finally:
+            with server.connect("sync") as conn:
+                conn.execute("SET synchronous_commit = local")
+                conn.execute("ALTER SYSTEM RESET ALL")
+                conn.execute("SELECT pg_reload_conf()")
+            launcher.stop()
+
+
 def launcher_waits_for(db, locker) -> int:
     """The backend of the launcher's turns, once it waits for `locker`'s lock.  (Not any session of
     the scheduler's that waits: a spare worker warming up reads tasks too, and waits with it.)"""

@@ -41,6 +41,8 @@ FROM pg_catalog.pg_stat_activity AS b
 WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(%(pid)s))
 ORDER BY holds DESC, b.pid
 """
+# What the launcher's backend waits on when no session blocks it.
+WAIT = "SELECT wait_event_type, wait_event FROM pg_catalog.pg_stat_activity WHERE pid = %(pid)s"
 
 
 class TurnWatch:
@@ -92,13 +94,15 @@ class TurnWatch:
         try:
             with self.connect() as conn:
                 blockers = conn.execute(BLOCKERS, {"pid": self.backend_pid}).fetchall()
+                wait = None if blockers else conn.execute(WAIT, {"pid": self.backend_pid}).fetchone()
         except psycopg.Error as exc:
             log.warning("%s: the scheduling turn has run for %.0fs (what holds it up could not be read: %s)",
                         self.name, waited, str(exc).strip().splitlines()[0], extra={"fields": fields})
             return
         if not blockers:
-            log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it)", self.name, waited,
-                        extra={"fields": fields})
+            log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it%s)", self.name, waited,
+                        waits_on(wait), extra={"fields": {**fields, "wait_event": ":".join(wait) if wait and
+                                                          all(wait) else None}})
             return
         for pid, role, application, state, seconds, query, holds in blockers:
             about = {**fields, "backend": pid, "holds": holds, "role": role, "application": application,
@@ -112,3 +116,15 @@ class TurnWatch:
                 log.warning('%s: the scheduling turn has waited %.0fs behind backend %s (role "%s", application'
                             ' "%s": %s), which waits for the same lock', self.name, waited, pid, role,
                             application, query, extra={"fields": about})
+
+
+def waits_on(wait: tuple[str | None, str | None] | None) -> str:
+    """What the launcher's backend waits on, for the report of a turn no session blocks.  A commit
+    waiting for a synchronous standby that does not answer (a promoted server keeps the
+    synchronous_standby_names of the primary it was copied from) was told as nothing at all."""
+    if not wait or not all(wait):
+        return ""
+    if wait == ("IPC", "SyncRep"):
+        return ("; its commit waits for a synchronous standby (IPC:SyncRep): none that"
+                " synchronous_standby_names names has confirmed it")
+    return f"; its backend waits on {wait[0]}:{wait[1]}"

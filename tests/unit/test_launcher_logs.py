@@ -190,3 +190,15 @@ def test_a_task_waiting_for_a_free_connection_is_told_once_a_minute_not_at_every
     log_event("db", {"event": "start", "id": 8, "worker": "w"}, waits)
     log_event("db", {"event": "postponed", "id": 8}, waits)
     assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "INFO", "WARNING"]
+
+
+@pytest.mark.parametrize("wait, words", [
+    (None, ""),
+    ((None, None), ""),
+    (("IPC", "SyncRep"), "; its commit waits for a synchronous standby (IPC:SyncRep): none that"
+                         " synchronous_standby_names names has confirmed it"),
+    (("IO", "DataFileRead"), "; its backend waits on IO:DataFileRead"),
+])
+def test_a_slow_turn_no_session_blocks_says_what_its_backend_waits_on(wait, words):
+    from pg_task_py.turns import waits_on
+    assert waits_on(wait) == words
