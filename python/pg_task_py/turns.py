@@ -100,9 +100,9 @@ class TurnWatch:
                         self.name, waited, str(exc).strip().splitlines()[0], extra={"fields": fields})
             return
         if not blockers:
+            event = ":".join(wait) if wait and all(wait) else None
             log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it%s)", self.name, waited,
-                        waits_on(wait), extra={"fields": {**fields, "wait_event": ":".join(wait) if wait and
-                                                          all(wait) else None}})
+                        waits_on(wait), extra={"fields": {**fields, "wait_event": event}})
             return
         for pid, role, application, state, seconds, query, holds in blockers:
             about = {**fields, "backend": pid, "holds": holds, "role": role, "application": application,

@@ -403,6 +403,7 @@ class Session:
         self.notice_limit = 0
         self.answered = True  # no query sent, or every result of the last one read
         self.cancelled_at = None  # time.monotonic() of the first cancel of the query sent last
+        self.on_standby = False  # opened on a standby (TaskSessions.open_standby)
         self.ended = None  # (message, SQLSTATE) of the server's FATAL that came while the session was idle
         # Kept on self: ctypes must not collect the callback while libpq holds it.  Set before
         # the attempt is taken on: the server's end of a session that waited connected before

@@ -376,7 +376,7 @@ class WorkerCall:
         reader = None
         try:
             session.collect()  # the answer to send_prepare, if it was sent
-            if getattr(session, "on_standby", False) and session.in_hot_standby == "off":
+            if session.on_standby and session.in_hot_standby == "off":
                 # A session kept (count, live) on a standby since promoted: the task's input,
                 # read-only on a standby, wrote there (a probe).  Its next session is a standby's
                 # again, or the primary's, read-only.
