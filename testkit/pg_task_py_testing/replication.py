@@ -107,7 +107,13 @@ class Node(Cluster):
     def promote(self, timeout: float = 30.0) -> None:
         """`pg_ctl promote`, then wait until the node accepts writes."""
         run_program("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", str(int(timeout)))
-        wait_until(lambda: not self.in_recovery(), timeout, 0.05, f"{self.name} to leave recovery")
+
+        def left_recovery() -> bool:
+            try:
+                return not self.in_recovery()
+            except psycopg.OperationalError:  # (hot_standby off: "not accepting connections" a moment more)
+                return False
+        wait_until(left_recovery, timeout, 0.05, f"{self.name} to leave recovery")
 
     def log_tail(self, size: int = 4000) -> str:
         try:
