@@ -434,6 +434,23 @@ def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_prim
         conn.execute("SELECT pg_wal_replay_resume()")
     pair.wait_replayed()
     assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
+
+    # After a quiet spell longer than standby_max_lag, a standby that is behind the primary by
+    # the task's own insert only: the last transaction it replayed is as old as the spell, but
+    # it replays the rest at once.  The first task after the spell ran on the primary (a probe).
+    with pair.standby.connect(DB) as conn, pair.primary.connect(DB) as primary:
+        conn.autocommit = primary.autocommit = True
+        wait_until(lambda: conn.execute("SELECT now() - pg_last_xact_replay_timestamp() > interval '1.2 s'")
+                   .fetchone()[0], 10, interval=0.05, message="a quiet spell longer than standby_max_lag")
+        paused = conn.execute("SELECT pg_wal_replay_pause(), clock_timestamp()").fetchone()[1]
+        report = insert(pair.primary, WHERE, target="standby")
+        wait_until(lambda: conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE query LIKE '%%pg_last_wal_replay_lsn() >=%%'"
+            " AND backend_start > %s AND pid <> pg_backend_pid())", [paused]).fetchone()[0]
+            or primary.execute("SELECT state NOT IN ('PLAN', 'TAKE') FROM task WHERE id = %s", [report]).fetchone()[0],
+            10, interval=0.005, message="the task's session on the standby")
+        conn.execute("SELECT pg_wal_replay_resume()")
+    assert wait_task(pair.primary, report)["output"] == "t"
     assert launcher.stop() == 0, launcher.output()
     assert "Traceback" not in launcher.output()
 

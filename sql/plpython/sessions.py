@@ -33,12 +33,12 @@ if TYPE_CHECKING:  # assembled with libpq.py by sql/build.py
 
 # How far the standby a session is on is behind the primary, in seconds: 0 when it has replayed
 # the primary's WAL up to $1 (the primary's flush position when the task's session was asked for),
-# else the age of the last transaction it replayed (NULL: none since it started, or not a
+# else the age of the last transaction it replayed (infinite: none since it started; NULL: not a
 # standby).  Run as the task's owner: these functions need no privilege.
 STANDBY_LAG = ("SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL"
                " WHEN pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_catalog.pg_lsn THEN 0"
-               " ELSE pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()"
-               " - pg_catalog.pg_last_xact_replay_timestamp()) END")
+               " ELSE coalesce(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()"
+               " - pg_catalog.pg_last_xact_replay_timestamp()), 'Infinity') END")
 
 # Every task session's client_encoding, whatever its role's, database's or conninfo's: this code
 # sends the input and reads the results as UTF-8 (libpq.py), and the server converts them from
@@ -63,6 +63,8 @@ STANDBY_FALLBACK_OPTIONS = PLAIN_SESSION_OPTIONS + " -c default_transaction_read
 # How long a task `after` others waits for the standby to replay the primary's WAL as it was when
 # the task's session was asked for (its prerequisites' ends and writes included), before it runs
 # on the primary: within standby_max_lag, a report `after` a load read the standby before the load.
+# Also the longest any task waits for a standby whose last replayed transaction is older than
+# standby_max_lag to replay up to the primary's flush position (open_standby).
 STANDBY_CATCH_UP_WAIT = 1.0
 STANDBY_CATCH_UP_STEP = 0.01
 # The SQLSTATEs of a remote session refused by open_remote's rules (RemoteRefused).
@@ -536,15 +538,21 @@ class TaskSessions:
             session = Session(keywords)
         except ConnectError:
             return None
+        position = limit["written" if caught_up else "lsn"]
+        allowed = 0.0 if caught_up else float(limit["lag"])
+        # A standby that replays up to `position` within `allowed` seconds lagged less than that
+        # when asked.  On a quiet primary, the age of the last transaction it replayed is the
+        # quiet spell's: a standby streaming a few milliseconds behind the task's own insert was
+        # judged 10 s and more behind, and the first standby task after a pause ran here (a probe).
+        deadline = time.monotonic() + (STANDBY_CATCH_UP_WAIT if caught_up else min(allowed, STANDBY_CATCH_UP_WAIT))
         try:
-            lag = session.execute(STANDBY_LAG, [limit["written" if caught_up else "lsn"]])[0][0]
-            deadline = time.monotonic() + STANDBY_CATCH_UP_WAIT
-            while caught_up and lag is not None and float(lag) > 0 and time.monotonic() < deadline:
+            lag = session.execute(STANDBY_LAG, [position])[0][0]
+            while lag is not None and float(lag) > allowed and time.monotonic() < deadline:
                 time.sleep(STANDBY_CATCH_UP_STEP)
-                lag = session.execute(STANDBY_LAG, [limit["written"]])[0][0]
+                lag = session.execute(STANDBY_LAG, [position])[0][0]
         except ConnectError:
             lag = None
-        if lag is None or float(lag) > (0 if caught_up else limit["lag"]):
+        if lag is None or float(lag) > allowed:
             session.close()
             return None
         session.on_standby = True  # (run_task.py: a kept one is not used once its server is promoted)
