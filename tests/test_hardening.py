@@ -398,6 +398,37 @@ def test_orphan_recovery_knows_this_databases_workers(running, cluster):
         assert running.wait_done(taken)["output"] == "again"  # back to PLAN, then run once
 
 
+
+def test_a_retry_set_under_another_roles_task_is_not_that_tasks_retry(running, authors):
+    """An author may set the parent of her tasks, a waiting retry's too; the scheduler's uses of
+    a lineage match the owner.  A probe: alice set her retry's parent to bob's running task; his
+    dependent inserted while it ran was handed to her retry when it failed, and ran when she let
+    it; and a series of hers took its next plan from a plan of bob's she cannot read."""
+    alice, bob = authors["alice"], authors["bob"]
+    first = insert_as(alice, "SELECT 1/0", retry=1, retry_delay="1 day", retry_on=["*"], repeat="1 day",
+                      delete=False)
+    retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2", [first]),
+                       20, message="alice's retry")
+    prerequisite = insert_as(bob, "SELECT pg_sleep(60)", delete=False)
+    wait_state(running, prerequisite, "WORK")
+    alice.execute("UPDATE task SET parent = %s, input = 'SELECT 1' WHERE id = %s", [prerequisite, retry])
+    with running.connect("bob") as open_insert:
+        open_insert.execute("BEGIN")
+        dependent = insert_as(open_insert, "SELECT 'ran'", after=[prerequisite], delete=False)
+        bob.execute("SELECT task_cancel(%s)", [prerequisite])
+        wait_state(running, prerequisite, "FAIL")
+        open_insert.execute("COMMIT")
+    assert running.task(dependent)["state"] == "STOP", running.task(dependent)
+    assert running.task(dependent)["error"] == f"ERROR:  prerequisite task {prerequisite} ended FAIL"
+    # Her retry runs, and her series' next run follows it (its first attempt is no longer in its
+    # lineage): not a day after bob's plan.
+    bobs = insert_as(bob, "SELECT 1", plan="2031-07-04 03:17:00+00")
+    alice.execute("UPDATE task SET parent = %s, plan = now() WHERE id = %s", [bobs, retry])
+    assert running.wait_done(retry)["state"] == "DONE"
+    next_plan = wait_until(lambda: running.value("SELECT plan FROM task WHERE parent = %s AND state = 'PLAN'",
+                                                 [retry]), 20, message="the series' next run")
+    assert next_plan - running.task(retry)["plan"] == timedelta(days=1)
+
 # --- Property: whatever a task author inserts, other roles' tasks keep running ---------------
 
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8)

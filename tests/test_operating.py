@@ -319,6 +319,29 @@ def test_a_role_with_thousands_of_paused_groups_of_due_tasks_holds_back_no_other
         running.sql("DELETE FROM pgtaskpy.group_pause WHERE \"group\" LIKE 'held%%'")
 
 
+
+@pytest.mark.parametrize("hold", ["pause", "rate limit", "running limit"])
+def test_a_roles_hold_on_a_shared_group_holds_back_no_other_roles_task_there(running, authors, hold):
+    """A role's own pause, rate limit or running limit holds its tasks of a group, not another
+    role's: the claim left the held tasks out after reading 64 more rows than it had places,
+    and behind 65 of them every other role's task of the group waited for good (a probe: a
+    role's pause of the default group held back everyone's tasks there)."""
+    alice, bob = authors["alice"], authors["bob"]
+    hold_sql = {"pause": "SELECT task_pause('group')",
+                "rate limit": "SELECT task_limit('group', 1, '1 hour')",
+                "running limit": "ALTER ROLE ops_alice SET pg_task_py.role_running_limit = 0"}[hold]
+    (running.sql if hold == "running limit" else alice.execute)(hold_sql)
+    try:
+        if hold == "rate limit":  # its one start of the hour, taken
+            assert running.wait_done(insert_as(alice, "SELECT 1", delete=False))["state"] == "DONE"
+        alice.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, 100)")
+        for who in (bob, running.conn):
+            row = running.wait_done(insert_as(who, "SELECT 'not held'", delete=False), 10)
+            assert (row["state"], row["output"]) == ("DONE", "not held"), row
+        assert running.value("SELECT count(*) FROM task WHERE owner = 'ops_alice' AND state = 'PLAN'") == 100
+    finally:
+        running.sql("DELETE FROM task WHERE owner = 'ops_alice'")
+
 def test_a_group_resumes_when_a_tasks_active_is_at_its_bound(running, authors):
     """The paused time added to an `active` of 1000 years went past the bound, and task_resume
     failed until the task was changed by hand."""

@@ -201,6 +201,26 @@ def test_copy_to_stdout_past_the_output_limit_is_cancelled_and_rolled_back(runni
     assert (after["state"], after["output"]) == ("DONE", "still here\nCOPY 1"), after
 
 
+
+def worker_peak_rss_mib(pid: int) -> float:
+    """The most memory the backend `pid` has held (VmHWM: resident, shared pages it touched too)."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.parametrize("columns", [{}, {"count": 5}], ids=["one-off", "kept"])
+def test_notifications_a_task_sends_itself_do_not_grow_its_worker(running, columns):
+    """A task that LISTENs on a channel it notifies: libpq kept each notification until the task
+    ended, 30,000 of 8 kB grew the worker (which runs every role's tasks) by 230 MB (a probe)."""
+    task_id = running.insert("LISTEN c; SELECT count(pg_notify('c', repeat('x', 7890) || g))"
+                             " FROM generate_series(1, 30000) AS g", delete=False, **columns)
+    worker = wait_until(lambda: running.value("SELECT worker FROM task WHERE id = %s AND state = 'WORK'", [task_id]),
+                        20, 0.005, "the task's worker")
+    row = running.wait_done(task_id, 120)
+    assert (row["state"], row["output"]) == ("DONE", "LISTEN\n30000"), row
+    assert worker_peak_rss_mib(worker) < 120
+
 def test_an_error_is_cut_at_the_output_limit_and_its_log_line_at_a_thousand_characters(running):
     """A task's error had no bound: one of 200 MB was written whole to its row, and its first line
     to the launcher, whose turn, every role's, took 6-27 s to log it (a probe)."""

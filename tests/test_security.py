@@ -504,8 +504,17 @@ def test_an_exclusive_task_an_admin_gave_an_author_is_run_again_as_it_was_and_no
             assert running.value("SELECT exclusive FROM task WHERE id = %s", [again]) is True
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
                 author.execute("INSERT INTO task (input, exclusive, parent) VALUES ('SELECT 1', true, %s)", [given])
+            author.execute("UPDATE task SET state = 'STOP' WHERE id = %s", [again])
+            for series in ("repeat = '1 millisecond'", "cron = '* * * * *'", "retry = 100"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="make a task exclusive"):
+                    author.execute(f"INSERT INTO task (input, exclusive, parent, {series.split(' = ')[0]})"
+                                   f" VALUES ('SELECT 1', true, %s, {series.split(' = ')[1]})", [given])
+            again = author.execute("SELECT task_retry(%s)", [given]).fetchone()[0]
             # Nor does the copy run anything else, nor stop being the copy (then another was let in).
-            for change in ("input = 'SELECT pg_sleep(100000)'", "parent = NULL", "remote = 'dbname=postgres'"):
+            # Nor how often or how long: a repeat of a millisecond held back every role's tasks.
+            for change in ("input = 'SELECT pg_sleep(100000)'", "parent = NULL", "remote = 'dbname=postgres'",
+                           "repeat = '1 millisecond'", "cron = '* * * * *'", "timeout = '1 day'", "retry = 100",
+                           "retry_on = '{*}'"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"change what exclusive task {again}"):
                     author.execute(f"UPDATE task SET {change} WHERE id = %s", [again])
             author.execute("UPDATE task SET data = 'mine' WHERE id = %s", [again])  # (its data is the author's)

@@ -174,7 +174,12 @@ BEGIN
                     SELECT FROM @extschema@.task AS p
                     WHERE p.id = NEW.parent AND p.owner = NEW.owner AND p.exclusive
                       AND p.state IN ('FAIL', 'GONE', 'STOP') AND p.input = NEW.input
-                      AND p.remote IS NOT DISTINCT FROM NEW.remote AND p.target IS NOT DISTINCT FROM NEW.target)
+                      AND p.remote IS NOT DISTINCT FROM NEW.remote AND p.target IS NOT DISTINCT FROM NEW.target
+                      -- (one run, as long and as often retried as the admin's: a series of the copy
+                      -- held back every role's tasks again and again)
+                      AND NEW.repeat <= interval '0' AND NEW.cron IS NULL
+                      AND (NEW.timeout, NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on)
+                          IS NOT DISTINCT FROM (p.timeout, p.retry, p.retry_delay, p.retry_max, p.retry_on))
                 AND pgtaskpy.run_again_to_come(NEW.parent) IS NULL) THEN
         RAISE EXCEPTION 'permission denied to make a task exclusive'
             USING ERRCODE = 'insufficient_privilege',
@@ -183,13 +188,18 @@ BEGIN
     END IF;
     -- Nor what an exclusive task runs, nor the parent that makes a copy task_retry's: an author
     -- changed a copy's input (a sleep of days held back every role's tasks), cleared its parent,
-    -- and inserted another copy, as many as it liked.
+    -- and inserted another copy, as many as it liked.  Nor how often or how long it runs: an
+    -- author made one a series of a millisecond's repeat, and every role's tasks waited (a probe).
     IF TG_OP = 'UPDATE' AND OLD.exclusive AND NEW.exclusive
-       AND (NEW.input, NEW.remote, NEW.target, NEW.parent) IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.parent)
+       AND (NEW.input, NEW.remote, NEW.target, NEW.parent, NEW.repeat, NEW.cron, NEW.timeout,
+            NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on)
+           IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.parent, OLD.repeat, OLD.cron, OLD.timeout,
+                             OLD.retry, OLD.retry_delay, OLD.retry_max, OLD.retry_on)
        AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
         RAISE EXCEPTION 'permission denied to change what exclusive task % runs', OLD.id
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = 'Its input, remote, target and parent are as an administrator made it.',
+                  DETAIL = 'Its input, remote, target, parent, repeat, cron, timeout and retries are as an '
+                           'administrator made them.',
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
                          'pgtaskpy_admin may change it.';
     END IF;

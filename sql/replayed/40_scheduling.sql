@@ -241,6 +241,7 @@ DECLARE
     full_owners name[] := '{}';
     full_groups text[] := '{}';
     capped name[] := '{}';
+    paused_owners name[] := '{}';  -- the owners with a paused group: only their tasks' pauses are looked up
     held_any boolean := false;  -- any of those, or a pause
 BEGIN
     -- Nothing due: one probe of the plan index.  The earliest plan, not EXISTS (... plan <= now()):
@@ -352,6 +353,9 @@ BEGIN
             IF caps THEN
                 capped := pgtaskpy.owners_at_running_limit();
             END IF;
+            IF pauses THEN
+                paused_owners := ARRAY(SELECT DISTINCT p.owner FROM pgtaskpy.group_pause AS p);
+            END IF;
             held_any := pauses OR cardinality(full_owners) > 0 OR cardinality(capped) > 0;
         END IF;
         WITH running AS MATERIALIZED (
@@ -390,18 +394,16 @@ BEGIN
                 -- ones cost an entry each, not a row each: 100,000 of them, 2 ms, not
                 -- 30.  The order still comes from that index alone (sorts off).
                 -- The tasks of a role its own pause, rate limit or running limit holds back are
-                -- left out here, not after the group's first places were taken: another role's
-                -- task of the group waited behind them as long as the limit lasted.  Up to
-                -- 64 of them (the inner scan's extra rows): reading them all cost each claim 30 ms
-                -- behind 20,000 held, 100-190 ms behind 20,000 paused (a group without them reads
-                -- no more than before).
+                -- left out as the group's scan reads them, not after its first places were taken:
+                -- another role's task of the group waited behind them as long as the limit lasted,
+                -- and behind 65 of them for good when they were left out after 64 more rows (a
+                -- probe: a role's pause of the default group held back every role's tasks there).
+                -- The scan reads past them: README's Limits gives what that costs.
                 -- The first pass reads no further than its prefix: the group's due tasks there and
                 -- as many more as the prefix held tasks not due.  With the prefix's bound as a
                 -- filter alone, the scan read the rest of the group whenever fewer tasks than its
                 -- limit passed (held ones filling the prefix; a series' run while another runs):
                 -- 7 ms behind 20,000.
-                SELECT near.id, near.hash, near.max, near.owner, near."group"
-                FROM (
                 SELECT t.id, t.hash, t.max, t.owner, t."group"
                 FROM (
                     SELECT r.id, r.hash, r.max, r.owner, r."group", r.plan, r.active, r.exclusive, r.key
@@ -422,14 +424,13 @@ BEGIN
                   AND (t.key IS NULL OR NOT EXISTS (
                            SELECT FROM @extschema@.task AS k
                            WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
+                  AND NOT (held_any AND (
+                           t.owner = ANY (capped)
+                           OR (t.owner = ANY (paused_owners) AND pgtaskpy.group_paused(t.owner, t."group"))
+                           OR (t.owner = ANY (full_owners) AND EXISTS (  -- (rate limits: 70_operating.sql)
+                                   SELECT FROM unnest(full_owners, full_groups) AS f(owner, "group")
+                                   WHERE f.owner = t.owner AND f."group" = t."group"))))
                 ORDER BY t.hash, t.max DESC, t.id
-                LIMIT least(claim_limit - claimed, w.n, places.n) + CASE WHEN held_any THEN 64 ELSE 0 END
-                ) AS near
-                WHERE NOT (pauses AND pgtaskpy.group_paused(near.owner, near."group"))  -- (70_operating.sql)
-                  AND near.owner <> ALL (capped)
-                  AND NOT (cardinality(full_owners) > 0 AND EXISTS (
-                               SELECT FROM unnest(full_owners, full_groups) AS f(owner, "group")
-                               WHERE f.owner = near.owner AND f."group" = near."group"))
                 LIMIT least(claim_limit - claimed, w.n, places.n)
             ) AS c
         ), owners AS MATERIALIZED (  -- one settings lookup an owner, not one a row
@@ -1126,15 +1127,15 @@ $$;
 -- waits or runs.  Retention and keep_runs keep such a run of a series: the retry's end finds the
 -- series' beat in its first attempt (series_plan), and with that attempt deleted, the series
 -- went on from the retry's own plan, off its beat for good (a probe: keep_runs = 1).
-CREATE FUNCTION pgtaskpy.retry_pending(task_id bigint, task_attempt integer) RETURNS boolean
+CREATE FUNCTION pgtaskpy.retry_pending(task_id bigint, task_attempt integer, task_owner name) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     WITH RECURSIVE later AS (
         SELECT c.id, c.attempt, c.state FROM @extschema@.task AS c
-        WHERE c.parent = task_id AND c.attempt = task_attempt + 1
+        WHERE c.parent = task_id AND c.attempt = task_attempt + 1 AND c.owner = task_owner
         UNION ALL
         SELECT c.id, c.attempt, c.state FROM later AS l JOIN @extschema@.task AS c
-        ON c.parent = l.id AND c.attempt = l.attempt + 1)
+        ON c.parent = l.id AND c.attempt = l.attempt + 1 AND c.owner = task_owner)
     SELECT EXISTS (SELECT FROM later AS l WHERE l.state IN ('PLAN', 'TAKE', 'WORK'))
 $$;
 
@@ -1148,10 +1149,10 @@ AS $$
         SELECT t.parent AS id, t.attempt - 1 AS attempt
         UNION ALL
         SELECT p.parent, a.attempt - 1
-        FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.id
+        FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.id AND p.owner = t.owner
         WHERE a.attempt > 1)
     SELECT COALESCE((SELECT p.plan FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.id
-                     WHERE a.attempt = 1 AND p.attempt = 1),
+                     WHERE a.attempt = 1 AND p.attempt = 1 AND p.owner = t.owner),
                     t.plan)  -- (the first attempt deleted meanwhile: keep the retry's beat)
 $$;
 
@@ -1583,7 +1584,7 @@ BEGIN
               WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = policy.state
                 AND f.stop < now() - policy.retention
                 AND NOT (f.state = 'FAIL' AND f.attempt <= f.retry AND (f.repeat > interval '0' OR f.cron IS NOT NULL)
-                         AND pgtaskpy.retry_pending(f.id, f.attempt))  -- (a series' run its retry follows)
+                         AND pgtaskpy.retry_pending(f.id, f.attempt, f.owner))  -- (a series' run its retry follows)
                 AND (resume IS NULL OR f.stop >= (resume ->> 0)::timestamptz
                                        AND (f.stop, f.id) > ((resume ->> 0)::timestamptz, (resume ->> 1)::bigint))
               ORDER BY f.state, f.stop, f.id LIMIT batch - deleted
@@ -1785,7 +1786,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.retry_pending(bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.retry_pending(bigint, integer, name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fail_waiting_tasks(bigint[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_waiting_tasks(bigint[], @extschema@.state, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_task_safely(bigint, @extschema@.state, text, @extschema@.state[], text) FROM PUBLIC;

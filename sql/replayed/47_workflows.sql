@@ -158,7 +158,10 @@ BEGIN
     END IF;
     LOOP  -- (a retry that failed and was retried in turn: followed again)
         SELECT p.id AS failed, r.id AS retry INTO handed
-        FROM @extschema@.task AS p JOIN @extschema@.task AS r ON r.parent = p.id AND r.attempt = p.attempt + 1
+        FROM @extschema@.task AS p
+        -- (its owner's: an author set the parent of a retry of hers to another role's task, and
+        -- that role's dependents waited for her task; README, pg_task.id)
+        JOIN @extschema@.task AS r ON r.parent = p.id AND r.attempt = p.attempt + 1 AND r.owner = p.owner
         WHERE p.id = ANY (prerequisites) AND p.state = 'FAIL'
         ORDER BY p.id LIMIT 1;
         EXIT WHEN NOT FOUND;
@@ -411,10 +414,11 @@ DECLARE
     earlier bigint[];
 BEGIN
     WITH RECURSIVE attempts AS (
-        SELECT p.id, p.attempt, p.parent FROM @extschema@.task AS p WHERE p.id = t.parent AND t.attempt > 1
+        SELECT p.id, p.attempt, p.parent FROM @extschema@.task AS p
+        WHERE p.id = t.parent AND t.attempt > 1 AND p.owner = t.owner
         UNION ALL
         SELECT p.id, p.attempt, p.parent FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.parent
-        WHERE a.attempt > 1)
+        WHERE a.attempt > 1 AND p.owner = t.owner)
     SELECT array_agg(a.id) INTO earlier FROM attempts AS a;
     RETURN coalesce(cardinality(earlier) > (SELECT count(*) FROM (SELECT l.id FROM @extschema@.task AS l
                                                                   WHERE l.id = ANY (earlier) ORDER BY l.id

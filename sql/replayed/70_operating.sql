@@ -577,7 +577,7 @@ BEGIN
                        AND f.owner = series.owner
                        AND COALESCE('k' || f.key, 'r' || f.hash::text || md5(COALESCE(f.cron, '') || f.input)) = series.id
                        AND NOT (f.state = 'FAIL' AND f.attempt <= f.retry  -- (retry_pending, 40_scheduling.sql)
-                                AND pgtaskpy.retry_pending(f.id, f.attempt))
+                                AND pgtaskpy.retry_pending(f.id, f.attempt, f.owner))
                      ORDER BY f.stop DESC OFFSET least(setting::numeric, 2147483647)::integer LIMIT batch - deleted
                      FOR UPDATE SKIP LOCKED);
         IF cardinality(ids) > 0 THEN  -- (runs that other tables reference are kept: delete_finished)
