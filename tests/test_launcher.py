@@ -695,6 +695,25 @@ def test_graceful_stop_past_grace_cancels_a_task_holding_its_own_row(db):
     assert f"could not cancel task {task_id}" not in launcher.output()
 
 
+
+def test_graceful_stop_past_grace_cancels_a_task_whose_start_was_under_way(db):
+    """A task its worker was starting as the grace ran out (its row locked by the start, still
+    TAKE to everyone else) was neither cancelled nor taken back, and ran on after the launcher
+    had stopped (a probe).  Each turn past the grace cancels: it ends FAIL 57014."""
+    db.sql("CREATE FUNCTION slow_start() RETURNS trigger LANGUAGE plpgsql AS"
+           " $$ BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$")
+    db.sql("CREATE TRIGGER slow_start BEFORE UPDATE OF state ON task FOR EACH ROW"
+           " WHEN (NEW.state = 'WORK' AND OLD.state <> 'WORK') EXECUTE FUNCTION slow_start()")
+    launcher = db.launcher("--grace", "0")
+    task_id = db.insert("SELECT pg_sleep(60)", delete=False)
+    wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                                " AND application_name = 'pg_task_py worker' AND datname = current_database()") == 1,
+               20, 0.01, "the start under way")
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0
+    row = db.task(task_id)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "57014"), (row, launcher.output())
+
 def test_graceful_stop_past_grace_does_not_wait_for_a_client_holding_a_running_task(db):
     """Past --grace the launcher cancels what still runs; a client holding a running task's row
     (SELECT ... FOR SHARE) made that cancel wait in the launcher's turn, holding the scheduling

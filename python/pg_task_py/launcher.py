@@ -326,8 +326,10 @@ class Scheduler:
             if not self.stopping.is_set():
                 return False
             now = time.monotonic()
-            cancel = not cancelled and now >= deadline
-            if cancel:
+            # Each turn past the deadline cancels (dispatch.py: cancel_running_tasks): a task whose
+            # start was under way at the first cancel ran on after the launcher had stopped.
+            cancel = now >= deadline
+            if cancel and not cancelled:
                 database_log(self.name, logging.WARNING, "grace period over, cancelling %d running task(s)", running)
             elif cancelled and now >= deadline + 5:
                 database_log(self.name, logging.WARNING, "%d task(s) still running; they record their own end", running)

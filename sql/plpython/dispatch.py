@@ -695,8 +695,15 @@ def warm_up(ctx, pool, name, events):
 def cancel_running_tasks(ctx, pool, events):
     """Cancel the tasks this launcher's workers run (graceful stop past its grace period), and
     take back those they were given and have not started (a remote session still connecting:
-    its worker gives the attempt up), which wait again."""
+    its worker gives the attempt up), which wait again.
+
+    Called on each turn past the grace period, not once: a task its worker was starting as the
+    first of them ran (its row locked by the start, still TAKE to everyone else) was neither
+    cancelled nor taken back, and ran on after the launcher had stopped (a probe).  Each task is
+    cancelled once; one that could not be (its row held) is tried again on the next turns, and
+    said once."""
     pids = [w["pid"] for w in pool["workers"].values() if w["task"] is not None]
+    tried = pool.setdefault("cancel_tried", {})  # task id: cancelled
     given = given_tasks(pool)
     taken_back = ctx.run("unclaim_unstarted", "SELECT pgtaskpy.unclaim_tasks($1, $2) AS n", ["bigint[]", "integer"],
                          [given, pool["pid"]])[0]["n"]
@@ -714,12 +721,14 @@ def cancel_running_tasks(ctx, pool, events):
         "                  THEN {ext}.task_cancel(t.id, false) ELSE false END AS cancelled"
         " FROM {ext}.task AS t,"
         "      (SELECT ARRAY(SELECT id FROM {ext}.task WHERE worker = ANY($1) AND state = 'WORK'"
-        "                    FOR NO KEY UPDATE SKIP LOCKED) AS ids) AS l"
-        " WHERE t.worker = ANY($1) AND t.state = 'WORK'",
-        ["integer[]"],
-        [pids],
+        "                      AND id <> ALL ($2) FOR NO KEY UPDATE SKIP LOCKED) AS ids) AS l"
+        " WHERE t.worker = ANY($1) AND t.state = 'WORK' AND t.id <> ALL ($2)",
+        ["integer[]", "bigint[]"],
+        [pids, [task_id for task_id, cancelled in tried.items() if cancelled]],
     ):
-        events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
+        if row["cancelled"] or row["id"] not in tried:
+            events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
+        tried[row["id"]] = row["cancelled"]
 
 
 def in_recovery(ctx):
