@@ -842,6 +842,44 @@ def test_every_start_lag_of_a_concurrent_workload_is_observed(db):
     assert launcher.stop() == 0, launcher.output()
 
 
+
+def test_a_database_given_up_on_exports_no_figures_and_health_names_it():
+    """A database dropped under the launcher: its scheduler ends with an error, and its gauges
+    stayed at their last values for good (3 tasks running in a database that was gone)."""
+    port = free_port()
+    with throwaway_cluster() as cluster:
+        cluster.create_database("kept")
+        cluster.create_database("dropped")
+        launcher = Launcher(cluster.dsn("kept"), cluster.dsn("dropped"), args=("--metrics", f"127.0.0.1:{port}"))
+        launcher.start()
+        try:
+            launcher.wait_active()
+            with cluster.connect("dropped") as conn:
+                conn.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT pg_sleep(60)', 'g' || i"
+                             " FROM generate_series(1, 3) AS i")
+            wait_until(lambda: metric(port, "pg_task_py_running_tasks", database=dropped_label(port)) == 3, 20,
+                       message="3 tasks running")
+            label = dropped_label(port)
+            with cluster.connect() as conn:
+                conn.execute("DROP DATABASE dropped WITH (FORCE)")
+            wait_until(lambda: 'does not exist' in launcher.output(), 20, 0.05, "the database given up on")
+            wait_until(lambda: f'pg_task_py_running_tasks{{database="{label}"}}' not in scrape(port, "/metrics")[1],
+                       10, message="its gauges gone")
+            text = scrape(port, "/metrics")[1]
+            assert f'pg_task_py_workers{{database="{label}"}}' not in text, text
+            assert 'pg_task_py_running_tasks{database="kept@' in text, text
+            wait_until(lambda: scrape(port, "/health")[0] == 503, 10, message="/health naming it")
+            assert label in scrape(port, "/health")[1]
+        finally:
+            launcher.kill()
+
+
+def dropped_label(port: int) -> str | None:
+    """The `database` label of the database named dropped, once the launcher has connected to it."""
+    _, text = scrape(port, "/metrics")
+    return next((sample.labels["database"] for family in text_string_to_metric_families(text)
+                 for sample in family.samples if sample.labels.get("database", "").startswith("dropped@")), None)
+
 def test_metrics_rise_with_the_workload_and_health_follows_the_server():
     port = free_port()
     with throwaway_cluster() as cluster:

@@ -31,6 +31,7 @@ class Database:
         self.removed = False  # a reload took it out of the configuration: it is stopping
         self.stop_asked_at: float | None = None  # (time.monotonic()) when SIGINT/SIGTERM asked it to stop
         self.turn_cancelled_at: float | None = None  # when a stop that outlasted its grace cancelled its turn
+        self.gauges_removed = False  # (ended with an error: its figures went once, Databases.join)
         # (A daemon: a thread stuck in a turn does not keep the process from exiting: left_stuck.)
         self.thread = threading.Thread(target=self._run, name=self.scheduler.name, daemon=True)  # (no password)
         self.thread.start()
@@ -76,11 +77,15 @@ class Databases:
 
     def join(self, timeout: float) -> None:
         """Wait a little for each thread (short joins keep the main thread free for signals); a
-        removed database whose scheduler has stopped goes, with its gauges."""
+        removed database whose scheduler has stopped goes, with its gauges; one that ended with an
+        error stays, without its figures, until a reload starts it again."""
         for database in list(self.all):
             database.thread.join(timeout)
             if database.thread.is_alive():
                 continue
+            if database.error is not None and self.metrics and not database.gauges_removed:
+                self.metrics.given_up(database.scheduler.name)
+                database.gauges_removed = True
             if database.removed:
                 self.all.remove(database)
                 if self.metrics:

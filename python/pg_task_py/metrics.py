@@ -90,6 +90,13 @@ class Metrics:
             self.turns.pop(database, None)
         self._remove_gauges(database)
 
+    def given_up(self, database: str) -> None:
+        """A database whose scheduler ended with an error (dropped, its extension gone): its
+        figures go, as they are no longer read (they stayed at their last values, 3 tasks running
+        in a database that no longer existed); /health goes on naming it, and its last turn's
+        time stays, as the last time it was scheduled."""
+        self._remove_gauges(database, keep=(self.last_turn,))
+
     def _remove_counters(self, old: str) -> None:
         for counter in (self.reconnects, self.started):
             with contextlib.suppress(KeyError):
@@ -98,8 +105,10 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 self.ended.remove(old, state)
 
-    def _remove_gauges(self, old: str) -> None:
+    def _remove_gauges(self, old: str, keep: tuple = ()) -> None:
         for gauge in (self.running, self.workers, self.last_turn, self.standby):
+            if gauge in keep:
+                continue
             with contextlib.suppress(KeyError):
                 gauge.remove(old)
         for owner, group in self.groups.pop(old, set()):
