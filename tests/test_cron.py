@@ -671,6 +671,42 @@ def test_named_series_through_the_launcher(running):
     assert running.value("SELECT count(*) FROM task_series") == 0
 
 
+def test_task_unschedule_stops_a_claimed_run_that_has_not_started(running):
+    """A claimed run that cannot start yet (its role at its CONNECTION LIMIT: claimed, refused,
+    given back, claimed again): task_unschedule said true, the run went back to waiting as a
+    one-off, out of task_series, and ran once the role had a free connection (a probe)."""
+    with roles(running, "cron_limited") as (limited,):
+        running.sql("ALTER ROLE cron_limited CONNECTION LIMIT 1")  # (limited's own session takes it)
+        with limited:
+            limited.execute("SELECT task_schedule('job', '1 seconds', 'SELECT ''ran''', \"delete\" => false)")
+            wait_until(lambda: running.value("SELECT state::text FROM task WHERE owner = 'cron_limited'") == "TAKE",
+                       20, 0.001, "the run claimed")
+            assert limited.execute("SELECT task_unschedule('job')").fetchone()[0] is True
+        assert running.sql("SELECT state::text, start FROM task WHERE owner = 'cron_limited'") == [("STOP", None)]
+
+
+def test_a_series_re_planned_earlier_wakes_the_launchers(db):
+    """task_schedule, or an UPDATE of cron or tz, moves a waiting run's plan in a BEFORE trigger,
+    which an UPDATE OF plan trigger does not see: no NOTIFY, and the run started at a launcher's
+    next look, up to a second late (a probe)."""
+    with db.connect() as listener:
+        listener.execute("LISTEN pg_task_py")
+        db.value("SELECT task_schedule('far', '0 0 1 1 *', 'SELECT 1')")
+        changes = ["SELECT task_schedule('far', '* * * * *', 'SELECT 1')",
+                   "UPDATE task SET cron = '0 0 1 1 *', tz = 'UTC' WHERE key = 'far'",
+                   "UPDATE task SET cron = '* * * * *' WHERE key = 'far'",
+                   "UPDATE task SET cron = '0 0 * * *', tz = 'UTC' WHERE key = 'far'",
+                   "UPDATE task SET tz = 'Pacific/Kiritimati' WHERE key = 'far'"]
+        woken = 0
+        for change in changes:
+            list(listener.notifies(timeout=0.2))  # (what came before)
+            before = db.value("SELECT plan FROM task WHERE key = 'far'")
+            db.sql(change)
+            if db.value("SELECT plan FROM task WHERE key = 'far'") < before:
+                assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == ["pg_task_py"], change
+                woken += 1
+        assert woken >= 2
+
 @contextlib.contextmanager
 def roles(db, *names: str):
     for name in names:

@@ -185,6 +185,18 @@ def test_empty_input_is_rejected(db, input):
         db.insert(input)
 
 
+
+@pytest.mark.parametrize("remote", ["", "  ", "\t\n"])
+def test_an_empty_remote_is_rejected(db, remote):
+    """libpq's defaults filled an empty conninfo in: the task ran in the database named after its
+    role, not here (a probe)."""
+    with pytest.raises(psycopg.errors.CheckViolation,
+                       match=r"task.remote must not be empty \(NULL: the task runs here\)"):
+        db.insert("SELECT current_database()", remote=remote)
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.remote must not be empty"):
+        db.value("SELECT task_schedule('where', '1 seconds', 'SELECT 1', remote => %s)", [remote])
+    assert db.value("SELECT count(*) FROM task") == 0
+
 @pytest.mark.parametrize("input", [" " * 200 + "SELECT 1", ";" * 200 + "SELECT 'é'"])
 def test_an_input_after_a_long_blank_start_is_kept(db, input):
     assert db.value("SELECT input FROM task WHERE id = %s", [db.insert(input)]) == input

@@ -150,6 +150,9 @@ BEGIN
             THEN 'task.retry_on must hold SQLSTATEs (40001, 40P01: upper case), classes (08) or *'
         WHEN NOT (NEW.target IS NULL OR (NEW.target = 'standby' AND NEW.remote IS NULL))
             THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
+        -- (libpq's defaults filled an empty one in: the task ran in the database named after its
+        -- role, on the socket's server, not here)
+        WHEN NOT btrim(NEW.remote, E' \t\r\n') <> '' THEN 'task.remote must not be empty (NULL: the task runs here)'
     END;
     -- (a default of pg_task.<column>: the rule names the column, its HINT the setting)
     problem := CASE WHEN TG_OP = 'INSERT' AND violated IS NOT NULL THEN pgtaskpy.settings_behind(violated, TG_RELID) END;
@@ -433,7 +436,10 @@ CREATE TRIGGER task_notify_insert
                             OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'))
     EXECUTE FUNCTION pgtaskpy.notify_launchers();
 
+-- (cron and tz too: a change of either moves the plan in task_check, a BEFORE trigger, and an
+-- UPDATE OF plan trigger does not fire for a column only a BEFORE trigger changed: a series
+-- re-planned by task_schedule started at the launcher's next look, up to a second late)
 CREATE TRIGGER task_notify_update
-    AFTER UPDATE OF state, plan ON @extschema@.task
+    AFTER UPDATE OF state, plan, cron, tz ON @extschema@.task
     FOR EACH ROW WHEN (NEW.state = 'PLAN' AND (OLD.state <> 'PLAN' OR NEW.plan < OLD.plan))
     EXECUTE FUNCTION pgtaskpy.notify_launchers();

@@ -661,23 +661,29 @@ BEGIN
         RAISE EXCEPTION 'permission denied to end the series "%" of role "%"', series_key, series_owner
             USING ERRCODE = 'insufficient_privilege', HINT = 'End it with task_unschedule(key), as that role.';
     END IF;
+    -- A claimed run that has not started ends STOP, as task_cancel's stop of one does: its worker
+    -- then leaves it.  Given back to wait (its session refused, say), it ran later as a one-off.
     WITH marked AS (
-        UPDATE @extschema@.task AS t SET cron = NULL, repeat = interval '0', retry = 0
+        UPDATE @extschema@.task AS t SET cron = NULL, repeat = interval '0', retry = 0,
+            state = CASE WHEN t.state = 'TAKE' THEN 'STOP' ELSE t.state END,
+            worker = CASE WHEN t.state = 'TAKE' THEN NULL ELSE t.worker END
         WHERE t.id IN (SELECT r.id FROM @extschema@.task AS r
                        WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
-                         AND (r.cron IS NOT NULL OR r.repeat > interval '0')
+                         AND (r.cron IS NOT NULL OR r.repeat > interval '0' OR r.state = 'TAKE')
                        FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING 1)
     SELECT count(*) INTO ended FROM marked;
     busy := (SELECT count(*) FROM @extschema@.task AS r
              WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
-               AND (r.cron IS NOT NULL OR r.repeat > interval '0'));
+               AND (r.cron IS NOT NULL OR r.repeat > interval '0' OR r.state = 'TAKE'));
 END
 $$;
 
 -- End the caller's series `key`, as pg_cron's cron.unschedule(name): its
--- waiting run becomes STOP, a run in progress finishes and gets no next run.
--- Returns whether there was such a series.
+-- waiting run becomes STOP, and so does a claimed one that has not started (its
+-- worker then leaves it: given back to wait, it ran later as a one-off, a probe);
+-- a run in progress finishes and gets no next run.  Returns whether there was
+-- such a series.
 CREATE FUNCTION @extschema@.task_unschedule(key text) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -702,17 +708,19 @@ BEGIN
         EXIT WHEN busy = 0 AND NOT EXISTS (
             SELECT FROM @extschema@.task AS r
             WHERE r.state IN ('TAKE', 'WORK') AND r.owner = current_user AND r.key = task_unschedule.key
-              AND (r.cron IS NOT NULL OR r.repeat > interval '0'));
+              AND (r.cron IS NOT NULL OR r.repeat > interval '0' OR r.state = 'TAKE'));
         IF clock_timestamp() > deadline THEN
-            RAISE EXCEPTION 'task_unschedule: a run of the series "%" is still ending', key
-                USING ERRCODE = 'lock_not_available', HINT = 'Try again.';
+            RAISE EXCEPTION 'task_unschedule: a run of the series "%" is still ending, or another transaction '
+                            'holds its row', key
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'Try again once the transaction that holds it (SELECT ... FOR SHARE, FOR UPDATE) has ended.';
         END IF;
         PERFORM pg_sleep(0.002);
     END LOOP;
     RETURN found_series;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.task_unschedule IS 'end the named series key: its waiting run STOP, a running one gets no next run';
+COMMENT ON FUNCTION @extschema@.task_unschedule IS 'end the named series key: its waiting or claimed run STOP, a running one gets no next run';
 
 -- The running (TAKE or WORK) tasks the caller may see, for the views: from
 -- their index.  Under row-level security the planner may not use the table's
