@@ -870,6 +870,10 @@ def test_a_database_given_up_on_exports_no_figures_and_health_names_it():
             assert 'pg_task_py_running_tasks{database="kept@' in text, text
             wait_until(lambda: scrape(port, "/health")[0] == 503, 10, message="/health naming it")
             assert label in scrape(port, "/health")[1]
+            # A reload tries it again, and says so (it said "added", though it was there all along).
+            launcher.signal(signal.SIGHUP)
+            wait_until(lambda: "started again by the reload" in launcher.output(), 10, 0.05, "the reload's line")
+            assert "added by the reload" not in launcher.output()
         finally:
             launcher.kill()
 

@@ -130,10 +130,12 @@ class Databases:
         starts again; `run` and `grace` change in place, for the next turn and the next stop.
         The other databases and their running tasks are not touched."""
         unmatched = list(wanted)
+        ended: set[str] = set()  # the conninfos of databases that ended, started again if wanted
         for database in list(self.all):
             entry = next((w for w in unmatched if w.dsn == database.settings.dsn), None)
             if not database.thread.is_alive():  # stopped, or ended with an error: started below if wanted
                 self.all.remove(database)
+                ended.add(database.settings.dsn)
                 if self.metrics:
                     self.metrics.forget(database.scheduler.name)
                 continue
@@ -151,7 +153,9 @@ class Databases:
             self._change(database, entry)
         for entry in unmatched:
             self.all.append(Database(entry, self.metrics))
-            log.info("%s: added by the reload", self.all[-1].scheduler.name)
+            # (one that ended with an error was said to be "added", though it was there all along)
+            log.info("%s: %s", self.all[-1].scheduler.name,
+                     "started again by the reload" if entry.dsn in ended else "added by the reload")
 
     def _change(self, database: Database, entry: Settings) -> None:
         """A running database's new settings: run and grace in place; a new standby needs a
