@@ -130,10 +130,13 @@ def test_a_superusers_delete_of_a_running_task_warns_that_its_run_goes_on(runnin
     wait_state(running, task_id, "WORK")
     notices = []
     with running.connect() as admin:
-        admin.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary)))
+        admin.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary,
+                                                                notice.message_detail)))
         assert admin.execute("DELETE FROM task WHERE id = %s", [task_id]).rowcount == 1
     assert notices == [("WARNING", f"task {task_id} was running: its run goes on, and its end, retry and next run"
-                                   " will not be written")], notices
+                                   " will not be written", "What it holds is free from the commit on: its group's"
+                                   " place, its key, an exclusive task's hold; its dependents follow the deletion"
+                                   " (after_any ones start).")], notices
     running.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'")
 
 

@@ -528,6 +528,33 @@ def test_a_dependent_waits_for_its_prerequisites_retry(running):
     row = running.wait_done(after_hopeless)
     assert (row["state"], row["error"]) == ("STOP", f"ERROR:  prerequisite task {last['id']} ended FAIL")
 
+def test_retention_keeps_a_failed_run_whose_retry_waits(running):
+    """retention_fail 0 deleted a one-off's failed attempt while its retry waited (a series' run
+    it kept): a dependent whose INSERT was open as the first attempt failed then found the chain
+    of attempts cut at its commit, and stopped; and task_retry of the first attempt ran it again
+    beside its retry (a probe)."""
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.retention_fail = '0'")
+    first = running.value("SELECT task_enqueue(%s, plan => clock_timestamp() + interval '1 s', retry => 2,"
+                          " retry_delay => '2 s', retry_on => '{40001}')", [FLAKY.format(failures=2, code="40001")])
+    with running.connect() as open_insert:
+        open_insert.execute("BEGIN")
+        dependent = open_insert.execute("INSERT INTO task (input, after, delete) VALUES ('SELECT ''ran''', %s, false)"
+                                        " RETURNING id", [[first]]).fetchone()[0]
+        second = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2"
+                                                  " AND state = 'FAIL'", [first]), 20, message="attempt 2 failed")
+        marker = running.insert("SELECT 1/0")  # (fails after attempt 2: retention's pass past it deletes it)
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id = %s AND state = 'FAIL'", [marker]),
+                   20, message="the marker failed")
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id = %s", [marker]) == 0, 20,
+                   message="retention's pass")
+        assert running.value("SELECT state::text FROM task WHERE parent = %s", [second]) == "PLAN"  # attempt 3
+        assert running.value("SELECT count(*) FROM task WHERE id = %s", [second]) == 1
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="being run again already"):
+            running.value("SELECT task_retry(%s)", [first])
+        open_insert.execute("COMMIT")
+    row = running.wait_done(dependent, 30)
+    assert (row["state"], row["output"]) == ("DONE", "ran"), row
+
 
 SERIES_FAILING = "DO $$BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = '40001'; END$$"
 

@@ -284,8 +284,12 @@ BEGIN
         END IF;
         -- (an admin's repair: allowed, but said, as deleting a series' run is how pg_cron and
         -- TimescaleDB users end a job, and the run went on unseen)
+        -- (and what it held is free at the commit: a probe's after_any clean-up step ran beside the
+        -- run it was to follow, and a second task of its group, key or an exclusive one beside it)
         RAISE WARNING 'task % was running: its run goes on, and its end, retry and next run will not be written', OLD.id
-            USING HINT = format('Cancel a running task with task_cancel(%s, true), and delete it when it has ended.',
+            USING DETAIL = 'What it holds is free from the commit on: its group''s place, its key, an exclusive '
+                           'task''s hold; its dependents follow the deletion (after_any ones start).',
+                  HINT = format('Cancel a running task with task_cancel(%s, true), and delete it when it has ended.',
                                 OLD.id);
         RETURN OLD;
     END IF;

@@ -1583,8 +1583,10 @@ BEGIN
         FROM (SELECT f.id, f.stop FROM @extschema@.task AS f
               WHERE f.state IN ('DONE', 'FAIL', 'GONE', 'STOP') AND f.state = policy.state
                 AND f.stop < now() - policy.retention
-                AND NOT (f.state = 'FAIL' AND f.attempt <= f.retry AND (f.repeat > interval '0' OR f.cron IS NOT NULL)
-                         AND pgtaskpy.retry_pending(f.id, f.attempt, f.owner))  -- (a series' run its retry follows)
+                -- (a failed run whose retry waits or runs: a series' retry finds the beat in it, and a
+                -- dependent whose INSERT was open as it failed follows it to its retry; deleted, a
+                -- one-off's let that dependent stop, and task_retry run it again beside its retry)
+                AND NOT (f.state = 'FAIL' AND f.attempt <= f.retry AND pgtaskpy.retry_pending(f.id, f.attempt, f.owner))
                 AND (resume IS NULL OR f.stop >= (resume ->> 0)::timestamptz
                                        AND (f.stop, f.id) > ((resume ->> 0)::timestamptz, (resume ->> 1)::bigint))
               ORDER BY f.state, f.stop, f.id LIMIT batch - deleted

@@ -669,13 +669,13 @@ BEGIN
             worker = CASE WHEN t.state = 'TAKE' THEN NULL ELSE t.worker END
         WHERE t.id IN (SELECT r.id FROM @extschema@.task AS r
                        WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
-                         AND (r.cron IS NOT NULL OR r.repeat > interval '0' OR r.state = 'TAKE')
+                         AND (r.cron IS NOT NULL OR r.repeat > interval '0')
                        FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING 1)
     SELECT count(*) INTO ended FROM marked;
     busy := (SELECT count(*) FROM @extschema@.task AS r
              WHERE r.state IN ('TAKE', 'WORK') AND r.owner = series_owner AND r.key = series_key
-               AND (r.cron IS NOT NULL OR r.repeat > interval '0' OR r.state = 'TAKE'));
+               AND (r.cron IS NOT NULL OR r.repeat > interval '0'));
 END
 $$;
 
@@ -708,7 +708,7 @@ BEGIN
         EXIT WHEN busy = 0 AND NOT EXISTS (
             SELECT FROM @extschema@.task AS r
             WHERE r.state IN ('TAKE', 'WORK') AND r.owner = current_user AND r.key = task_unschedule.key
-              AND (r.cron IS NOT NULL OR r.repeat > interval '0' OR r.state = 'TAKE'));
+              AND (r.cron IS NOT NULL OR r.repeat > interval '0'));
         IF clock_timestamp() > deadline THEN
             RAISE EXCEPTION 'task_unschedule: a run of the series "%" is still ending, or another transaction '
                             'holds its row', key
