@@ -268,6 +268,25 @@ def test_task_wait_that_gives_up_names_a_pause_a_rate_limit_or_a_running_limit(d
         db.sql("DELETE FROM task WHERE owner = 'hint_nobody'")
         db.sql("DROP ROLE hint_nobody")
 
+def test_task_wait_that_gives_up_names_a_running_run_of_its_key_or_its_exclusiveness(running):
+    """A task behind a running run of its key, or an exclusive one waiting for the tasks that
+    run, was hinted `Is a launcher running?` with a launcher running (a probe)."""
+    sleeper = running.insert("SELECT pg_sleep(30)", key="nightly", delete=False)
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [sleeper]) == "WORK", 20,
+               message="the key's run running")
+    behind = running.value("SELECT task_enqueue('SELECT 1', key => 'nightly', on_conflict => 'skip')")
+    exclusive = running.insert("SELECT 1", exclusive=True, group="alone")
+    hints = {}
+    for task_id in (behind, exclusive):
+        with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
+            running.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
+        hints[task_id] = raised.value.diag.message_hint
+    assert hints[behind].startswith("A run of its key 'nightly' is running: the runs of a key never overlap"), hints
+    assert hints[exclusive].startswith("It is exclusive: it starts once no other task of the database is claimed"
+                                       " or running."), hints
+    running.sql("SELECT task_cancel(%s)", [sleeper])
+    assert running.wait_done(exclusive)["state"] == "DONE"
+
 
 def test_wide_result(shared):
     columns = ", ".join(f"{i} AS c{i}" for i in range(1, 401))

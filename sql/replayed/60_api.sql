@@ -229,7 +229,15 @@ BEGIN
                           WHEN t.state = 'PLAN' AND rate_limit IS NOT NULL
                           THEN format('Its group %L of role %I starts at most %s (task_limit): it waits its turn. Wait longer with task_wait(id, interval).',
                                       t."group", t.owner, rate_limit)
-                          ELSE 'Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
+                          -- (a launcher is not what these lack either: a probe was told to look for one)
+                          WHEN t.state = 'PLAN' AND t.key IS NOT NULL AND EXISTS (
+                                   SELECT FROM @extschema@.task AS k
+                                   WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key)
+                          THEN format('A run of its key %L is running: the runs of a key never overlap, it starts once that one has ended. Wait longer with task_wait(id, interval).',
+                                      t.key)
+                          WHEN t.state = 'PLAN' AND t.exclusive
+                          THEN 'It is exclusive: it starts once no other task of the database is claimed or running. Wait longer with task_wait(id, interval).'
+                          ELSE 'It is due: it starts once its group has room (max), no exclusive task is due or running, and its role is under its running limit. Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
         END IF;
         PERFORM pg_sleep(pause);
         pause := least(pause * 2, 0.1);
