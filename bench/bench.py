@@ -435,24 +435,31 @@ def backlog(cluster) -> dict:
         result["groups_due"] = conn.execute(
             "SELECT count(DISTINCT \"group\") FROM task WHERE state = 'PLAN'").fetchone()[0]
         result.update(held_claim(cluster, empty))
+        result.update(held_claim(cluster, empty, paused=True))
         result.update(paused_claim(cluster, empty))
     result.update(burst_claim(cluster))
     return result
 
 
-def held_claim(cluster, empty, tasks: int = 20_000) -> dict:
+def held_claim(cluster, empty, tasks: int = 20_000, paused: bool = False) -> dict:
     """Claim cost beside `tasks` due tasks of one group that their owner's running limit holds
-    back (`pg_task_py.role_running_limit` 0), against `empty`'s, in turns; a database of its own."""
-    cluster.create_database("held")
-    with cluster.connect("held") as conn:
-        conn.execute("CREATE ROLE held_owner LOGIN IN ROLE pgtaskpy_user")
-        conn.execute("ALTER ROLE held_owner SET pg_task_py.role_running_limit = 0")
-        with cluster.connect("held", user="held_owner") as owner:
+    back (`pg_task_py.role_running_limit` 0), or with `paused` the owner's pause of the group,
+    against `empty`'s, in turns; a database of its own.  The claim reads past them (another
+    role's task may come after them)."""
+    name, role = ("held_paused", "paused_owner") if paused else ("held", "held_owner")
+    cluster.create_database(name)
+    with cluster.connect(name) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE pgtaskpy_user")
+        if not paused:
+            conn.execute(f"ALTER ROLE {role} SET pg_task_py.role_running_limit = 0")
+        with cluster.connect(name, user=role) as owner:
+            if paused:
+                owner.execute("SELECT task_pause('group')")
             owner.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, %s)", [tasks])
         settle(conn)
         empty_ms, held_ms = claims_in_turns(empty, conn, 5)
-    return {"held_empty_ms": round(empty_ms, 3), "held_ms": round(held_ms, 3),
-            "held_ratio": round(held_ms / empty_ms, 2)}
+    return {f"{name}_empty_ms": round(empty_ms, 3), f"{name}_ms": round(held_ms, 3),
+            f"{name}_ratio": round(held_ms / empty_ms, 2)}
 
 
 def paused_claim(cluster, empty, groups: int = 15_000) -> dict:

@@ -9,6 +9,8 @@ an end waits only for the commits of INSERTs of its own dependents, through its 
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 from pg_task_py_testing import insert_as, wait_until
@@ -168,3 +170,36 @@ def test_an_author_s_open_transaction_on_its_rate_limit_holds_up_only_its_own_gr
         db.sql("DROP OWNED BY author, other")
         db.sql("DROP ROLE author, other")
     assert "held by backend" not in launcher.output()
+
+@pytest.mark.parametrize("hold", ["rate limit", "running limit"])
+def test_a_limit_committed_while_a_claim_waits_for_the_scheduling_lock_holds_that_claim(db, hold):
+    """A claim read whether any rate or running limit existed before it took the scheduling lock:
+    a role's first limit committed while the claim waited for it (another launcher's turn) was
+    not seen, and the claim took ten of its tasks under a limit of one (a probe)."""
+    db.sql("CREATE ROLE lock_alice LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with db.connect("lock_alice") as alice, db.connect() as holder, db.connect() as claimer:
+            alice.execute("INSERT INTO task (input, \"group\", max)"
+                          " SELECT 'SELECT 1', 'g', 9 FROM generate_series(1, 10)")
+            holder.execute("BEGIN")
+            holder.execute("LOCK TABLE ONLY pgtaskpy.scheduling_lock IN EXCLUSIVE MODE")
+            claimed = {}
+            claim = threading.Thread(target=lambda: claimed.update(rows=claimer.execute(
+                "SELECT * FROM pgtaskpy.claim_due_tasks(100, pg_backend_pid())").fetchall()))
+            claim.start()
+            wait_until(lambda: db.value("SELECT count(*) FROM pg_locks WHERE NOT granted"
+                                        " AND relation = 'pgtaskpy.scheduling_lock'::regclass"), 10, 0.01,
+                       "the claim waiting for the lock")
+            if hold == "rate limit":
+                alice.execute("SELECT task_limit('g', 1, '1 hour')")
+            else:
+                db.sql("ALTER ROLE lock_alice SET pg_task_py.role_running_limit = 1")
+            holder.execute("COMMIT")
+            claim.join(10)
+        assert len(claimed["rows"]) == 1, claimed
+    finally:
+        db.sql("DELETE FROM task WHERE owner = 'lock_alice'")
+        db.sql("DELETE FROM pgtaskpy.group_limit WHERE owner = 'lock_alice'")
+        db.sql("ALTER ROLE lock_alice RESET ALL")
+        db.sql("DROP OWNED BY lock_alice")
+        db.sql("DROP ROLE lock_alice")
