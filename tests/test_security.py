@@ -518,6 +518,14 @@ def test_an_exclusive_task_an_admin_gave_an_author_is_run_again_as_it_was_and_no
                 with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"change what exclusive task {again}"):
                     author.execute(f"UPDATE task SET {change} WHERE id = %s", [again])
             author.execute("UPDATE task SET data = 'mine' WHERE id = %s", [again])  # (its data is the author's)
+            # Ending a series of its own is the author's, as README tells a run to end its series.
+            series = running.value("INSERT INTO task (input, exclusive, repeat, plan, owner) VALUES ('SELECT 1',"
+                                   " true, '1 hour', now() + interval '1 day', 'excl_author') RETURNING id")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"change what exclusive task {series}"):
+                author.execute("UPDATE task SET repeat = '1 minute' WHERE id = %s", [series])
+            author.execute("UPDATE task SET repeat = '0', cron = NULL WHERE id = %s", [series])
+            assert running.value("SELECT repeat FROM task WHERE id = %s", [series]) == timedelta(0)
+            running.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [series])
             running.sql("SELECT task_resume('group', 'excl_author')")
             assert running.wait_done(again)["state"] == "DONE"
     finally:

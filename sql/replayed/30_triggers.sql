@@ -193,11 +193,14 @@ BEGIN
     -- changed a copy's input (a sleep of days held back every role's tasks), cleared its parent,
     -- and inserted another copy, as many as it liked.  Nor how often or how long it runs: an
     -- author made one a series of a millisecond's repeat, and every role's tasks waited (a probe).
+    -- Ending its series (repeat 0, cron NULL), as README tells a run to, stays the author's.
     IF TG_OP = 'UPDATE' AND OLD.exclusive AND NEW.exclusive
-       AND (NEW.input, NEW.remote, NEW.target, NEW.parent, NEW.repeat, NEW.cron, NEW.timeout,
-            NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on)
-           IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.parent, OLD.repeat, OLD.cron, OLD.timeout,
-                             OLD.retry, OLD.retry_delay, OLD.retry_max, OLD.retry_on)
+       AND ((NEW.input, NEW.remote, NEW.target, NEW.parent, NEW.timeout,
+             NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on)
+            IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.parent, OLD.timeout,
+                              OLD.retry, OLD.retry_delay, OLD.retry_max, OLD.retry_on)
+            OR ((NEW.repeat, NEW.cron) IS DISTINCT FROM (OLD.repeat, OLD.cron)
+                AND NOT (NEW.repeat = interval '0' AND NEW.cron IS NULL)))
        AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
         RAISE EXCEPTION 'permission denied to change what exclusive task % runs', OLD.id
             USING ERRCODE = 'insufficient_privilege',
