@@ -861,7 +861,13 @@ def test_a_database_given_up_on_exports_no_figures_and_health_names_it():
                        message="3 tasks running")
             label = dropped_label(port)
             with cluster.connect() as conn:
-                conn.execute("DROP DATABASE dropped WITH (FORCE)")
+                def dropped() -> bool:  # (a session that connects as FORCE ends the others fails it)
+                    try:
+                        conn.execute("DROP DATABASE dropped WITH (FORCE)")
+                    except psycopg.errors.ObjectInUse:
+                        return False
+                    return True
+                wait_until(dropped, 20, 0.1, "the database dropped")
             wait_until(lambda: 'does not exist' in launcher.output(), 20, 0.05, "the database given up on")
             wait_until(lambda: f'pg_task_py_running_tasks{{database="{label}"}}' not in scrape(port, "/metrics")[1],
                        10, message="its gauges gone")
