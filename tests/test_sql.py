@@ -226,16 +226,21 @@ def test_task_wait_of_a_task_its_transaction_locked_says_so_when_it_gives_up(run
     assert running.wait_done(task_id)["state"] == "DONE"
 
 
+def given_up_hints(db, task_ids) -> dict:
+    """The hint of each task's task_wait that gives up (0.1 s), by task id."""
+    hints = {}
+    for task_id in task_ids:
+        with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
+            db.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
+        hints[task_id] = raised.value.diag.message_hint
+    return hints
+
 def test_task_wait_that_gives_up_says_what_the_task_waits_for(db):
     """Its hint asked whether a launcher was running, for a task that waited for its
     prerequisites or for its plan."""
     later = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', '2100-01-01 00:00+00') RETURNING id")
     dependent = db.insert("SELECT 2", after=[later])
-    hints = {}
-    for task_id in (later, dependent):
-        with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
-            db.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
-        hints[task_id] = raised.value.diag.message_hint
+    hints = given_up_hints(db, (later, dependent))
     assert hints[later].startswith("It is planned for 2100-01-01"), hints
     assert hints[dependent].startswith(f"It waits for 1 of its prerequisites (after: {{{later}}}) to end."), hints
 
@@ -254,11 +259,7 @@ def test_task_wait_that_gives_up_names_a_pause_a_rate_limit_or_a_running_limit(d
             conn.execute("SET ROLE hint_nobody")
             held_back = conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
             conn.commit()
-        hints = {}
-        for task_id in (paused, limited, held_back):
-            with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
-                db.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
-            hints[task_id] = raised.value.diag.message_hint
+        hints = given_up_hints(db, (paused, limited, held_back))
         assert hints[paused] == "Its group 'held' of role postgres is paused: task_resume('held') lets it start.", hints
         assert hints[limited].startswith("Its group 'slow' of role postgres starts at most 1 tasks per 01:00:00"
                                          " (task_limit): it waits its turn."), hints
@@ -276,11 +277,7 @@ def test_task_wait_that_gives_up_names_a_running_run_of_its_key_or_its_exclusive
                message="the key's run running")
     behind = running.value("SELECT task_enqueue('SELECT 1', key => 'nightly', on_conflict => 'skip')")
     exclusive = running.insert("SELECT 1", exclusive=True, group="alone")
-    hints = {}
-    for task_id in (behind, exclusive):
-        with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {task_id} is still PLAN") as raised:
-            running.sql("SELECT task_wait(%s, '0.1 s')", [task_id])
-        hints[task_id] = raised.value.diag.message_hint
+    hints = given_up_hints(running, (behind, exclusive))
     assert hints[behind].startswith("A run of its key 'nightly' is running: the runs of a key never overlap"), hints
     assert hints[exclusive].startswith("It is exclusive: it starts once no other task of the database is claimed"
                                        " or running."), hints
