@@ -210,6 +210,31 @@ def test_a_running_or_claimed_prerequisite_an_admin_ends_by_hand_is_followed_by_
     assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_an_admin_re_arming_a_failed_step_and_its_stopped_dependents_runs_them_in_order(running):
+    """The repair a workflow needs: the failed step and what it stopped set back to PLAN (by an
+    admin: a task author may not), in one statement, rows in any order.  Each waits again for its
+    prerequisites that have not ended, and runs after them; one whose prerequisites have all
+    ended runs at once.  A stopped dependent kept the count it was stopped with and waited for ever."""
+    running.sql("CREATE TABLE rearm_gate (x int)")
+    a = running.insert("SELECT 1 / (SELECT count(*) FROM rearm_gate)::int FROM pg_sleep(0.2)", delete=False)
+    b = running.insert("SELECT pg_sleep(0.2), 'b'", delete=False, after=[a])
+    c = running.insert("SELECT 'c'", delete=False, after=[b])
+    alone = running.insert("SELECT 'alone'", delete=False, after=[a])
+    assert running.wait_done(c)["state"] == "STOP"
+    running.sql("INSERT INTO rearm_gate VALUES (1)")
+    with running.connect() as conn, conn.transaction():
+        conn.execute("UPDATE task SET state = 'PLAN', stop = NULL, error = NULL WHERE id = ANY (%s)", [[c, a, b]])
+    t = {i: running.wait_done(i) for i in (a, b, c)}
+    assert [t[i]["state"] for i in (a, b, c)] == ["DONE"] * 3, t
+    assert t[a]["stop"] <= t[b]["start"] and t[b]["stop"] <= t[c]["start"]
+    assert t[c]["output"] == "c"
+    # The stopped dependent of a prerequisite that stays FAIL: re-armed, it waits for nothing.
+    running.sql("UPDATE task SET state = 'FAIL' WHERE id = %s", [a])
+    running.sql("UPDATE task SET state = 'PLAN', error = NULL WHERE id = %s", [alone])
+    assert running.wait_done(alone)["output"] == "alone"
+    assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_stop_cascades_down_a_wide_fan_out(db):
     """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
     stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""

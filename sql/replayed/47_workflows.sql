@@ -230,7 +230,8 @@ BEGIN
         RAISE EXCEPTION 'task.after cannot change once the task is inserted'
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Stop the task (state = ''STOP'') and insert a new one.';
-    ELSIF NEW.state = 'PLAN' AND current_setting('pgtaskpy.passing_dependents', true) IS DISTINCT FROM 'on' THEN
+    ELSIF NEW.state = 'PLAN' AND OLD.state = 'PLAN'
+          AND current_setting('pgtaskpy.passing_dependents', true) IS DISTINCT FROM 'on' THEN
         RAISE WARNING 'task %: its after changed, but not what it waits for: % of the prerequisites its INSERT named',
             NEW.id, NEW.waiting_for
             USING HINT = 'To wait for other tasks, stop it (state = ''STOP'') and insert a new one.';
@@ -398,6 +399,44 @@ BEGIN
 END
 $$;
 
+-- An ended task with prerequisites that an admin sets back to PLAN (the repair
+-- of a workflow: a failed step and the dependents it stopped, re-armed
+-- together) waits again for those of its prerequisites that have not ended,
+-- and runs at once when none is left: a stopped dependent kept the count it
+-- was stopped with, and no edge would ever count it down.  As the transaction
+-- commits (a deferred constraint trigger), so that the rows re-armed with it,
+-- in any order, count as waiting; the prerequisites are locked FOR SHARE from
+-- there to the commit, as settle_prerequisites locks them, so that an end
+-- either waits for the commit and finds the edge, or was committed first and
+-- is read ended.  Only admins may set an ended task waiting (task_guard);
+-- SECURITY DEFINER, as the edges are the scheduler's.
+CREATE FUNCTION pgtaskpy.rearm_prerequisites() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    pending bigint[];
+BEGIN
+    IF NOT EXISTS (SELECT FROM @extschema@.task AS d WHERE d.id = NEW.id AND d.state = 'PLAN') THEN
+        RETURN NULL;  -- ended, stopped or deleted again in this transaction
+    END IF;
+    SELECT array_agg(p.id ORDER BY p.id) INTO pending
+    FROM (SELECT t.id FROM @extschema@.task AS t
+          WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK') ORDER BY t.id FOR SHARE) AS p;
+    DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = NEW.id;
+    INSERT INTO pgtaskpy.pending_prerequisite (prerequisite, dependent) SELECT p, NEW.id FROM unnest(pending) AS p;
+    PERFORM set_config('pgtaskpy.next_run', 'on', true);  -- (the scheduler's own count, as resolve_dependents')
+    UPDATE @extschema@.task AS d
+    SET waiting_for = coalesce(cardinality(pending), 0),
+        plan = CASE WHEN pending IS NULL THEN greatest(d.plan, clock_timestamp()) ELSE d.plan END
+    WHERE d.id = NEW.id;
+    PERFORM set_config('pgtaskpy.next_run', 'off', true);
+    IF pending IS NULL THEN
+        PERFORM pgtaskpy.wake_launchers();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 -- Whether an earlier attempt of the retry `t` is locked by another
 -- transaction: an open INSERT of a dependent of the first attempt holds that
 -- row FOR KEY SHARE until it commits, and then follows the failed attempt to
@@ -486,6 +525,14 @@ BEGIN
             EXECUTE FUNCTION pgtaskpy.prerequisite_stopped();
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
+                   WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisites_rearmed') THEN
+        CREATE CONSTRAINT TRIGGER task_prerequisites_rearmed
+            AFTER UPDATE OF state ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW WHEN (OLD.state IN ('DONE', 'FAIL', 'STOP', 'GONE') AND NEW.state = 'PLAN'
+                               AND NEW.after IS NOT NULL AND NEW.waiting_for = OLD.waiting_for)
+            EXECUTE FUNCTION pgtaskpy.rearm_prerequisites();
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
                    WHERE tgrelid = '@extschema@.task'::pg_catalog.regclass AND tgname = 'task_prerequisite_deleted') THEN
         CREATE CONSTRAINT TRIGGER task_prerequisite_deleted
             AFTER DELETE ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
@@ -563,6 +610,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.settle_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.keep_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_stopped() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.prerequisite_deleted() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.rearm_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.forget_truncated_prerequisites() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
