@@ -75,8 +75,11 @@ def test_a_remote_conninfo_over_the_server_s_startup_packet_says_so(shared):
     here = f"host={info.host} port={info.port} dbname={info.dbname} application_name="
     row = shared.wait_done(shared.insert("SELECT current_setting('application_name')", remote=here + "a" * 9800))
     assert (row["state"], row["output"]) == ("DONE", "a" * 63), row["error"]  # (the server keeps NAMEDATALEN - 1)
-    row = shared.wait_done(shared.insert("SELECT 1", remote=here + "a" * 10000))
-    assert row["state"] == "FAIL" and row["pid"] is None
+    failed = shared.insert("SELECT 1", remote=here + "a" * 10000, retry=2)
+    row = shared.wait_done(failed)
+    # (a conninfo's mistake, as one that does not parse: not retried as a network error, 08001)
+    assert (row["state"], row["pid"], row["sqlstate"]) == ("FAIL", None, "22023"), row
+    assert shared.value("SELECT count(*) FROM task WHERE parent = %s", [failed]) == 0
     assert row["error"].startswith("ERROR:  could not open the task's session: the conninfo's user, dbname, options"
                                    " and application_name make a startup packet of "), row["error"]
     assert "bytes, over the 10000 a PostgreSQL server reads\n" in row["error"], row["error"]

@@ -285,6 +285,23 @@ def test_task_wait_that_gives_up_names_a_running_run_of_its_key_or_its_exclusive
     assert running.wait_done(exclusive)["state"] == "DONE"
 
 
+def test_task_wait_on_a_running_task_names_its_run_and_a_task_may_not_wait_for_its_own_end(running):
+    """A running task's wait that gave up was hinted `it starts once its group has room ... Is a
+    launcher running?`; a task that waited for its own end waited its whole wait_for (a probe)."""
+    sleeper = running.insert("SELECT pg_sleep(30)", delete=False)
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [sleeper]) == "WORK", 20,
+               message="the task running")
+    with pytest.raises(psycopg.errors.QueryCanceled, match=f"task {sleeper} is still WORK") as raised:
+        running.sql("SELECT task_wait(%s, '0.1 s')", [sleeper])
+    assert raised.value.diag.message_hint.startswith("It is running (since "), raised.value.diag.message_hint
+    assert f"task_cancel({sleeper})" in raised.value.diag.message_hint
+    running.sql("SELECT task_cancel(%s)", [sleeper])
+    itself = running.wait_done(running.insert(
+        "SELECT task_wait(current_setting('pg_task.id')::bigint, '1 hour')", delete=False))
+    assert (itself["state"], itself["sqlstate"]) == ("FAIL", "55000"), itself
+    assert f"task {itself['id']} cannot wait for its own end" in itself["error"], itself["error"]
+
+
 def test_wide_result(shared):
     columns = ", ".join(f"{i} AS c{i}" for i in range(1, 401))
     lines = run(shared, f"SELECT {columns}")["output"].split("\n")

@@ -579,8 +579,9 @@ class TaskSessions:
         options = conninfo_options(task["remote"])  # a malformed one connects nowhere, not even as a dbname
         packet = startup_packet_bytes(options, self.ctx.name_of("task"))
         if packet > STARTUP_PACKET_MOST:
-            raise ConnectError(f"the conninfo's user, dbname, options and application_name make a startup packet of"
-                               f" {packet} bytes, over the {STARTUP_PACKET_MOST} a PostgreSQL server reads")
+            # (the conninfo's mistake, which no retry passes: it was retried as a network error, 08001)
+            raise RemoteRefused(f"the conninfo's user, dbname, options and application_name make a startup packet of"
+                                f" {packet} bytes, over the {STARTUP_PACKET_MOST} a PostgreSQL server reads", BAD_REMOTE)
         if str(options.get("replication") or "off").lower() not in ("off", "false", "no", "0"):
             # (its protocol takes no parameters, which the task's settings are sent with: every
             # input failed 08P01, and was retried as a network error)

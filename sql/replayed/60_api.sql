@@ -198,6 +198,13 @@ BEGIN
             -- SHARE lock of a foreign key's check (a row of another table that references the task)
             -- keeps it from nothing, and xmax cannot tell them apart.  So this waits, unless this
             -- transaction's own task_cancel took it (pgtaskpy.cancelled_tasks).
+            -- (called in the task's own session: it waited its whole wait_for, for ever with 1000 years)
+            IF t.state IN ('TAKE', 'WORK') AND t.pid = pg_backend_pid()
+               AND task_id::text = current_setting('pg_task.id', true) THEN
+                RAISE EXCEPTION 'task % cannot wait for its own end', task_id
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          DETAIL = 'task_wait was called in the task''s own session.';
+            END IF;
             locked_here := pgtaskpy.row_locked_here(task_id);
             IF locked_here AND t.state IN ('TAKE', 'WORK') AND task_id::text = ANY (string_to_array(
                    current_setting('pgtaskpy.cancelled_tasks', true), ',')) THEN
@@ -235,6 +242,11 @@ BEGIN
                                    WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key)
                           THEN format('A run of its key %L is running: the runs of a key never overlap, it starts once that one has ended. Wait longer with task_wait(id, interval).',
                                       t.key)
+                          WHEN t.state = 'WORK'
+                          THEN format('It is running (since %s, in backend %s%s): it has not ended yet. Wait longer with task_wait(id, interval), or cancel it with task_cancel(%s).',
+                                      t.start, t.pid, CASE WHEN t.remote IS NOT NULL THEN ' of its remote server' ELSE '' END, task_id)
+                          WHEN t.state = 'TAKE'
+                          THEN 'It is claimed: a worker is opening its session, or waits for a free connection (max_connections, its role''s CONNECTION LIMIT). Wait longer with task_wait(id, interval).'
                           WHEN t.state = 'PLAN' AND t.exclusive
                           THEN 'It is exclusive: it starts once no other task of the database is claimed or running. Wait longer with task_wait(id, interval).'
                           ELSE 'It is due: it starts once its group has room (max), no exclusive task is due or running, and its role is under its running limit. Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
