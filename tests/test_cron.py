@@ -31,6 +31,7 @@ EXPRESSIONS = [
     "0 0 13 * fri", "0 0 1,15 * mon", "0 0 1-7 * 1",  # both day fields restricted: either matches
     "0 0 $ * *", "0 12 $ feb *", "0 0 1,$ * *", "59 23 $ * *", "0 0 $ * fri",
     "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly",
+    "00005 000002-0000010/00003 * * *",  # (leading zeros, as pg_cron reads them: 00005 was out of range)
 ]
 AFTER = ["2024-02-28 23:59:30+00", "2023-12-31 23:59:59+00", "2025-06-15 12:34:56.5+00",
          "2100-02-27 00:00+00", "2024-03-31 00:00+00"]
@@ -120,6 +121,8 @@ def test_day_fields_follow_vixie_cron(db):
 def test_seconds_intervals_are_on_the_clock(db):
     """pg_cron's 'N seconds' (1-59): every N seconds of the clock, in any zone."""
     assert next_runs(db, "5 seconds", "Europe/Berlin", 3, "2024-01-15 00:00:03.5+00") == [
+        datetime(2024, 1, 15, 0, 0, s, tzinfo=UTC) for s in (5, 10, 15)]
+    assert next_runs(db, "000005 seconds", "UTC", 3, "2024-01-15 00:00:03.5+00") == [
         datetime(2024, 1, 15, 0, 0, s, tzinfo=UTC) for s in (5, 10, 15)]
     assert next_runs(db, "1 second", None, 2, "2024-01-15 00:00:03+00") == [
         datetime(2024, 1, 15, 0, 0, s, tzinfo=UTC) for s in (4, 5)]

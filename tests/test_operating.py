@@ -541,12 +541,16 @@ def test_a_groups_rows_written_by_hand_hold_nothing_the_claims_cannot_use(runnin
     """An author may write the rows of its groups' pauses and limits directly (row-level
     security): their checks refuse what task_pause and task_limit refuse.  A `per` of a hundred
     million years written so failed every claim of every role ("timestamp out of range"), and
-    another role's tasks waited until the author removed it."""
+    another role's tasks waited until the author removed it; a `per` with a negative part, above
+    zero and under 1000 years, failed each start of its group (a probe)."""
     alice, bob = authors["alice"], authors["bob"]
     alice.execute("SELECT task_limit('lim', 1, '1 s')")
-    for change in ("per = '100000000 years'", "per = '-1 s'", "starts = 0", "starts = 1000000"):
+    for change in ("per = '100000000 years'", "per = '-1 s'", "starts = 0", "starts = 1000000",
+                   "per = '1000000 years -359999000 days'", "per = '1 mon -29 days'", "\"group\" = repeat('x', 1001)"):
         with pytest.raises(psycopg.errors.CheckViolation):
             alice.execute(f"UPDATE pgtaskpy.group_limit SET {change} WHERE \"group\" = 'lim'")
+    with pytest.raises(psycopg.errors.CheckViolation, match="group_pause: the group must not be over 1000 bytes"):
+        alice.execute("INSERT INTO pgtaskpy.group_pause (owner, \"group\") VALUES (current_user, repeat('x', 1001))")
     alice.execute("SELECT task_pause('held')")
     with pytest.raises(psycopg.errors.CheckViolation):
         alice.execute("UPDATE pgtaskpy.group_pause SET since = 'infinity' WHERE \"group\" = 'held'")

@@ -581,7 +581,8 @@ class TaskSessions:
         if packet > STARTUP_PACKET_MOST:
             # (the conninfo's mistake, which no retry passes: it was retried as a network error, 08001)
             raise RemoteRefused(f"the conninfo's user, dbname, options and application_name make a startup packet of"
-                                f" {packet} bytes, over the {STARTUP_PACKET_MOST} a PostgreSQL server reads", BAD_REMOTE)
+                                f" {packet} bytes, over the {STARTUP_PACKET_MOST} a PostgreSQL server reads",
+                                BAD_REMOTE)
         if str(options.get("replication") or "off").lower() not in ("off", "false", "no", "0"):
             # (its protocol takes no parameters, which the task's settings are sent with: every
             # input failed 08P01, and was retried as a network error)

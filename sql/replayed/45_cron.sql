@@ -25,7 +25,8 @@ CREATE FUNCTION pgtaskpy.cron_value(token text, field integer) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE
-        WHEN token ~ '^[0-9]+$' THEN CASE WHEN length(token) > 4 THEN 9999 ELSE token::integer END
+        -- (leading zeros read as pg_cron reads them, 00005 as 5; a longer number is out of every range)
+        WHEN token ~ '^[0-9]+$' THEN CASE WHEN length(ltrim(token, '0')) > 4 THEN 9999 ELSE token::integer END
         WHEN field = 4 THEN pg_catalog.array_position('{jan,feb,mar,apr,may,jun,jul,aug,sep,oct,nov,dec}'::text[], token)
         WHEN field = 5 THEN pg_catalog.array_position('{sun,mon,tue,wed,thu,fri,sat}'::text[], token) - 1
     END

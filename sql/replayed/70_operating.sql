@@ -435,6 +435,36 @@ BEGIN
 END
 $$;
 
+-- A row of group_pause or group_limit its owner writes by hand (row-level
+-- security) gets the checks task_pause and task_limit make, which the tables'
+-- CHECKs do not: a `per` with a negative part ('1000000 years -359999000
+-- days' is above zero and under 1000 years) failed each start of the group,
+-- "timestamp out of range", and a group over 1000 bytes names no task's.
+CREATE FUNCTION pgtaskpy.check_group_row() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF octet_length(NEW."group") > 1000 THEN
+        RAISE EXCEPTION '%: the group must not be over 1000 bytes', TG_TABLE_NAME USING ERRCODE = 'check_violation';
+    END IF;
+    IF TG_TABLE_NAME = 'group_limit' THEN  -- (NEW.per, in an expression of its own: group_pause has none)
+        IF NOT pgtaskpy.interval_is_sane(NEW.per) THEN
+            RAISE EXCEPTION 'group_limit: per must be an interval greater than zero, at most 1000 years and with no negative part, not %',
+                NEW.per USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER group_limit_checked
+    BEFORE INSERT OR UPDATE ON pgtaskpy.group_limit
+    FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_group_row();
+
+CREATE TRIGGER group_pause_checked
+    BEFORE INSERT OR UPDATE ON pgtaskpy.group_pause
+    FOR EACH ROW EXECUTE FUNCTION pgtaskpy.check_group_row();
+
 -- A limit removed (task_limit 0, or its row deleted or renamed by hand) takes
 -- its group's starts along: no start notes them any more.  A limit made (or
 -- renamed to) starts with none: a start whose transaction read the limit just
@@ -762,6 +792,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.note_start(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.rate_room_returns(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.note_rate_room_returns(timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.forget_limited_starts() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.check_group_row() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.take_start_slot(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.delete_surplus_runs(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.metrics_snapshot(timestamptz) FROM PUBLIC;
