@@ -1022,6 +1022,9 @@ def test_grace_below_zero_is_a_usage_error(grace):
     ({"grace": "soon"}, '"grace" must be a JSON number, not a string (got "soon")'),
     ({"run": 0}, '"run" must be a whole number from 1 to 2147483647 (got 0)'),
     ({"run": True}, '"run" must be a whole number from 1 to 2147483647 (got true)'),
+    # (libpq reads a conninfo up to its first NUL: the rest was dropped, and user=postgres ran it)
+    ({"dsn": "dbname=b password=secret user=postgres\u0000x"}, "the conninfo holds a NUL character"),
+    ({"standby": "host=replica1\u0000 port=abc"}, "the standby conninfo holds a NUL character"),
 ])
 def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
     config = tmp_path / "pg_task.json"
@@ -1099,7 +1102,7 @@ def test_a_standby_conninfo_libpq_cannot_use_is_a_usage_error(cluster, standby):
     """Checked as --dsn is: its target 'standby' tasks ran on the primary, without a word."""
     result = run_launcher("run", "--dsn", cluster.dsn("any"), "--standby", standby)
     assert result.returncode == 2, result.stderr
-    assert "--dsn 1: the standby conninfo has an invalid" in result.stderr and "Traceback" not in result.stderr
+    assert "--standby: the conninfo has an invalid" in result.stderr and "Traceback" not in result.stderr
 
 
 def wait_for_failure(launcher, database):

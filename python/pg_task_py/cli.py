@@ -225,6 +225,8 @@ def conninfo_problem(dsn: str) -> str | None:
     """What libpq would refuse in a conninfo as it connects, told before (None: nothing seen).
     A keyword the conninfo leaves out is read from the libpq environment (PGPORT=abc), as libpq
     reads it.  Not the values themselves: a conninfo may hold a password."""
+    if "\0" in dsn:  # (libpq reads up to it: the rest, a user= say, was dropped without a word)
+        return "holds a NUL character"
     try:
         given = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
@@ -277,7 +279,8 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
             raise SetupError(f'{where}: the conninfo {problem}')
         problem = conninfo_problem(entry.standby) if entry.standby is not None else None
         if problem is not None:  # (else its tasks ran on the primary, without a word)
-            raise SetupError(f'{where}: the standby conninfo {problem}')
+            raise SetupError("--standby: the conninfo " + problem if entry.standby is args.standby
+                             else f"{where}: the standby conninfo {problem}")
         if any(other.dsn == entry.dsn for other in settings[:position - 1]):
             # Two schedulers of one database, each with its own --run, shared one metrics label.
             raise SetupError(f"{where}: the same conninfo as a database before it")
