@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -251,3 +252,48 @@ def test_a_start_outlives_an_immediate_restart_with_synchronous_commit_off():
         finally:
             launcher.stop()
             shutil.rmtree(runs, ignore_errors=True)
+
+
+def sessions_before_login(admin) -> list[int]:
+    """Backends of the server of `admin` that the postmaster has forked and that have not read
+    their login yet (their title is still the postmaster's command line)."""
+    data = admin.execute("SHOW data_directory").fetchone()[0]
+    postmaster = Path(data, "postmaster.pid").read_text().split()[0]
+    listed = subprocess.run(["ps", "--ppid", postmaster, "-o", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in listed.splitlines() if line.split()[1].endswith("/postgres")]
+
+
+def test_a_task_whose_session_the_server_ends_as_it_opens_waits_and_runs():
+    """A fast or immediate shutdown ends the sessions being opened before it reaches their
+    workers: such a task ended FAIL 08001 without having run, with pg_hba.conf's hint, and for
+    good without a retry (a probe: 3 tasks of 6,000 in bursts across 20 restarts).  Here the
+    task's session is held before its login (pre_auth_delay) and ended as a shutdown ends it
+    (SIGTERM: the server closes the connection without a word)."""
+    with throwaway_cluster() as cluster:
+        cluster.create_database("chaos")
+        launcher = Launcher(cluster.dsn("chaos")).start()
+        try:
+            with connect(cluster) as admin:
+                admin.execute("ALTER SYSTEM SET pre_auth_delay = '3s'")
+                admin.execute("SELECT pg_reload_conf()")
+
+                def login_waits() -> bool:
+                    began = time.monotonic()
+                    cluster.connect("chaos").close()
+                    return time.monotonic() - began > 2
+                wait_until(login_waits, 60, 0.1, "new sessions to wait before their login")
+                task = admin.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''ran''', false)"
+                                     " RETURNING id").fetchone()[0]
+                wait_until(lambda: admin.execute("SELECT state = 'TAKE' FROM task WHERE id = %s", [task]).fetchone()[0]
+                           and sessions_before_login(admin), 20, 0.02, "the task's session opening")
+                for pid in sessions_before_login(admin):
+                    os.kill(pid, signal.SIGTERM)
+                admin.execute("ALTER SYSTEM RESET pre_auth_delay")
+                admin.execute("SELECT pg_reload_conf()")
+                row = wait_until(lambda: admin.execute(
+                    "SELECT state::text, output, sqlstate, error FROM task WHERE id = %s AND state NOT IN"
+                    " ('PLAN', 'TAKE', 'WORK')", [task]).fetchone(), 30, 0.1, "the task to end")
+            assert row[:2] == ("DONE", "ran"), row
+            assert f"task {task} waits" in launcher.output(), launcher.output()  # (its session was the one ended)
+        finally:
+            launcher.stop()

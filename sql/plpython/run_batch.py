@@ -121,7 +121,7 @@ class BatchCall:
             try:
                 running.append(Running(task, *self.new_session(task)))
             except ConnectError as exc:
-                self.call.session_failed(task, exc)
+                self.call.session_failed(task, exc, opening=True)
 
     def take_untaken(self, running):
         """Take the given tasks whose rows were held, those now free; they join `running`."""
@@ -204,7 +204,7 @@ class BatchCall:
             try:
                 return session.advance() and session.ok
             except ConnectError as exc:
-                self.call.session_failed(entry.task, exc)
+                self.call.session_failed(entry.task, exc, opening=True)
                 return False
         if entry.reader is None:
             self.read_prepared(entry)

@@ -97,6 +97,12 @@ BUSY_SERVER = ("too many clients", "too many connections", "remaining connection
                # (EAGAIN: the server's socket has more connections waiting to be accepted than its
                # listen queue holds, as in a burst of several launchers: the task has not started)
                "Resource temporarily unavailable")
+# A local session the server ended while it was being opened, in a fast or immediate shutdown
+# (57P01, 57P02, or a close without a word from a backend not yet started), which reaches this
+# worker next: the task has not started, and waits.  It ended FAIL 08001 (pg_hba.conf's hint),
+# and for good without a retry, when that FAIL was committed before the worker's own end.
+SHUTDOWN_SQLSTATES = ("57P01", "57P02")
+CLOSED_UNSAID = "server closed the connection unexpectedly"
 # libpq's (English) words for a conninfo value it cannot use (port=abc, sslmode=sometimes), which it
 # finds only as it connects: the conninfo's mistake, like one that does not parse, not the network's.
 BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not match")
@@ -259,7 +265,7 @@ class WorkerCall:
         try:
             kept = self.sessions.take(task, choice, on_wait=lambda: self.wait_for_session(task))
         except ConnectError as exc:
-            self.session_failed(task, exc)
+            self.session_failed(task, exc, opening=True)
             return None
         except TakenBack:
             wake_launchers(self.ctx)
@@ -446,11 +452,13 @@ class WorkerCall:
                                " cancel: its server does not answer; the worker closed the session, and the"
                                " query may go on there until that server sees it closed", "57014")
 
-    def session_failed(self, task, exc):
-        """The task's session could not be opened or used: the task waits for a connection
-        slot when the server is full, else it fails with the reason (committed; no next task)."""
+    def session_failed(self, task, exc, opening=False):
+        """The task's session could not be opened (`opening`) or used: the task waits for a
+        connection slot when the server is full or going down, else it fails with the reason
+        (committed; no next task)."""
         self.sessions.close_kept()
-        if exc.sqlstate in BUSY_SQLSTATES or any(reason in str(exc) for reason in BUSY_SERVER):
+        if (exc.sqlstate in BUSY_SQLSTATES or any(reason in str(exc) for reason in BUSY_SERVER)
+                or opening and task["remote"] is None and ended_by_shutdown(exc)):
             # It never started: it waits for a connection slot, not FAIL.  One its launcher claimed
             # stays claimed until the launcher collects this call, gives it back and holds it for a
             # second (dispatch.py, HOLD_POSTPONED): given back here, it was claimed again at once by
@@ -659,6 +667,11 @@ def is_bad_conninfo_value(message):
     'invalid sslmode value: "..."' and the like)."""
     return any(words in message for words in BAD_CONNINFO_VALUE) or (
         message.startswith("invalid ") and ' value: "' in message)
+
+
+def ended_by_shutdown(exc):
+    """Whether a session's connect failed as a shutdown ends it (SHUTDOWN_SQLSTATES)."""
+    return exc.sqlstate in SHUTDOWN_SQLSTATES or exc.sqlstate is None and CLOSED_UNSAID in str(exc)
 
 
 def connect_failure_hint(task):
