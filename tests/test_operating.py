@@ -92,6 +92,11 @@ def test_task_stats_totals_follow_finished_rows_changed_by_hand(db):
         ("UPDATE task SET state = 'STOP' WHERE id = %s", ids[0]),  # an admin's repair, DONE -> STOP
         ("UPDATE task SET state = 'DONE', \"group\" = 'moved to' WHERE id = %s", ids[0]),  # STOP -> DONE, moved
         ("UPDATE task SET state = 'PLAN', plan = now() + interval '1 day' WHERE id = %s", ids[2]),  # run again
+        # An admin's end of a waiting or running task (not finish_task's): it was counted nowhere,
+        # and its DELETE drove the totals below zero (a probe).
+        ("UPDATE task SET state = 'DONE', stop = now() WHERE id = %s", ids[2]),
+        ("UPDATE task SET state = 'WORK', start = now(), pid = 1 WHERE id = %s", ids[2]),
+        ("UPDATE task SET state = 'FAIL', error = 'by hand' WHERE id = %s", ids[2]),
         ("DELETE FROM task WHERE id = %s", ids[1]),  # deleted in its new group
         ("UPDATE task SET state = 'FAIL', error = 'by hand' WHERE id = %s", ids[3]),  # DONE -> FAIL
         ("UPDATE task SET \"group\" = 'moved to' WHERE id = %s", ids[3]),  # and moved
@@ -104,7 +109,7 @@ def test_task_stats_totals_follow_finished_rows_changed_by_hand(db):
         assert db.sql(totals) == rows(), statement
     db.sql("RESET pgtaskpy.ending_task")
     db.sql("SELECT pgtaskpy.fold_group_counts()")
-    assert db.sql(totals) == rows() == [("moved from", 0, 1, 0), ("moved to", 2, 0, 0)]
+    assert db.sql(totals) == rows() == [("moved from", 0, 2, 0), ("moved to", 2, 0, 0)]
     assert db.value("SELECT last_error FROM task_stats WHERE \"group\" = 'moved from'") == "by hand"
 
 

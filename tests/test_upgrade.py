@@ -298,6 +298,28 @@ def test_the_counters_of_an_updated_database_start_from_its_finished_rows(cluste
                       " WHERE \"group\" = 'old'") == [(2, 3, 1, 2)]
 
 
+def test_the_counters_count_the_ends_written_as_the_update_ran(cluster: Cluster):
+    """A worker ending a task as ALTER EXTENSION ... UPDATE ran waits for the update's lock on the
+    table, then writes the end in the old version's code, which counts nothing: task_stats missed
+    an end for each such worker, for good, and went below zero once the rows were deleted (a probe)."""
+    with new_database(cluster) as db:
+        db.sql("DROP EXTENSION pg_task_py; CREATE EXTENSION pg_task_py VERSION '1.2'")
+        db.launcher()
+        db.sql("INSERT INTO task (input, \"group\", delete) SELECT 'SELECT pg_sleep(0.2)', 'g' || i % 4, false"
+               " FROM generate_series(1, 40) AS i")
+        wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 4, 20, 0.02,
+                   message="a task of each group running")
+        with psycopg.connect(db.dsn) as update:  # (held open while ends wait for it)
+            update.execute("ALTER EXTENSION pg_task_py UPDATE")
+            wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                        " AND application_name = 'pg_task_py worker'") == 4, 20, 0.05,
+                       message="each group's worker's end waiting for the update")
+        db.wait_all_done(60)
+        assert db.sql("SELECT \"group\", done_total FROM task_stats ORDER BY 1") == db.sql(
+            "SELECT \"group\", count(*) FROM task WHERE state = 'DONE' GROUP BY 1 ORDER BY 1") == [
+            (f"g{i}", 10) for i in range(4)]
+
+
 def test_the_update_gives_older_tasks_tz_utc_whatever_the_updating_sessions_pg_task_tz(cluster: Cluster):
     """The update filled `tz` of every existing row from the updating session's pg_task.tz: a zone
     nobody chose for those tasks' repeats, or one the server does not know, with which each

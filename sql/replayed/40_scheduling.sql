@@ -997,6 +997,7 @@ DECLARE
     -- task ended as task_stop)
     ended_at timestamptz := coalesce(task_stop, clock_timestamp());
 BEGIN
+    PERFORM set_config('pgtaskpy.counting_ends', 'on', true);  -- (task_ended counts it: 70_operating.sql)
     UPDATE @extschema@.task AS task
     SET state = end_state, stop = ended_at, output = task_output, error = task_error,
         notice = task_notice, worker = NULL, sqlstate = CASE WHEN end_state = 'FAIL' THEN task_sqlstate END
@@ -1069,6 +1070,7 @@ DECLARE
     ended_ids bigint[];
     prerequisite bigint;
 BEGIN
+    PERFORM set_config('pgtaskpy.counting_ends', 'on', true);  -- (task_ended counts them: 70_operating.sql)
     WITH ended_now AS (
         UPDATE @extschema@.task AS task
         SET state = end_state, stop = clock_timestamp(), output = NULL, error = task_error, notice = NULL,

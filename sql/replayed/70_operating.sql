@@ -160,6 +160,18 @@ CREATE TRIGGER task_count_stopped_update
     FOR EACH ROW WHEN (NEW.state = 'STOP' AND OLD.state <> 'STOP')
     EXECUTE FUNCTION pgtaskpy.count_finished_task();
 
+-- An end that the scheduler's finish_task and end_waiting_tasks did not write
+-- (they count theirs, and say so in pgtaskpy.counting_ends): an admin's end
+-- of a waiting or running task by hand, and an end an older version's
+-- finish_task wrote (one under way as ALTER EXTENSION ... UPDATE ran waited
+-- for the update's lock on the table, then went on in its old code, which
+-- counted nothing).  Uncounted, each drove the totals below zero once deleted.
+CREATE TRIGGER task_count_other_end_update
+    AFTER UPDATE OF state ON @extschema@.task
+    FOR EACH ROW WHEN (OLD.state IN ('PLAN', 'TAKE', 'WORK') AND NEW.state IN ('DONE', 'FAIL', 'GONE')
+                       AND current_setting('pgtaskpy.counting_ends', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION pgtaskpy.count_finished_task();
+
 CREATE TRIGGER task_recount_changed_update
     AFTER UPDATE OF owner, "group", state ON @extschema@.task
     FOR EACH ROW WHEN (OLD.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
