@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 from croniter import croniter
-from pg_task_py_testing import most_at_once, new_database, wait_until
+from pg_task_py_testing import insert_as, most_at_once, new_database, wait_until
 from psycopg import sql
 
 UTC = timezone.utc
@@ -552,15 +552,37 @@ def test_a_run_that_cancels_itself_with_stop_series_is_told_its_series_goes_on(r
     assert running.value("SELECT task_cancel(id, true) FROM task WHERE key = 'self' AND state = 'PLAN'") is True
 
 
+@pytest.mark.parametrize("owner", ["postgres", "series_author"])
 @pytest.mark.parametrize("schedule", [{"repeat": "1 s"}, {"cron": "1 seconds"}])
-def test_a_run_ends_its_unnamed_series_by_its_own_row(running, schedule):
+def test_a_run_ends_its_unnamed_series_by_its_own_row(running, schedule, owner):
     """A series without a key has no task_unschedule: its run ends it by writing its own row, as
-    README and task_cancel's HINT say (the end reads the row as it is then)."""
-    first = running.insert("UPDATE task SET repeat = '0', cron = NULL WHERE id = current_setting('pg_task.id')::bigint",
-                           delete=False, **schedule)
-    row = running.wait_done(first, 20)
-    assert (row["state"], row["output"]) == ("DONE", "UPDATE 1"), row
-    assert running.value("SELECT count(*) FROM task") == 1  # no next run
+    README and task_cancel's HINT say (the end reads the row as it is then).  A task author's
+    run was refused, `task N is running: only its data can change`, and its series went on
+    failing at every run (a probe)."""
+    ends = "UPDATE task SET repeat = '0', cron = NULL WHERE id = current_setting('pg_task.id')::bigint"
+    if owner == "postgres":
+        first = running.insert(ends, delete=False, **schedule)
+    else:
+        running.sql("CREATE ROLE series_author LOGIN IN ROLE pgtaskpy_user")
+        with running.connect("series_author") as author:
+            first = insert_as(author, ends, delete=False, **schedule)
+    try:
+        row = running.wait_done(first, 20)
+        assert (row["state"], row["output"]) == ("DONE", "UPDATE 1"), row
+        assert running.value("SELECT count(*) FROM task") == 1  # no next run
+        if owner != "postgres":  # From another session of the author too; nothing else may change.
+            with running.connect("series_author") as author:
+                sleeper = insert_as(author, "SELECT pg_sleep(1)", repeat="1 h", delete=False)
+                wait_until(lambda: running.task(sleeper)["state"] == "WORK", 20, message="the run running")
+                with pytest.raises(psycopg.errors.ObjectInUse, match="only its data can change"):
+                    author.execute("UPDATE task SET repeat = '0', input = 'SELECT 2' WHERE id = %s", [sleeper])
+                author.execute("UPDATE task SET repeat = '0' WHERE id = %s", [sleeper])
+            assert running.wait_done(sleeper)["state"] == "DONE"
+            assert running.value("SELECT count(*) FROM task WHERE input = 'SELECT pg_sleep(1)'") == 1
+    finally:
+        running.sql("DELETE FROM task")
+        if owner != "postgres":
+            running.sql("DROP ROLE series_author")
 
 
 def key_rows(db, key: str) -> list[dict]:

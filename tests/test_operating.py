@@ -614,7 +614,14 @@ def test_task_cancel_of_a_waiting_run_skips_it_and_its_series_goes_on(running, a
     hourly = alice.execute("INSERT INTO task (input, repeat, plan, delete) VALUES"
                            " ('SELECT 1', '1 hour', now() + interval '1 hour', false) RETURNING id").fetchone()[0]
     nightly = alice.execute("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1')").fetchone()[0]
-    for skipped, step in ((hourly, timedelta(hours=1)), (nightly, timedelta(days=1))):
+    # A drifting series counts from a run's stop: a skipped run's was the cancel, and the run after
+    # it came before it, at the cancel's time + repeat (a probe).
+    drifting = [alice.execute("INSERT INTO task (input, repeat, drift, plan, delete) VALUES"
+                              " ('SELECT 1', %s, true, now() + %s::interval, false) RETURNING id",
+                              [repeat, ahead]).fetchone()[0] for repeat, ahead in (("1 hour", "1 hour"),
+                                                                                     ("1 day", "1 day 2 hours"))]
+    for skipped, step in ((hourly, timedelta(hours=1)), (nightly, timedelta(days=1)),
+                          (drifting[0], timedelta(hours=1)), (drifting[1], timedelta(days=1))):
         assert bob.execute("SELECT task_cancel(%s)", [skipped]).fetchone() == (False,)  # not bob's
         assert alice.execute("SELECT task_cancel(%s)", [skipped]).fetchone() == (True,)
         following = running.sql("SELECT n.id, n.state::text, n.plan - s.plan FROM task AS n"

@@ -345,8 +345,14 @@ BEGIN
                       DETAIL = 'Ids ahead of the sequence task_id_seq are its to give: another task would get it.',
                       HINT = 'Leave id to its default.';
         END IF;
+        -- (but its series may end, repeat 0 and cron NULL, as README tells a run to end its own:
+        -- an author's run was refused, and its series went on failing at every run)
         IF TG_OP = 'UPDATE' AND OLD.state IN ('TAKE', 'WORK')
-           AND (to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]) THEN
+           AND ((to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]))
+           AND NOT ((to_jsonb(NEW) - '{data,hash,repeat,cron}'::text[])
+                    IS NOT DISTINCT FROM (to_jsonb(OLD) - '{data,hash,repeat,cron}'::text[])
+                    AND (NEW.repeat = OLD.repeat OR NEW.repeat = interval '0')
+                    AND (NEW.cron IS NOT DISTINCT FROM OLD.cron OR NEW.cron IS NULL)) THEN
             RAISE EXCEPTION 'task % is running: only its data can change', OLD.id
                 USING ERRCODE = 'object_in_use',
                       HINT = format('Cancel it with task_cancel(%s); change it when it has ended.', OLD.id);

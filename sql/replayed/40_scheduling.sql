@@ -892,6 +892,15 @@ BEGIN
 END
 $$;
 
+-- What a drifting series counts its next run from: the run's stop, or its plan
+-- when that is later (a waiting run skipped ahead of its time, task_cancel:
+-- counted from the cancel, the run after it came before it).
+CREATE FUNCTION pgtaskpy.drift_from(task @extschema@.task) RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT greatest(COALESCE(task.stop, clock_timestamp()), task.plan)
+$$;
+
 -- The next planned time of a repeating task.  cron: the first match after
 -- the old plan that is in the future (missed matches are skipped; drift does
 -- not apply).  repeat: old plan + k * repeat, the first such time in the
@@ -913,7 +922,7 @@ BEGIN
           OR date_part('year', task.repeat) <> 0 THEN
         RETURN pgtaskpy.next_plan_in_zone(task, zone);
     ELSIF task.drift THEN
-        RETURN COALESCE(task.stop, clock_timestamp()) + task.repeat;
+        RETURN pgtaskpy.drift_from(task) + task.repeat;
     END IF;
     -- Estimate k with arithmetic, then step to the first k whose time is in
     -- the future (next_plan_in_zone estimates a little short: months and days
@@ -936,7 +945,7 @@ DECLARE
     k bigint;
 BEGIN
     IF task.drift THEN
-        RETURN pgtaskpy.plus_in_zone(COALESCE(task.stop, clock_timestamp()), task.repeat, zone);
+        RETURN pgtaskpy.plus_in_zone(pgtaskpy.drift_from(task), task.repeat, zone);
     END IF;
     k := greatest(floor(extract(epoch FROM clock_timestamp() - task.plan) / extract(epoch FROM task.repeat) * 0.95), 1);
     WHILE pgtaskpy.plus_in_zone(task.plan, task.repeat * k, zone) <= clock_timestamp() LOOP

@@ -115,7 +115,7 @@ def test_standby_flag_and_config_entry(tmp_path):
 def test_a_standby_libpq_cannot_use_is_refused_without_dsn_too(standby):
     """With the libpq environment's database (no --dsn, no --config) it went unchecked: the
     launcher ran, and the tasks of target 'standby' ran on the primary without a word."""
-    with pytest.raises(SetupError, match="the libpq environment's database: the standby conninfo has an invalid"):
+    with pytest.raises(SetupError, match="--standby: the conninfo has an invalid"):
         load_settings(parse_args(["run", "--standby", standby]))
     assert [(s.dsn, s.standby) for s in load_settings(parse_args(["run", "--standby", "host=replica"]))] == [
         ("", "host=replica")]
