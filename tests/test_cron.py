@@ -572,10 +572,11 @@ def test_a_run_ends_its_unnamed_series_by_its_own_row(running, schedule, owner):
         assert running.value("SELECT count(*) FROM task") == 1  # no next run
         if owner != "postgres":  # From another session of the author too; nothing else may change.
             with running.connect("series_author") as author:
-                sleeper = insert_as(author, "SELECT pg_sleep(1)", repeat="1 h", delete=False)
+                sleeper = insert_as(author, "SELECT pg_sleep(1)", repeat="1 day", delete=False)
                 wait_until(lambda: running.task(sleeper)["state"] == "WORK", 20, message="the run running")
-                with pytest.raises(psycopg.errors.ObjectInUse, match="only its data can change"):
-                    author.execute("UPDATE task SET repeat = '0', input = 'SELECT 2' WHERE id = %s", [sleeper])
+                for change in ("repeat = '0', input = 'SELECT 2'", "repeat = '24 hours'"):  # (= '1 day')
+                    with pytest.raises(psycopg.errors.ObjectInUse, match="only its data can change"):
+                        author.execute(f"UPDATE task SET {change} WHERE id = %s", [sleeper])
                 author.execute("UPDATE task SET repeat = '0' WHERE id = %s", [sleeper])
             assert running.wait_done(sleeper)["state"] == "DONE"
             assert running.value("SELECT count(*) FROM task WHERE input = 'SELECT pg_sleep(1)'") == 1

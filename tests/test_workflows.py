@@ -232,6 +232,18 @@ def test_an_admin_re_arming_a_failed_step_and_its_stopped_dependents_runs_them_i
     running.sql("UPDATE task SET state = 'FAIL' WHERE id = %s", [a])
     running.sql("UPDATE task SET state = 'PLAN', error = NULL WHERE id = %s", [alone])
     assert running.wait_done(alone)["output"] == "alone"
+    # Re-armed with `after` dropped in the same UPDATE: it waits for nothing (it kept its count
+    # of 1 with no edge, for ever); a count set by hand in a later statement is kept.
+    dropped = running.insert("SELECT 'dropped'", delete=False, after=[a])
+    held = running.insert("SELECT 'held'", delete=False, after=[a])
+    assert [running.wait_done(i)["state"] for i in (dropped, held)] == ["STOP", "STOP"]
+    running.sql("UPDATE task SET state = 'PLAN', error = NULL, after = NULL WHERE id = %s", [dropped])
+    assert running.wait_done(dropped)["output"] == "dropped"
+    with running.connect() as conn, conn.transaction():
+        conn.execute("UPDATE task SET state = 'PLAN', error = NULL, plan = now() + interval '1 hour' WHERE id = %s",
+                     [held])
+        conn.execute("UPDATE task SET waiting_for = 5 WHERE id = %s", [held])
+    assert running.task(held)["waiting_for"] == 5
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 

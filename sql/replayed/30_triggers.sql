@@ -351,7 +351,8 @@ BEGIN
            AND ((to_jsonb(NEW) - '{data,hash}'::text[]) IS DISTINCT FROM (to_jsonb(OLD) - '{data,hash}'::text[]))
            AND NOT ((to_jsonb(NEW) - '{data,hash,repeat,cron}'::text[])
                     IS NOT DISTINCT FROM (to_jsonb(OLD) - '{data,hash,repeat,cron}'::text[])
-                    AND (NEW.repeat = OLD.repeat OR NEW.repeat = interval '0')
+                    -- (as text: '30 days' = '1 mon' and '24 hours' = '1 day' as intervals)
+                    AND (NEW.repeat::text = OLD.repeat::text OR NEW.repeat = interval '0')
                     AND (NEW.cron IS NOT DISTINCT FROM OLD.cron OR NEW.cron IS NULL)) THEN
             RAISE EXCEPTION 'task % is running: only its data can change', OLD.id
                 USING ERRCODE = 'object_in_use',

@@ -416,8 +416,9 @@ AS $$
 DECLARE
     pending bigint[];
 BEGIN
-    IF NOT EXISTS (SELECT FROM @extschema@.task AS d WHERE d.id = NEW.id AND d.state = 'PLAN') THEN
-        RETURN NULL;  -- ended, stopped or deleted again in this transaction
+    IF NOT EXISTS (SELECT FROM @extschema@.task AS d
+                   WHERE d.id = NEW.id AND d.state = 'PLAN' AND d.waiting_for = NEW.waiting_for) THEN
+        RETURN NULL;  -- ended, stopped or deleted again in this transaction, or its count set by hand
     END IF;
     SELECT array_agg(p.id ORDER BY p.id) INTO pending
     FROM (SELECT t.id FROM @extschema@.task AS t
@@ -529,7 +530,8 @@ BEGIN
         CREATE CONSTRAINT TRIGGER task_prerequisites_rearmed
             AFTER UPDATE OF state ON @extschema@.task DEFERRABLE INITIALLY DEFERRED
             FOR EACH ROW WHEN (OLD.state IN ('DONE', 'FAIL', 'STOP', 'GONE') AND NEW.state = 'PLAN'
-                               AND NEW.after IS NOT NULL AND NEW.waiting_for = OLD.waiting_for)
+                               AND (NEW.after IS NOT NULL OR NEW.waiting_for > 0)
+                               AND NEW.waiting_for = OLD.waiting_for)
             EXECUTE FUNCTION pgtaskpy.rearm_prerequisites();
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
