@@ -30,13 +30,13 @@ class ConnectionWaits:
         self.last: dict[int, float] = {}  # task id: its last refusal
         self.swept = clock()  # when the ended waits were last forgotten
 
-    def refused(self, task_id: int) -> tuple[int, str]:
-        """The level and text of the line of the task's refusal, now."""
+    def refused(self, task_id: int, reason: str = "no free connection for its session") -> tuple[int, str]:
+        """The level and text of the line of the task's refusal, now (`reason`: why it waits)."""
         now = self.clock()
         self._forget_ended(now)
         first = self.first.setdefault(task_id, now)
         self.last[task_id] = now
-        text = f"task {task_id} waits: no free connection for its session"
+        text = f"task {task_id} waits: {reason}"
         if task_id not in self.told:
             self.told[task_id] = now
             return logging.WARNING, text

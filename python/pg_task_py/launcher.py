@@ -511,12 +511,19 @@ def waits_told(waits: ConnectionWaits, event: dict, level: int, text: str) -> tu
     """The line of an event of a task that may wait for a free connection (connection_waits.py)."""
     kind = event.get("event")
     if kind == "postponed":
-        return waits.refused(event["id"])
+        return waits.refused(event["id"], postponed_reason(event))
     if kind == "start":
         return waits.handed_out(event["id"]), text
     if kind == "end":
         waits.ended(event["id"])
     return level, text
+
+
+def postponed_reason(event: dict) -> str:
+    """Why a task's session did not open and the task waits (a `postponed` event)."""
+    if event.get("server_down"):
+        return "its session's server is starting up or shutting down"
+    return "no free connection for its session"
 
 
 def describe(event: dict) -> tuple[int, str]:
@@ -544,7 +551,7 @@ def describe(event: dict) -> tuple[int, str]:
     if kind == "claim_error":
         return logging.ERROR, f"a worker could not claim its group's next task: {event['message']}"
     if kind == "postponed":
-        return logging.WARNING, f"task {event['id']} waits: no free connection for its session"
+        return logging.WARNING, f"task {event['id']} waits: {postponed_reason(event)}"
     if kind == "spare_failed":
         return logging.ERROR, f"cannot open a worker backend: {event['message']}"
     if kind == "spare_lost":  # (its first line, as of worker_error)

@@ -217,9 +217,10 @@ def collect(ctx, pool, name, worker, events):
             events.append({"event": "end", **ended})
         if report.get("claim_error"):  # (the task before it ended as it ended; a launcher claims the next)
             events.append({"event": "claim_error", "message": report["claim_error"], "worker": name})
-        for task_id in report["postponed"]:  # its session found no free connection
+        down = report.get("server_down", ())
+        for task_id in report["postponed"]:  # its session found no free connection, or its server going down
             pool.setdefault("held", {})[task_id] = time.monotonic() + HOLD_POSTPONED
-            events.append({"event": "postponed", "id": task_id})
+            events.append({"event": "postponed", "id": task_id, "server_down": task_id in down})
         if report["postponed"]:  # (once for the call: a burst's worker may report a hundred)
             limit_concurrency(ctx, pool)
         for unended in report.get("unended", ()):

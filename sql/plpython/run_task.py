@@ -97,6 +97,9 @@ BUSY_SERVER = ("too many clients", "too many connections", "remaining connection
                # (EAGAIN: the server's socket has more connections waiting to be accepted than its
                # listen queue holds, as in a burst of several launchers: the task has not started)
                "Resource temporarily unavailable")
+# The words of BUSY_SERVER that say the server is starting up or going down, not full.
+SERVER_DOWN = ("is not currently accepting connections", "the database system is starting up",
+               "the database system is shutting down", "the database system is not yet accepting connections")
 # A local session the server ended while it was being opened, in a fast or immediate shutdown
 # (57P01, 57P02, or a close without a word from a backend not yet started), which reaches this
 # worker next: the task has not started, and waits.  It ended FAIL 08001 (pg_hba.conf's hint),
@@ -138,8 +141,8 @@ class WorkerCall:
         self.claimer = claimer  # the launcher's session, which claimed the first task
         self.sessions = sessions or TaskSessions.of_worker(ctx)
         self.limit = None  # pg_task_py.output_limit
-        self.report = {"started": [], "ended": [], "postponed": [], "key": None, "ahead": 0, "claim_error": None,
-                       "unended": []}
+        self.report = {"started": [], "ended": [], "postponed": [], "server_down": [], "key": None, "ahead": 0,
+                       "claim_error": None, "unended": []}
         self.early = None  # the sessions ahead's login fingerprint, for the first task's choice only
 
     def run(self, task_id):
@@ -468,6 +471,8 @@ class WorkerCall:
             wake_launchers(self.ctx)
             self.ctx.commit()
             self.report["postponed"].append(task["id"])
+            if is_server_going_down(exc):  # (the launcher's log line says so, not "no free connection")
+                self.report["server_down"].append(task["id"])
         elif isinstance(exc, MalformedConninfo):  # pg_task's words
             self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc), sqlstate=BAD_SETTING)
         elif task["remote"] is not None and is_bad_conninfo_value(str(exc)):
@@ -667,6 +672,13 @@ def is_bad_conninfo_value(message):
     'invalid sslmode value: "..."' and the like)."""
     return any(words in message for words in BAD_CONNINFO_VALUE) or (
         message.startswith("invalid ") and ' value: "' in message)
+
+
+def is_server_going_down(exc):
+    """Whether a session's connect failed because its server is starting up or shutting down
+    (the task waits, as for a free connection, but there is no connection to free)."""
+    return (exc.sqlstate == "57P03" or ended_by_shutdown(exc)
+            or any(words in str(exc) for words in SERVER_DOWN))
 
 
 def ended_by_shutdown(exc):

@@ -62,6 +62,10 @@ def test_cancel_and_unknown_events_read_as_words_not_json(caplog):
      logging.WARNING, "task 3: its worker failed (FATAL:  terminating connection); the task waits again if it"
      " had not started, else it ends FAIL once its session has ended"),
     ({"event": "postponed", "id": 4}, logging.WARNING, "task 4 waits: no free connection for its session"),
+    ({"event": "postponed", "id": 4, "server_down": False}, logging.WARNING,
+     "task 4 waits: no free connection for its session"),
+    ({"event": "postponed", "id": 4, "server_down": True}, logging.WARNING,
+     "task 4 waits: its session's server is starting up or shutting down"),
     ({"event": "claim_error", "message": "boom", "worker": "w1"}, logging.ERROR,
      "a worker could not claim its group's next task: boom"),
     ({"event": "unended", "id": 5, "message": "the DBA refuses"}, logging.ERROR,
