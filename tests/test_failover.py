@@ -398,9 +398,12 @@ def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_prim
                             " AND state = 'DONE'", [series, series]).fetchall() == [("standby", "t")]
         conn.execute("UPDATE task SET state = 'STOP' WHERE state = 'PLAN'")
 
-    # The standby stopped: its tasks run on the primary.
+    # The standby stopped: its tasks run on the primary, and the launcher's log says so.
     pair.standby.stop("fast")
-    assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "f"
+    fell_back = insert(pair.primary, WHERE, target="standby")
+    assert wait_task(pair.primary, fell_back)["output"] == "f"
+    wait_until(lambda: f"task {fell_back} of target standby runs on the primary, read-only: the standby could not"
+               " be used: " in launcher.output(), 10, message="the launcher to log the fallback")
     pair.standby.start()
     pair.wait_streaming()
     assert wait_task(pair.primary, insert(pair.primary, WHERE, target="standby"))["output"] == "t"
@@ -419,6 +422,8 @@ def test_target_standby_runs_read_only_on_the_standby_and_falls_back_to_the_prim
         conn.execute("SELECT pg_wal_replay_pause()")
         assert after_a_write(4) == "false 1"
         conn.execute("SELECT pg_wal_replay_resume()")
+    wait_until(lambda: "runs on the primary, read-only: the standby had not replayed what the primary had written"
+               in launcher.output(), 10, message="the launcher to log why the task `after` ran on the primary")
     pair.wait_replayed()
 
     # The standby lags more than pg_task_py.standby_max_lag: on the primary, until it catches up.
@@ -495,7 +500,10 @@ def test_target_is_null_or_standby(db):
 def test_target_standby_without_a_standby_runs_on_the_primary(running):
     """A launcher without --standby: a task of target 'standby' runs where its table is, read-only
     as on a standby (a write there succeeded whenever the standby was down or behind)."""
-    assert running.wait_done(running.insert(WHERE, target="standby"))["output"] == "f"
+    task_id = running.insert(WHERE, target="standby")
+    assert running.wait_done(task_id)["output"] == "f"
+    wait_until(lambda: f"task {task_id} of target standby runs on the primary, read-only: its launcher has no"
+               " --standby" in running.launchers[0].output(), 10, message="the launcher to log the fallback")
     running.sql("CREATE TABLE written (i int)")
     write = running.wait_done(running.insert("INSERT INTO written VALUES (1)", target="standby", delete=False))
     assert write["error"].startswith("ERROR:  cannot execute INSERT in a read-only transaction"), write

@@ -1,4 +1,5 @@
-"""Tell a task's wait for a free connection once, not at every try.
+"""Tell a task's wait for a free connection once, not at every try; and the same of other lines
+that may come at every task (ToldEvery).
 
 A task whose session the server refuses for lack of connections (its role or database at its
 CONNECTION LIMIT, the server full, a remote refusing) waits again and is handed out once a
@@ -60,3 +61,27 @@ class ConnectionWaits:
         self.swept = now
         for task_id in [task_id for task_id, last in self.last.items() if now - last > FORGET_AFTER]:
             self.ended(task_id)
+
+
+class ToldEvery:
+    """Lines of one kind told at WARNING once every TELL_EVERY seconds, the others at DEBUG.
+
+    A standby that is down or behind sends every task of target 'standby' to the primary: a
+    line a task, at WARNING, would bury the log under a reporting load's tasks.  The first of a
+    kind (of reason) is told, then once a minute with how many went to DEBUG since.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last: dict[str, float] = {}  # kind: when it was last told at WARNING
+        self.untold: dict[str, int] = {}  # kind: lines at DEBUG since
+
+    def told(self, kind: str, text: str) -> tuple[int, str]:
+        """The level and text of a line of `kind`, now."""
+        now = self.clock()
+        if kind in self.last and now - self.last[kind] < TELL_EVERY:
+            self.untold[kind] = self.untold.get(kind, 0) + 1
+            return logging.DEBUG, text
+        self.last[kind] = now
+        since = self.untold.pop(kind, 0)
+        return logging.WARNING, f"{text} (and {since} more since the last such line)" if since else text

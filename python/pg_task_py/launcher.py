@@ -18,7 +18,7 @@ import psycopg
 import psycopg.sql
 
 from pg_task_py import __version__
-from pg_task_py.connection_waits import ConnectionWaits
+from pg_task_py.connection_waits import ConnectionWaits, ToldEvery
 from pg_task_py.metrics import Metrics
 from pg_task_py.turns import TurnWatch
 
@@ -131,6 +131,7 @@ class Scheduler:
         self.snapshot_since: object = None  # the database's now() of the last one
         self.turns: TurnWatch | None = None  # what holds up the turns of the session in use
         self.waits = ConnectionWaits()  # tasks whose sessions found no free connection lately
+        self.fallbacks = ToldEvery()  # standby tasks run on the primary, told once a minute a reason
         if metrics:
             metrics.expect(self.name)
 
@@ -287,7 +288,7 @@ class Scheduler:
             ).fetchone()
         events = events if isinstance(events, list) else json.loads(events)
         for event in events:
-            log_event(self.name, event, self.waits)
+            log_event(self.name, event, self.waits, self.fallbacks)
         if self.metrics:
             self.metrics.turn(self.name, events, running)
             if time.monotonic() >= self.snapshot_at:
@@ -495,13 +496,17 @@ def is_older(extension: str | None, launcher: str) -> bool:
     return installed is not None and wanted is not None and installed < wanted[:2]
 
 
-def log_event(database: str, event: dict, waits: ConnectionWaits | None = None) -> None:
+def log_event(database: str, event: dict, waits: ConnectionWaits | None = None,
+              fallbacks: ToldEvery | None = None) -> None:
     """One readable line per event from dispatch(); with --log-json its fields go along as they are.
-    `waits`: the database's tasks waiting for a free connection, whose tries go to DEBUG."""
+    `waits`: the database's tasks waiting for a free connection, whose tries go to DEBUG;
+    `fallbacks`: its standby tasks run on the primary, told at WARNING once a minute a reason."""
     try:
         level, text = describe(event)
         if waits is not None:
             level, text = waits_told(waits, event, level, text)
+        if fallbacks is not None and event.get("event") == "standby_fallback":
+            level, text = fallbacks.told(str(event.get("why")), text)
     except (KeyError, TypeError, ValueError):  # an event shaped otherwise (another version's): show it all
         level, text = logging.INFO, describe_other(event)
     log.log(level, "%s: %s", database, text, extra={"fields": {"database": database, **event}})
@@ -552,6 +557,9 @@ def describe(event: dict) -> tuple[int, str]:
         return logging.ERROR, f"a worker could not claim its group's next task: {event['message']}"
     if kind == "postponed":
         return logging.WARNING, f"task {event['id']} waits: {postponed_reason(event)}"
+    if kind == "standby_fallback":
+        return logging.WARNING, (f"task {event['id']} of target standby runs on the primary, read-only:"
+                                 f" {event['reason']}")
     if kind == "spare_failed":
         return logging.ERROR, f"cannot open a worker backend: {event['message']}"
     if kind == "spare_lost":  # (its first line, as of worker_error)

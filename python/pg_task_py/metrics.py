@@ -43,6 +43,8 @@ class Metrics:
                              registry=self.registry)
         self.paused = Gauge("pg_task_py_paused_seconds", "Seconds since the group's task_pause, by owner and group",
                             ["database", "owner", "group"], registry=self.registry)
+        self.standby_fallbacks = Counter("pg_task_py_standby_fallbacks", "Tasks of target 'standby' run on the"
+                                         " primary instead (read-only)", ["database"], registry=self.registry)
         self.reconnects = Counter("pg_task_py_reconnects", "Connections lost or refused, then retried",
                                   ["database"], registry=self.registry)
         self.last_turn = Gauge("pg_task_py_last_turn_timestamp_seconds", "Unix time of the last successful turn",
@@ -66,6 +68,7 @@ class Metrics:
         """The database's counters, at 0: an alert on their rate has a series before the first event."""
         self.reconnects.labels(database)
         self.started.labels(database)
+        self.standby_fallbacks.labels(database)
         for state in ("DONE", "FAIL", "GONE", "STOP"):
             self.ended.labels(database, state)
 
@@ -98,7 +101,7 @@ class Metrics:
         self._remove_gauges(database, keep=(self.last_turn,))
 
     def _remove_counters(self, old: str) -> None:
-        for counter in (self.reconnects, self.started):
+        for counter in (self.reconnects, self.started, self.standby_fallbacks):
             with contextlib.suppress(KeyError):
                 counter.remove(old)
         for state in ("DONE", "FAIL", "GONE", "STOP"):
@@ -133,6 +136,8 @@ class Metrics:
                     self.run_time.labels(database).observe(event["seconds"])
             elif kind == "expired":  # (housekeeping's: not started within `active`)
                 self.ended.labels(database, "GONE").inc(event.get("count", 0))
+            elif kind == "standby_fallback":
+                self.standby_fallbacks.labels(database).inc()
             elif kind == "misconfigured":  # (housekeeping's: their owner's role_running_limit is bad)
                 self.ended.labels(database, "FAIL").inc(event.get("count", 0))
         self.running.labels(database).set(running)

@@ -225,6 +225,8 @@ def collect(ctx, pool, name, worker, events):
             limit_concurrency(ctx, pool)
         for unended in report.get("unended", ()):
             events.append({"event": "unended", **unended})
+        for fallback in report.get("standby_fallbacks", ()):  # a task of target 'standby' run here
+            events.append({"event": "standby_fallback", **fallback})
     if error and first_task == WARM_UP:
         # (a spare that a DBA's reaper of idle sessions terminated, say: another is opened)
         disconnect(ctx, pool, name)

@@ -168,6 +168,7 @@ class WorkerCall:
             if task is not None:
                 self.report["started"].append(task["id"])
         self.sessions.worker_returns()
+        self.report["standby_fallbacks"] = self.sessions.take_standby_fallbacks()
         kept = self.sessions.kept
         self.report["key"] = list(kept.key) if kept is not None else None
         self.report["ahead"] = len(self.sessions.ahead)

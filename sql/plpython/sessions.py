@@ -264,6 +264,9 @@ class TaskSessions:
         # (owner, login_fingerprint) read by the latest choice, for the sessions start_ahead
         # starts next: read before they start, it is as good as a new read (one a task, not two).
         self.chosen_with = None
+        # Tasks of target 'standby' that ran here instead, and why: {"id", "reason"}, for the
+        # launcher's log (a reporting load that moved to the primary was seen nowhere).
+        self.standby_fallbacks = []
 
     @classmethod
     def of_worker(cls, ctx):
@@ -343,8 +346,10 @@ class TaskSessions:
         if task["remote"] is not None:
             session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
-            session = (self.open_standby(task["owner"], caught_up=task["after_others"])
-                       or self.open_local(task["owner"], STANDBY_FALLBACK_OPTIONS))
+            session, (why, reason) = self.open_standby(task["owner"], caught_up=task["after_others"])
+            if session is None:
+                session = self.open_local(task["owner"], STANDBY_FALLBACK_OPTIONS)
+                self.standby_fallbacks.append({"id": task["id"], "why": why, "reason": reason})
         elif choice.ahead is not None and choice.ready:
             self.ahead.remove(choice.ahead)
             session, settings = choice.ahead.session, choice.ahead.settings
@@ -463,6 +468,11 @@ class TaskSessions:
                         return entry
             entry.session.close()
 
+    def take_standby_fallbacks(self):
+        """The standby tasks run here since the last look (standby_fallbacks), forgotten."""
+        fallbacks, self.standby_fallbacks = self.standby_fallbacks, []
+        return fallbacks
+
     def worker_returns(self):
         """The worker goes back to its launcher: close the sessions started ahead with a task's
         settings (it does not know which task it is given next, and they run no other), and
@@ -517,14 +527,15 @@ class TaskSessions:
 
     def open_standby(self, owner, caught_up=False):
         """A session of `owner` in this database on the launcher's standby (--standby), read-only
-        as every session of a standby is; None when the launcher gave none, it cannot be reached,
-        it is not in recovery, or it lags more than pg_task_py.standby_max_lag (`caught_up`: it
-        has not replayed all the primary has written within STANDBY_CATCH_UP_WAIT): the task then
-        runs here, on the primary.  The conninfo's host, port and options are used; user,
-        password and database are the task's own, as for a session here."""
+        as every session of a standby is, and (None, None); or None and why the task runs here, on
+        the primary, instead (a kind and a sentence): the launcher gave no standby, it cannot be reached, it is not in
+        recovery, or it lags more than pg_task_py.standby_max_lag (`caught_up`: it has not
+        replayed all the primary has written within STANDBY_CATCH_UP_WAIT).  The conninfo's host,
+        port and options are used; user, password and database are the task's own, as for a
+        session here."""
         conninfo = self.ctx.run("standby", "SELECT pg_catalog.current_setting('pgtaskpy.standby', true) AS s")[0]["s"]
         if not conninfo:
-            return None
+            return None, ("no_standby", "its launcher has no --standby")
         limit = self.ctx.run("standby_limit", "SELECT pgtaskpy.standby_max_lag() AS lag,"
                              " pg_catalog.pg_current_wal_flush_lsn()::text AS lsn,"
                              " pg_catalog.pg_current_wal_insert_lsn()::text AS written")[0]
@@ -536,8 +547,8 @@ class TaskSessions:
                         application_name=self.ctx.name_of("task"), client_encoding=TASK_CLIENT_ENCODING)
         try:
             session = Session(keywords)
-        except ConnectError:
-            return None
+        except ConnectError as exc:
+            return None, ("unreachable", f"the standby could not be used: {first_line(exc)}")
         position = limit["written" if caught_up else "lsn"]
         allowed = 0.0 if caught_up else float(limit["lag"])
         # A standby that replays up to `position` within `allowed` seconds lagged less than that
@@ -550,13 +561,21 @@ class TaskSessions:
             while lag is not None and float(lag) > allowed and time.monotonic() < deadline:
                 time.sleep(STANDBY_CATCH_UP_STEP)
                 lag = session.execute(STANDBY_LAG, [position])[0][0]
-        except ConnectError:
-            lag = None
-        if lag is None or float(lag) > allowed:
+        except ConnectError as exc:
             session.close()
-            return None
-        session.on_standby = True  # (run_task.py: a kept one is not used once its server is promoted)
-        return session
+            return None, ("unreachable", f"the standby's session failed: {first_line(exc)}")
+        if lag is not None and float(lag) <= allowed:
+            session.on_standby = True  # (run_task.py: a kept one is not used once its server is promoted)
+            return session, (None, None)
+        session.close()
+        if lag is None:
+            return None, ("not_in_recovery", "the standby is not in recovery")
+        if caught_up:
+            return None, ("behind", f"the standby had not replayed what the primary had written when the task's"
+                          f" session was asked for (its prerequisites' ends) within {STANDBY_CATCH_UP_WAIT:g} s")
+        lag = float(lag)
+        behind = "has replayed no transaction since it started" if lag == float("inf") else f"lags {lag:.1f} s"
+        return None, ("behind", f"the standby {behind}, more than pg_task_py.standby_max_lag ({allowed:g} s)")
 
     def open_remote(self, task, on_wait=None):
         """The session on `remote`, under dblink's rule for roles that are not superusers:
@@ -675,3 +694,8 @@ class TaskSessions:
         rows = self.ctx.run("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1",
                             ["name"], [owner])
         return bool(rows and rows[0]["rolsuper"])
+
+
+def first_line(exc):
+    """An error's first line: libpq's go on with details and hints."""
+    return (str(exc).strip().splitlines() or [""])[0]

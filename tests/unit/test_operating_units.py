@@ -34,13 +34,15 @@ def test_metrics_from_dispatch_events():
     metrics.expect("app")
     assert metrics.stale() == ["app"]  # no turn yet
     events = [{"event": "start", "id": 1}, {"event": "end", "id": 1, "state": "DONE", "seconds": 0.02},
-              {"event": "end", "id": 2, "state": "FAIL", "seconds": None}, {"event": "recovered", "count": 1}]
+              {"event": "end", "id": 2, "state": "FAIL", "seconds": None}, {"event": "recovered", "count": 1},
+              {"event": "standby_fallback", "id": 3, "why": "unreachable", "reason": "the standby could not be used"}]
     metrics.turn("app", events, running=3)
     metrics.snapshot("app", [("alice", "mail", 4, 90.0)], [0.5, 0.25], workers=2, paused=[("alice", "mail", 30.0)])
     text = generate_latest(metrics.registry).decode()
     for line in ('pg_task_py_tasks_started_total{database="app"} 1.0',
                  'pg_task_py_tasks_ended_total{database="app",state="DONE"} 1.0',
                  'pg_task_py_tasks_ended_total{database="app",state="FAIL"} 1.0',
+                 'pg_task_py_standby_fallbacks_total{database="app"} 1.0',
                  'pg_task_py_task_run_seconds_count{database="app"} 1.0',
                  'pg_task_py_task_start_lag_seconds_count{database="app"} 2.0',
                  'pg_task_py_running_tasks{database="app"} 3.0',
@@ -148,6 +150,7 @@ def test_a_databases_counters_are_served_at_zero_before_their_first_event():
     assert "dbname=app" not in text
     assert 'pg_task_py_reconnects_total{database="app@/run:5432"} 0.0' in text
     assert 'pg_task_py_tasks_started_total{database="app@/run:5432"} 0.0' in text
+    assert 'pg_task_py_standby_fallbacks_total{database="app@/run:5432"} 0.0' in text
     assert 'pg_task_py_tasks_ended_total{database="app@/run:5432",state="FAIL"} 0.0' in text
 
 

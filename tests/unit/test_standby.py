@@ -1,8 +1,11 @@
 """The launcher's reading of a failed connection during a failover, in process: no server."""
 
+import logging
+
 import psycopg
 import pytest
-from pg_task_py.launcher import describe, is_fatal, only_standbys
+from pg_task_py.connection_waits import ToldEvery
+from pg_task_py.launcher import describe, is_fatal, log_event, only_standbys
 
 # libpq's message for a multi-host conninfo with target_session_attrs=read-write while the primary is
 # down and the standby not yet promoted (as psycopg reports it).
@@ -53,3 +56,25 @@ def test_a_login_no_retry_can_fix_is_fatal(message):
 
 def test_the_standby_answer_of_dispatch_has_a_line():
     assert describe({"event": "standby"})[1] == "a standby (in recovery): running nothing"
+
+
+def test_standby_tasks_run_on_the_primary_are_told_once_a_minute_a_kind(caplog):
+    """A standby that is down sends every task of target standby to the primary: a WARNING a
+    task would bury the log; the first of a kind is told, then once a minute with a count."""
+    caplog.set_level(logging.DEBUG, logger="pg_task_py")
+    now = [100.0]
+    fallbacks = ToldEvery(clock=lambda: now[0])
+
+    def fell_back(task_id: int, why: str, reason: str) -> None:
+        log_event("db", {"event": "standby_fallback", "id": task_id, "why": why, "reason": reason}, None, fallbacks)
+        now[0] += 10.0
+    for task_id in range(1, 8):  # a task every 10 s for 70 s
+        fell_back(task_id, "unreachable", "the standby could not be used: connection refused")
+    fell_back(8, "behind", "the standby lags 12.0 s, more than pg_task_py.standby_max_lag (10 s)")
+    told = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
+    refused = "of target standby runs on the primary, read-only: the standby could not be used: connection refused"
+    assert told == [("WARNING", f"db: task 1 {refused}"),
+                    ("WARNING", f"db: task 7 {refused} (and 5 more since the last such line)"),
+                    ("WARNING", "db: task 8 of target standby runs on the primary, read-only: the standby lags"
+                                " 12.0 s, more than pg_task_py.standby_max_lag (10 s)")]
+    assert len(caplog.records) == 8  # (the others at DEBUG)
