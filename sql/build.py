@@ -214,13 +214,25 @@ def released_steps(old: str, previous: str) -> list[pathlib.Path]:
     return [HERE / f"pg_task_py--{a}--{b}.sql" for a, b in zip(chain, chain[1:])]
 
 
+def ascii_only(script: str) -> str:
+    """The script, which must be ASCII: PostgreSQL reads an extension's script in the database's
+    encoding, and a UTF-8 '…' in a comment failed CREATE EXTENSION in an EUC_JP database (and
+    a string literal's was read as three LATIN1 characters in a LATIN1 one)."""
+    for number, line in enumerate(script.splitlines(), 1):
+        if not line.isascii():
+            wide = next(char for char in line if not char.isascii())
+            sys.exit(f"build.py: line {number} of the script holds {wide!r} (U+{ord(wide):04X}): the script must be"
+                     f" ASCII (write it as a Python escape, or in words):\n{line.strip()}")
+    return script
+
+
 def main() -> None:
     if sys.argv[1:2] == ["install"]:
-        sys.stdout.write(install_script())
+        sys.stdout.write(ascii_only(install_script()))
     elif sys.argv[1:2] == ["upgrade"] and len(sys.argv) == 4:
-        sys.stdout.write(upgrade_script(sys.argv[2], sys.argv[3]))
+        sys.stdout.write(ascii_only(upgrade_script(sys.argv[2], sys.argv[3])))
     elif sys.argv[1:2] == ["upgrade"] and len(sys.argv) == 5:
-        sys.stdout.write(direct_upgrade_script(sys.argv[2], sys.argv[3], sys.argv[4]))
+        sys.stdout.write(ascii_only(direct_upgrade_script(sys.argv[2], sys.argv[3], sys.argv[4])))
     else:
         sys.exit("usage: build.py install | build.py upgrade OLD NEW | build.py upgrade OLD PREVIOUS NEW")
 

@@ -210,6 +210,11 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
             assert (row["state"], row["output"]) == ("DONE", "remote_user"), row
             row = running.wait_done(insert(conninfo(remote) + " replication=database"))
             assert (row["state"], row["sqlstate"]) == ("FAIL", "22023") and "replication connection" in row["error"]
+            # a client certificate's files are the server OS user's, as its ~/.pgpass is
+            for certificate in ("sslcert=/etc/ssl/certs/ssl-cert-snakeoil.pem", "sslkey=/etc/ssl/private/k.key"):
+                row = running.wait_done(insert(conninfo(remote) + f" sslmode=prefer {certificate}"))
+                assert (row["state"], row["sqlstate"]) == ("FAIL", "22023"), row
+                assert "cannot name a client certificate (sslcert, sslkey)" in row["error"], row
             # with a password the remote server checks, it runs
             row = running.wait_done(insert(conninfo(remote)))
             assert (row["state"], row["output"]) == ("DONE", "remote_user")
@@ -219,16 +224,18 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
         running.sql("DROP ROLE carol")
 
 
-def test_a_remote_without_user_or_host_logs_in_as_the_owner_on_this_server(running):
+@pytest.mark.parametrize("remote", ["dbname=postgres", "dbname=postgres user='' host='' port=''"])
+def test_a_remote_without_user_or_host_logs_in_as_the_owner_on_this_server(running, remote):
     """`remote => 'dbname=other'` (pg_cron's schedule_in_database): libpq's defaults logged in as
     the server's OS user, postgres, whoever owned the task, and on the socket and port libpq was
-    built with, not this server's."""
+    built with, not this server's.  So did `user=''` and `host=''` (libpq reads an empty value
+    as none, and the conninfo's replaced the owner and this server's socket)."""
     running.sql("CREATE ROLE cron_admin SUPERUSER LOGIN")
     try:
         with running.connect("cron_admin") as admin:
             task_id = admin.execute("INSERT INTO task (input, remote, delete) VALUES"
-                                    " ('SELECT current_database(), current_user, session_user', 'dbname=postgres',"
-                                    " false) RETURNING id").fetchone()[0]
+                                    " ('SELECT current_database(), current_user, session_user', %s,"
+                                    " false) RETURNING id", [remote]).fetchone()[0]
         row = running.wait_done(task_id, 30)
         assert (row["state"], row["output"]) == (
             "DONE", "current_database\tcurrent_user\tsession_user\npostgres\tcron_admin\tcron_admin"), row["error"]

@@ -367,3 +367,36 @@ def test_default_privileges_that_revoke_execute_from_public_change_no_routines_g
         finally:
             hardened.sql(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             hardened.sql(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.mark.parametrize("encoding", ["EUC_JP", "LATIN1"])
+@pytest.mark.parametrize("old", [None, RELEASED[-1]])
+def test_the_extension_installs_and_updates_in_a_database_of_any_server_encoding(cluster: Cluster, encoding, old):
+    """PostgreSQL reads an extension's script in the database's encoding: a UTF-8 character in
+    a comment of 1.3's failed CREATE EXTENSION and the update in an EUC_JP database (`invalid
+    byte sequence for encoding "EUC_JP"`), and a literal's was three LATIN1 characters in a
+    LATIN1 one.  Every script is ASCII (sql/build.py refuses to build one that is not)."""
+    for script in (REPO / "sql").glob("pg_task_py--*.sql"):
+        assert script.read_bytes().isascii(), script.name
+    name = f"encoded_{encoding.lower()}"
+    with cluster.connect() as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+            sql.Identifier(name), sql.Literal(encoding)))
+    try:
+        with cluster.connect(name) as conn:
+            conn.execute("CREATE EXTENSION pg_task_py CASCADE" + (f" VERSION '{old}'" if old else ""))
+            if old:
+                conn.execute("ALTER EXTENSION pg_task_py UPDATE")
+            assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'").fetchone() == (
+                CURRENT,)
+            launcher = Launcher(cluster.dsn(name)).start()
+            try:
+                task = conn.execute("INSERT INTO task (input, remote, delete) VALUES ('SELECT 1',"
+                                    " 'postgresql://app:SuperSecret6@[::1/b', false) RETURNING id").fetchone()[0]
+                error = wait_until(lambda: conn.execute("SELECT error FROM task WHERE id = %s AND state = 'FAIL'",
+                                                        [task]).fetchone(), 30, 0.05, "the task to fail")[0]
+            finally:
+                assert launcher.stop() == 0, launcher.output()
+        assert 'looking for matching "]" in IPv6 host address in URI: "..."' in error, error
+    finally:
+        drop_database(cluster, name)

@@ -220,18 +220,32 @@ def _uri_with_unencoded_userinfo(conninfo):
 
 def _without_conninfo_text(message, conninfo):
     """libpq's message of a malformed conninfo, each quoted piece of the conninfo in it (the
-    whole URI, or a word: a password, perhaps) as "…", but for the keywords libpq knows and
-    punctuation ("]"): the message goes into the task's `error`, which must hold no password."""
-    import re  # noqa: PLC0415 (here, on a malformed conninfo only: as in _without_sqlstate)
+    whole URI, or a word: a password, perhaps) as "...", but for the keywords libpq knows and
+    punctuation ("]"): the message goes into the task's `error`, which must hold no password.
 
+    libpq quotes a piece as it is, quotes inside it too: from each quote, the piece hidden is
+    the longest the conninfo holds (a password `p"SECRET` left `SECRET"` in the error when
+    pieces ended at the next quote)."""
     keywords = set(_options_set(PQconndefaults(), every=True))
 
-    def hidden(quoted):
-        piece = quoted.group(1)
-        kept = (len(piece) == 1 and not piece.isalnum()) or piece in keywords or piece not in conninfo
-        return quoted.group(0) if kept else '"…"'
+    def told(piece):
+        return (len(piece) == 1 and not piece.isalnum()) or piece in keywords or piece not in conninfo
 
-    return re.sub(r'"([^"]*)"', hidden, message)
+    lines = []
+    for line in message.split("\n"):
+        quotes = [at for at, char in enumerate(line) if char == '"']
+        kept, done, index = [], 0, 0
+        while index < len(quotes):
+            start = quotes[index]
+            end = next((later for later in range(len(quotes) - 1, index, -1)
+                        if not told(line[start + 1:quotes[later]])), None)
+            if end is None:
+                index += 1
+                continue
+            kept.append(line[done:start] + '"..."')
+            done, index = quotes[end] + 1, end + 1
+        lines.append("".join(kept) + line[done:])
+    return "\n".join(lines)
 
 
 def _options_set(options, every=False):

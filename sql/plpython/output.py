@@ -117,7 +117,7 @@ def settled(text, decode):
     hold such bytes are read again by `decode` (bytes to str), in the session's client_encoding
     once the input has ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
     that encoding at once, but libpq learns of the change only as the input ends: its results
-    were read as UTF-8, and 'café' was stored 'caf\ufffd'.  Bytes that are not text in `codec`
+    were read as UTF-8, and 'caf\u00e9' was stored 'caf\ufffd'.  Bytes that are not text in `codec`
     either are replaced (U+FFFD).  None stays None."""
     if text is None or _is_plain(text):
         return text
@@ -143,7 +143,7 @@ def format_error(result, statement, fallback=""):
     """An error result as the server log prints it (elog.c, send_message_to_server_log), ending
     with the statement: the same lines, labels, positions and tabs.  Its fields are read as the
     output is (`escaped`), for `settled` to read again in the session's encoding: a task that SET
-    client_encoding had its error's 'é' stored as U+FFFD."""
+    client_encoding had its error's U+00E9 stored as U+FFFD."""
     severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
     message = result.field(PG_DIAG_MESSAGE_PRIMARY, escaped=True)
     first = f"{severity}:  {with_tabs(message or fallback or 'missing error text')}"

@@ -98,8 +98,9 @@ BUSY_SERVER = ("too many clients", "too many connections", "remaining connection
                # listen queue holds, as in a burst of several launchers: the task has not started)
                "Resource temporarily unavailable")
 # The words of BUSY_SERVER that say the server is starting up or going down, not full.
-SERVER_DOWN = ("is not currently accepting connections", "the database system is starting up",
-               "the database system is shutting down", "the database system is not yet accepting connections")
+# (not "is not currently accepting connections": a database's ALLOW_CONNECTIONS false, 55000)
+SERVER_DOWN = ("the database system is starting up", "the database system is shutting down",
+               "the database system is not yet accepting connections")
 # A local session the server ended while it was being opened, in a fast or immediate shutdown
 # (57P01, 57P02, or a close without a word from a backend not yet started), which reaches this
 # worker next: the task has not started, and waits.  It ended FAIL 08001 (pg_hba.conf's hint),
@@ -243,7 +244,7 @@ class WorkerCall:
             ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
                                 sqlstate=sqlstate, stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"))
         except self.ctx.plpy.spiexceptions.UntranslatableCharacter as exc:
-            # A remote task's text with a character this database's encoding lacks (a '€' into a
+            # A remote task's text with a character this database's encoding lacks (U+20AC into a
             # LATIN1 database): the end could not be written, the worker's call failed, and the
             # task ended later as a lost run (08006, retried as a network error).  It fails saying so.
             output = notices = None
@@ -726,6 +727,6 @@ def output_limit(ctx):
     value, source, _ = cached
     if not value:
         return OUTPUT_LIMIT_DEFAULT
-    if not (value.strip().isascii() and value.strip().isdigit()):  # (str.isdigit: '²' too, which int() refuses)
+    if not (value.strip().isascii() and value.strip().isdigit()):  # (str.isdigit: U+00B2 too, which int() refuses)
         raise SettingError(f'invalid value for setting "pg_task_py.output_limit" of {source}: "{value}"')
     return int(value)

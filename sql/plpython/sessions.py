@@ -43,7 +43,7 @@ STANDBY_LAG = ("SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL"
 # Every task session's client_encoding, whatever its role's, database's or conninfo's: this code
 # sends the input and reads the results as UTF-8 (libpq.py), and the server converts them from
 # and to the database's encoding.  A role with client_encoding LATIN1 had the input's UTF-8 read
-# as LATIN1: a task's 'é' written as 'Ã©'.
+# as LATIN1: a task's U+00E9 written as U+00C3 U+00A9.
 TASK_CLIENT_ENCODING = "UTF8"
 
 # What a task sees of itself, as pg_task's sessions do: pg_task.id, pg_task.group (so that tasks
@@ -60,6 +60,9 @@ PLAIN_SESSION_OPTIONS = "-c statement_timeout=0"
 # A task of target 'standby' that runs here (no standby at hand) is read-only as there: a write
 # that fails on the standby succeeded on the primary whenever the standby was down or behind.
 STANDBY_FALLBACK_OPTIONS = PLAIN_SESSION_OPTIONS + " -c default_transaction_read_only=on"
+# A client certificate file that does not exist, so libpq sends none (it skips a missing file):
+# a remote task of a role that is not a superuser has no certificate of the server's OS user.
+NO_CLIENT_CERTIFICATE = "/nonexistent/pg_task_py: no client certificate"
 # How long a task `after` others waits for the standby to replay the primary's WAL as it was when
 # the task's session was asked for (its prerequisites' ends and writes included), before it runs
 # on the primary: within standby_max_lag, a report `after` a load read the standby before the load.
@@ -613,9 +616,11 @@ class TaskSessions:
                                 "password= in its conninfo", REFUSED_LOGIN)
         if checked and options.get("options"):
             self.check_remote_options(options["options"])
-        keywords = {**self.remote_defaults(task["owner"], options), "dbname": task["remote"],
-                    "fallback_application_name": self.ctx.name_of("task"),
-                    "client_encoding": TASK_CLIENT_ENCODING}  # (after dbname: it overrides the conninfo's)
+        if checked and (options.get("sslcert") or options.get("sslkey")):
+            raise RemoteRefused("a remote task of a role that is not a superuser cannot name a client certificate"
+                                " (sslcert, sslkey): its files are the server's OS user's", BAD_REMOTE)
+        keywords = remote_keywords(task["remote"], options, self.remote_defaults(task["owner"], options),
+                                   self.ctx.name_of("task"), own_certificate=checked)
         session = Session(keywords, wait=False)
         effective = session.effective_options()  # (the environment's and a service file's too)
         try:
@@ -694,6 +699,23 @@ class TaskSessions:
         rows = self.ctx.run("superuser", "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1",
                             ["name"], [owner])
         return bool(rows and rows[0]["rolsuper"])
+
+
+def remote_keywords(remote, options, defaults, application_name, own_certificate):
+    """The connection keywords of a remote session: `defaults` (remote_defaults), the conninfo
+    `remote` (its `options`, parsed), then what overrides it.  A default the conninfo sets empty
+    (`user=''`) goes after it: libpq reads an empty value as none, and `user=''` logged in as the
+    server's OS user, not the task's owner.  `own_certificate` (a role that is not a superuser):
+    no client certificate, where libpq sent the server OS user's ~/.postgresql/postgresql.crt,
+    and a server that asks for a certificate and a password took that one for the role's."""
+    emptied = {name: value for name, value in defaults.items() if options.get(name) == ""}
+    keywords = {**{name: value for name, value in defaults.items() if name not in emptied},
+                "dbname": remote, **emptied,
+                "fallback_application_name": application_name,
+                "client_encoding": TASK_CLIENT_ENCODING}  # (after dbname: it overrides the conninfo's)
+    if own_certificate:
+        keywords["sslcert"] = NO_CLIENT_CERTIFICATE
+    return keywords
 
 
 def first_line(exc):

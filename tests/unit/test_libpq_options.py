@@ -36,10 +36,22 @@ def test_a_malformed_conninfo_is_told_without_its_text():
     with pytest.raises(libpq.MalformedConninfo) as raised:
         libpq.conninfo_options("postgresql://app:SuperSecret6@[::1/b")
     assert "SuperSecret6" not in str(raised.value)
-    assert 'matching "]" in IPv6 host address in URI: "…"' in str(raised.value)
+    assert 'matching "]" in IPv6 host address in URI: "..."' in str(raised.value)
     with pytest.raises(libpq.MalformedConninfo) as raised:
         libpq.conninfo_options("host=x password=a b")
-    assert str(raised.value) == 'missing "=" after "…" in connection info string'
+    assert str(raised.value) == 'missing "=" after "..." in connection info string'
+
+
+@pytest.mark.parametrize("conninfo", ['postgresql://alice:p"TOPSECRET%zz@127.0.0.1:5432/db',
+                                      'postgresql://alice@h/db?password=x"TOPSECRET%zz',
+                                      'host=h password=my sec"TOPSECRET'])
+def test_a_malformed_conninfo_with_a_quote_in_its_password_is_told_without_it(conninfo):
+    """libpq quotes the piece as it is, its quotes too: the piece hidden ended at the first, and
+    the rest of the password was in the error."""
+    with pytest.raises(libpq.MalformedConninfo) as raised:
+        libpq.conninfo_options(conninfo)
+    assert "TOPSECRET" not in str(raised.value), str(raised.value)
+    assert str(raised.value).count('"..."') == 1, str(raised.value)
 
 
 def split_as_the_server_does(options):
