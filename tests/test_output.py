@@ -256,6 +256,36 @@ def test_copy_to_stdout_in_another_encoding_fails_saying_why(shared):
     assert run(shared, "COPY (SELECT 'café' AS v) TO STDOUT (ENCODING 'UTF8')")["output"] == "café\nCOPY 1"
 
 
+def test_a_task_that_sets_two_encodings_ends_as_its_statements_did(shared):
+    """Its first encoding's text is read in the second, as README says (U+FFFD): it ended FAIL
+    22021 with the hint of a COPY it did not run, its statements committed (a retry ran them
+    again)."""
+    shared.sql("CREATE TABLE two_encodings (v text)")
+    try:
+        for back in ("RESET client_encoding", "SET client_encoding = 'UTF8'"):
+            row = run(shared, f"INSERT INTO two_encodings VALUES ('ran'); SET client_encoding = 'LATIN1';"
+                              f" SELECT 'é' AS a; {back}")
+            assert (row["state"], row["error"], row["sqlstate"]) == ("DONE", None, None), row
+            assert "\ufffd" in row["output"], row
+        assert shared.value("SELECT count(*) FROM two_encodings") == 2
+    finally:
+        shared.sql("DROP TABLE two_encodings")
+
+
+def test_a_latin1_database_keeps_a_tasks_error_whose_text_the_worker_could_not_read(latin1):
+    """The worker writes U+FFFD for bytes that are not text in the session's encoding, which a
+    LATIN1 database cannot hold: the end could not be written, and the task failed 22P05 without
+    its own error, SQLSTATE and output (nor its retry, for a 40001).  `?` stands for them there."""
+    conn, _ = latin1
+    task_id = conn.execute("INSERT INTO task (input, delete) VALUES"
+                           " ($$SET client_encoding = 'LATIN1'; SELECT 'café' AS v; SELECT 1/0$$, false) RETURNING id"
+                           ).fetchone()[0]
+    ended = "SELECT state::text, sqlstate, output, error FROM task WHERE id = %s AND state IN ('DONE', 'FAIL')"
+    row = wait_until(lambda: conn.execute(ended, [task_id]).fetchone(), 30, 0.05)
+    assert row[:3] == ("FAIL", "22012", "SET\ncaf?"), row
+    assert row[3].startswith("ERROR:  division by zero"), row
+
+
 def test_a_sql_ascii_session_in_a_latin1_database_reads_the_databases_text(latin1):
     """SQL_ASCII converts nothing: the server sends LATIN1's bytes, which the worker read as UTF-8,
     and the task failed 22P05 for a character LATIN1 holds (a probe)."""

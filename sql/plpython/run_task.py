@@ -525,6 +525,7 @@ class InputResults:
         self.task = task
         self.writer = writer
         self.error = self.sqlstate = None
+        self.copied_text = False  # a COPY ... TO STDOUT (not binary) wrote into the output
         self.closing = False  # the input has returned everything: its transaction is being ended
         self.taken = 0  # results read before the error
         # The session's FATAL idle_session_timeout came before any result: the input never ran.
@@ -572,6 +573,7 @@ class InputResults:
         is cancelled and the rest of its rows dropped before OutputTooLarge goes on: the
         session is then out of its COPY, with the cancel's error as its next result."""
         codec = session.codec
+        self.copied_text = self.copied_text or not binary
         rows = session.copy_data()
         try:
             for data in rows:
@@ -632,9 +634,16 @@ class InputResults:
         decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
         output, error, notices = (settled(self.writer.text(), decode), settled(self.error, decode),
                                   settled("\n".join(session.notices) or None, decode))
-        if undecodable and error is None and not (session.encoding == session.server_encoding == "SQL_ASCII"):
+        if not holds_replacement_character(self.ctx):
+            # (U+FFFD, for bytes that are not text, in a LATIN1 database: the end could not be
+            # written, and the task failed 22P05 without its own error, SQLSTATE and output)
+            output, error, notices = (text and text.replace("\ufffd", "?") for text in (output, error, notices))
+        if (undecodable and error is None and self.copied_text
+                and not (session.encoding == session.server_encoding == "SQL_ASCII")):
             # The server sends text in the session's encoding, except a COPY's ENCODING option:
             # its rows were stored with U+FFFD for each character, and the task ended DONE.
+            # (Not a task that set client_encoding and then set it back, whose first encoding's
+            # text is read in the second: its statements ran, and it failed with this hint.)
             error = format_message(
                 f"the task's output holds bytes that are not text in its session's encoding ({session.encoding})",
                 self.task["input"], hint="A COPY ... TO STDOUT with an ENCODING option writes in that encoding, which "
@@ -667,6 +676,15 @@ class InputResults:
                 undecodable.append(raw)
                 return raw.decode("utf-8", "replace")
         return by_the_server
+
+
+def holds_replacement_character(ctx):
+    """Whether this database's encoding holds U+FFFD (UTF8 does, and SQL_ASCII keeps its bytes;
+    LATIN1 does not): read once a backend."""
+    if "holds_replacement_character" not in ctx.SD:
+        ctx.SD["holds_replacement_character"] = ctx.run(
+            "encoding", "SELECT pg_catalog.current_setting('server_encoding') AS e")[0]["e"] in ("UTF8", "SQL_ASCII")
+    return ctx.SD["holds_replacement_character"]
 
 
 def is_bad_conninfo_value(message):
