@@ -331,7 +331,7 @@ def test_a_day_range_may_end_on_sunday_by_name(db):
     """`sat-sun` and `mon-sun` were refused, "range sat-sun runs backwards" (`sun` is 0), where
     `6-7` and `1-7` were taken: a range that ends on `sun` ends the week."""
     for named, numbered in (("sat-sun", "6-7"), ("mon-sun", "1-7"), ("fri-sun/2", "5-7/2"), ("sun-sun", "0"),
-                            ("sun-sat", "0-6")):
+                            ("sun-sat", "0-6"), ("0-sun", "0"), ("sun-7", "0-7")):  # (README's two edges)
         assert (next_runs(db, f"0 0 * * {named}", "UTC", 10, "2024-01-01 00:00+00")
                 == next_runs(db, f"0 0 * * {numbered}", "UTC", 10, "2024-01-01 00:00+00")), named
     assert [run.strftime("%a") for run in next_runs(db, "0 0 * * sat-sun", "UTC", 4, "2024-01-01 00:00+00")] == [

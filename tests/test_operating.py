@@ -1125,3 +1125,15 @@ def test_a_limit_made_again_counts_none_of_the_removed_one_s_starts(running, aut
     alice.execute("SELECT task_limit('again', 3, '1 hour')")
     ran = [insert_as(alice, "SELECT 1", group="again", delete=False) for _ in range(3)]
     assert [running.wait_done(task_id)["state"] for task_id in ran] == ["DONE"] * 3
+
+
+def test_an_admin_ends_another_roles_named_series_with_task_cancel(running, authors):
+    """task_unschedule(key) is the caller's series only (False for another role's, as for none):
+    an admin ends one with task_cancel(id, stop_series => true), as README says."""
+    scheduled = authors["alice"].execute("SELECT task_schedule('nightly', '0 3 * * *', 'SELECT 1')").fetchone()[0]
+    assert running.value("SELECT task_unschedule('nightly')") is False
+    assert running.value("SELECT state::text FROM task WHERE id = %s", [scheduled]) == "PLAN"
+    assert running.value("SELECT task_cancel(%s, stop_series => true)", [scheduled]) is True
+    assert running.value("SELECT state::text FROM task WHERE id = %s", [scheduled]) == "STOP"
+    assert authors["alice"].execute("SELECT count(*) FROM task_series WHERE key = 'nightly'").fetchone()[0] == 0
+    assert authors["alice"].execute("SELECT count(*) FROM task WHERE state = 'PLAN'").fetchone()[0] == 0
