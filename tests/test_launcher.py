@@ -520,17 +520,27 @@ def launcher_waits_for(db, locker) -> int:
 
 def test_a_stop_whose_turn_waits_for_a_lock_cancels_the_turn_after_its_grace(db):
     """SIGTERM while a session's LOCK TABLE held the turn up: the launcher ran on until the lock
-    went, past any grace.  Ten seconds past --grace it cancels the turn, and stops."""
+    went, past any grace.  Ten seconds past --grace it cancels the turn, and stops.  Its running
+    task, whose row it cannot read to cancel, goes on and records its end: the log says so (it
+    said nothing, and told the cancelled turn as one that "went on")."""
     launcher = db.launcher("--grace", "1")
-    with db.connect() as locker:
-        locker.autocommit = False
-        locker.execute("LOCK TABLE task IN ACCESS EXCLUSIVE MODE")
-        launcher_waits_for(db, locker)
-        launcher.signal(signal.SIGTERM)
-        assert launcher.process.wait(40) == 0, launcher.output()
-        locker.rollback()
+    with db.connect() as gate:
+        gate.execute("SELECT pg_advisory_lock(4243)")
+        task_id = db.insert("SELECT 'ran' FROM pg_advisory_xact_lock_shared(4243)", delete=False)
+        wait_until(lambda: state_of(db, task_id) == "WORK", message="the task running")
+        with db.connect() as locker:
+            locker.autocommit = False
+            locker.execute("LOCK TABLE task IN ACCESS EXCLUSIVE MODE")
+            launcher_waits_for(db, locker)
+            launcher.signal(signal.SIGTERM)
+            assert launcher.process.wait(40) == 0, launcher.output()
+            locker.rollback()
+        assert state_of(db, task_id) == "WORK"
+    assert db.wait_done(task_id)["output"] == "ran"
     assert "cancelling its scheduling turn" in launcher.output()
-    assert "stopped, its scheduling turn cancelled" in launcher.output()
+    assert ("stopped, its scheduling turn cancelled (canceling statement due to user request); the tasks it runs"
+            " were not cancelled: they go on, and record their own end") in launcher.output(), launcher.output()
+    assert "the scheduling turn ended after" in launcher.output() and "went on after" not in launcher.output()
 
 
 def test_a_stop_whose_turn_does_not_return_exits_without_it(db):
@@ -940,6 +950,22 @@ def test_log_json_has_one_object_a_line(db, tmp_path):
     # The lines about the database carry its field as the task's do (they had it in the message only).
     about = [line for line in lines if line["message"].endswith((": scheduling (active)", ": stopped"))]
     assert len(about) == 2 and all(line.get("database") == ended[0]["database"] for line in about), lines
+
+
+def test_log_json_lines_of_a_reload_name_their_database(db, tmp_path):
+    """README: every line about one database has its `database` field; a reload's had none."""
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": db.dsn, "run": 1}]))
+    launcher = Launcher(args=("--config", str(config), "--log-json"), log_dir=tmp_path).start()
+    wait_until(lambda: "scheduling (active)" in launcher.output(), 15, message="the launcher")
+    config.write_text(json.dumps([{"dsn": db.dsn, "run": 3}]))
+    launcher.signal(signal.SIGHUP)
+    wait_until(lambda: "grace 30s from now on" in launcher.output(), 15, 0.05, "the reload's line")
+    assert launcher.stop() == 0
+    lines = [json.loads(line) for line in launcher.output().splitlines()]
+    name = next(line["database"] for line in lines if line["message"].endswith(": scheduling (active)"))
+    changed = [line for line in lines if line["message"].endswith("run 3, grace 30s from now on")]
+    assert len(changed) == 1 and changed[0].get("database") == name, lines
 
 
 @pytest.fixture

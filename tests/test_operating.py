@@ -148,7 +148,13 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     assert in_a_row() == 1
     end("DONE", 30)  # committed late, older than the last failure: it resets nothing
     assert in_a_row() == 1
-    # At most the failed rows kept: deleting them (a removed series' rows, retention) lowers it.
+    # Whatever the failed rows kept (keep_runs, retention: with keep_runs 3 a series failing for
+    # good showed 2, and an alert on more never fired); 0 once none is left (a removed series).
+    for minutes_ago in (0.9, 0.8, 0.7):
+        end("FAIL", minutes_ago)
+    db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL' AND stop < now() - interval '0.75 min'")
+    assert db.value("SELECT count(*) FROM task WHERE \"group\" = 'streak' AND state = 'FAIL'") == 1
+    assert in_a_row() == 4
     db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL'")
     assert in_a_row() == 0
     end("FAIL", 0.5)

@@ -502,6 +502,31 @@ def test_a_turn_begun_before_an_exclusive_task_was_due_claims_nothing_else_after
     assert db.wait_done(other)["start"] >= row["stop"], (db.task(other), row)
 
 
+@pytest.mark.parametrize("hold", ["FOR UPDATE", "FOR SHARE"])
+def test_a_due_exclusive_task_that_a_client_holds_holds_back_nothing_else(db, hold):
+    """A client's lock on a waiting task holds back that task alone (README's Guarantees): a due
+    exclusive task held by a client (SELECT ... FOR UPDATE, an owner's task_schedule of its
+    series) was counted due by the claims' gate, which the claim itself then skipped: no task of
+    the database started for as long as the lock lasted (a probe).  It runs once let go."""
+    db.launcher()
+    exclusive = db.insert("SELECT pg_sleep(0.3)", exclusive=True, delete=False, group="maintenance",
+                          plan=db.value("SELECT now() + interval '0.5 s'"))
+    with db.connect() as client:
+        client.execute("BEGIN")
+        client.execute(f"SELECT FROM task WHERE id = %s {hold}", [exclusive])
+        wait_until(lambda: db.value("SELECT plan <= now() FROM task WHERE id = %s", [exclusive]), 10,
+                   message="the exclusive task to be due")
+        others = [db.insert("SELECT 1", group=f"other{i}", delete=False) for i in range(3)]
+        for task_id in others:
+            assert db.wait_done(task_id, 20)["state"] == "DONE"
+        assert db.value("SELECT state::text FROM task WHERE id = %s", [exclusive]) == "PLAN"
+        client.execute("COMMIT")
+    row = db.wait_done(exclusive, 20)
+    assert row["state"] == "DONE", row
+    later = db.insert("SELECT 1", group="after", delete=False)
+    assert db.wait_done(later, 20)["start"] >= row["stop"]
+
+
 def test_two_exclusive_tasks_never_run_at_once(db):
     db.launcher()
     db.launcher()

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from pg_task_py.launcher import Scheduler, Settings, SetupError
+from pg_task_py.launcher import Scheduler, Settings, SetupError, database_log
 from pg_task_py.metrics import Metrics
 
 log = logging.getLogger("pg_task_py")
@@ -110,9 +110,10 @@ class Databases:
             past = now - database.stop_asked_at
             if database.turn_cancelled_at is None and past > database.settings.grace + STUCK_AFTER_GRACE:
                 connected = database.scheduler.conn is not None and not database.scheduler.conn.closed
-                log.warning("%s: still stopping %.0fs after the stop was asked (--grace %gs): %s",
-                            database.scheduler.name, past, database.settings.grace,
-                            "cancelling its scheduling turn" if connected else "its connection attempt goes on")
+                database_log(database.scheduler.name, logging.WARNING,
+                             "still stopping %.0fs after the stop was asked (--grace %gs): %s", past,
+                             database.settings.grace,
+                             "cancelling its scheduling turn" if connected else "its connection attempt goes on")
                 database.turn_cancelled_at = now
                 database.scheduler.cancel_turn()
         if not alive or any(d.turn_cancelled_at is None or now - d.turn_cancelled_at < STUCK_AFTER_CANCEL
@@ -141,30 +142,31 @@ class Databases:
                 continue
             if entry is None:
                 if not database.removed:
-                    log.info("%s: not in the configuration any more: stopping", database.scheduler.name)
+                    database_log(database.scheduler.name, logging.INFO, "not in the configuration any more: stopping")
                     database.removed = True
                     database.stop.set()
                 continue
             unmatched.remove(entry)
             if database.removed:  # still stopping: it schedules on, its running tasks not cancelled
-                log.info("%s: back in the configuration before it stopped: scheduling on", database.scheduler.name)
+                database_log(database.scheduler.name, logging.INFO, "back in the configuration before it stopped:"
+                             " scheduling on")
                 database.removed = False
                 database.stop.clear()
             self._change(database, entry)
         for entry in unmatched:
             self.all.append(Database(entry, self.metrics))
             # (one that ended with an error was said to be "added", though it was there all along)
-            log.info("%s: %s", self.all[-1].scheduler.name,
-                     "started again by the reload" if entry.dsn in ended else "added by the reload")
+            database_log(self.all[-1].scheduler.name, logging.INFO, "%s",
+                         "started again by the reload" if entry.dsn in ended else "added by the reload")
 
     def _change(self, database: Database, entry: Settings) -> None:
         """A running database's new settings: run and grace in place; a new standby needs a
         restart (workers hold the one they were opened with), so the old one stays."""
         if entry.standby != database.settings.standby:
-            log.warning("%s: a new standby takes a restart of the launcher; keeping the one it started with",
-                        database.scheduler.name)
+            database_log(database.scheduler.name, logging.WARNING,
+                         "a new standby takes a restart of the launcher; keeping the one it started with")
             entry = dataclasses.replace(entry, standby=database.settings.standby)
         if entry != database.settings:
             database.scheduler.settings = entry
             run = "unlimited" if entry.run == Settings.run else entry.run  # (the default: no --run)
-            log.info("%s: run %s, grace %gs from now on", database.scheduler.name, run, entry.grace)
+            database_log(database.scheduler.name, logging.INFO, "run %s, grace %gs from now on", run, entry.grace)

@@ -190,8 +190,11 @@ class Scheduler:
                 raise SetupError(f"{self.name}: {first_line(exc)}: {NEEDS_SUPERUSER}") from None
             except psycopg.Error as exc:
                 if self.stopping.is_set() and isinstance(exc, psycopg.errors.QueryCanceled):
-                    database_log(self.name, logging.WARNING,
-                                 "stopped, its scheduling turn cancelled (%s)", first_line(exc))
+                    # (its running tasks were not cancelled, as their rows could not be read: they
+                    # run on, and their workers write their ends)
+                    database_log(self.name, logging.WARNING, "stopped, its scheduling turn cancelled (%s); the"
+                                 " tasks it runs were not cancelled: they go on, and record their own end",
+                                 first_line(exc))
                     return  # (Databases.left_stuck: a stop that outlasted its grace)
                 what = "connection lost" if conn.broken or isinstance(exc, ListenerLost) else "scheduler error"
                 database_log(self.name, logging.WARNING,

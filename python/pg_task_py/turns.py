@@ -71,14 +71,23 @@ class TurnWatch:
     def turn(self) -> Iterator[None]:
         """Around one turn's statement."""
         self.reported_at, self.started = None, time.monotonic()
+        failed = None
         try:
             yield
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
             started, reported, self.started = self.started, self.reported_at, None
             if reported is not None:
                 went = time.monotonic() - started
-                log.info("%s: the scheduling turn went on after %.0fs", self.name, went,
-                         extra={"fields": {"database": self.name, "event": "turn_went_on", "seconds": round(went)}})
+                if failed is None:
+                    log.info("%s: the scheduling turn went on after %.0fs", self.name, went, extra={
+                        "fields": {"database": self.name, "event": "turn_went_on", "seconds": round(went)}})
+                else:  # (cancelled by a stop that outlasted its grace, say: it did not go on)
+                    log.info("%s: the scheduling turn ended after %.0fs without finishing (%s)", self.name, went,
+                             str(failed).strip().split("\n", 1)[0], extra={
+                                 "fields": {"database": self.name, "event": "turn_ended", "seconds": round(went)}})
 
     def _watch(self) -> None:
         while not self.ended.wait(LOOK_EVERY):

@@ -225,6 +225,7 @@ DECLARE
     not_due integer := 0;  -- the first pass: tasks read that are not due
     probed bigint;
     locked boolean := false;
+    gate text;  -- pgtaskpy.exclusive_gate()
     claimed integer := 0;
     chosen_ids bigint[];
     taken bigint[];
@@ -336,8 +337,10 @@ BEGIN
             PERFORM pgtaskpy.lock_scheduling();
             locked := true;
             -- While an exclusive task is due or runs, it alone may be claimed
-            -- (sql/replayed/47_workflows.sql).
-            IF pgtaskpy.exclusive_gate() IS NOT NULL THEN
+            -- (sql/replayed/47_workflows.sql); a due one that a client holds is not due here.
+            gate := pgtaskpy.exclusive_gate();
+            IF gate = 'running' OR gate = 'due' AND pgtaskpy.first_unheld_exclusive_task(clock_timestamp()) IS NOT NULL
+            THEN
                 RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
                 RETURN;
             END IF;

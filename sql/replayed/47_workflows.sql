@@ -575,6 +575,26 @@ BEGIN
 END
 $$;
 
+-- The first due exclusive task (higher max, then lower id) that claim_exclusive_task claims,
+-- locked for this transaction; NULL when there is none, as when a client holds every due one
+-- (SELECT ... FOR UPDATE or FOR SHARE, an owner's task_schedule of its series): such a one is
+-- not due for claim_due_tasks, which goes on as if it were not there.  exclusive_gate, which
+-- cannot lock, counted it due, and no task of the database started for as long (a probe).
+-- Due by the clock (`at`), as exclusive_gate counts it: by now(), a turn whose transaction began
+-- before the task's plan found none, and claimed other tasks after the task was due.
+CREATE FUNCTION pgtaskpy.first_unheld_exclusive_task(at timestamptz) RETURNS bigint
+LANGUAGE sql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $$
+    SELECT e.id FROM @extschema@.task AS e
+    WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0 AND e.plan <= at  -- (read: the due ones)
+      AND (e.plan <= at AND e.plan + e.active > at) IS TRUE
+      AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
+      AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
+      AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
+    ORDER BY e.max DESC, e.id LIMIT 1
+    FOR NO KEY UPDATE SKIP LOCKED
+$$;
+
 -- claim_due_tasks while an exclusive task is due or runs (under the
 -- scheduling lock): the first due exclusive task (higher max, then lower id),
 -- once no task of the database is claimed or running; else nothing.
@@ -588,15 +608,9 @@ BEGIN
     IF EXISTS (SELECT FROM @extschema@.task AS r WHERE r.state IN ('TAKE', 'WORK')) THEN
         RETURN;
     END IF;
-    taken := pgtaskpy.take_claimed(ARRAY(  -- (40_scheduling.sql: a claim a trigger refuses fails that task)
-        SELECT e.id FROM @extschema@.task AS e
-        WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0 AND e.plan <= now()  -- (read: the due ones)
-          AND (e.plan <= now() AND e.plan + e.active > now()) IS TRUE
-          AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
-          AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
-          AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
-        ORDER BY e.max DESC, e.id LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED), claimer);  -- (a row a client holds: see claim_due_tasks)
+    -- (40_scheduling.sql: a claim a trigger refuses fails that task)
+    taken := pgtaskpy.take_claimed(array_remove(ARRAY[pgtaskpy.first_unheld_exclusive_task(clock_timestamp())], NULL),
+                                   claimer);
     RETURN QUERY
     SELECT t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
     FROM @extschema@.task AS t WHERE t.id = ANY (taken);
@@ -618,3 +632,4 @@ REVOKE ALL ON FUNCTION pgtaskpy.resolve_dependents(bigint, @extschema@.state, in
 REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_exclusive_task(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.first_unheld_exclusive_task(timestamptz) FROM PUBLIC;

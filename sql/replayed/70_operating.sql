@@ -66,9 +66,11 @@ AS $$
         last_failure = greatest(excluded.last_failure, c.last_failure),
         last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
                           THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
-        consecutive_failures = excluded.consecutive_failures
+        -- (none left once no failed row is: the streak of a removed series does not go on in the
+        -- next failure of its group, group_stats)
+        consecutive_failures = CASE WHEN c.fail + excluded.fail <= 0 THEN 0 ELSE excluded.consecutive_failures
             + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
-                   THEN 0 ELSE c.consecutive_failures END
+                   THEN 0 ELSE c.consecutive_failures END END
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -774,11 +776,14 @@ SELECT owner, "group" COLLATE "default" AS "group",
        greatest(c.last_failure, d.last_failure) AS last_failure,
        CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL
             THEN COALESCE(d.last_error, c.last_error) ELSE c.last_error END AS last_error,
-       -- (at most the failed rows kept: deleting them, by retention, DELETE or TRUNCATE, lowers it)
-       least(COALESCE(d.failures_after_success, 0)
+       -- (0 once no failed row is left: a removed series' alert ends with its rows.  Not at most
+       -- the failed rows kept: with keep_runs 3, a series failing for good showed 2, and an alert
+       -- on more never fired)
+       CASE WHEN COALESCE(c.fail, 0) + COALESCE(d.fail, 0) = 0 THEN 0
+            ELSE COALESCE(d.failures_after_success, 0)
                  + CASE WHEN pgtaskpy.newer_success(d.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
-                        THEN 0 ELSE COALESCE(c.consecutive_failures, 0) END,
-             COALESCE(c.fail, 0) + COALESCE(d.fail, 0))::bigint AS consecutive_failures,
+                        THEN 0 ELSE COALESCE(c.consecutive_failures, 0) END
+       END::bigint AS consecutive_failures,
        COALESCE(p.paused, false) AS paused
 FROM counts AS c
 FULL JOIN active AS a USING (owner, "group")
