@@ -564,14 +564,18 @@ def test_a_stop_whose_turn_does_not_return_exits_without_it(db):
 
 
 def test_graceful_stop_waits_for_running_task(db):
+    """A second signal changes nothing, and says so (it was told as the first was, `stopping`)."""
     launcher = db.launcher()
     task_id = db.insert("SELECT pg_sleep(1.5)", delete=False)
     wait_until(lambda: state_of(db, task_id) == "WORK", message="WORK")
     launcher.signal(signal.SIGTERM)
+    wait_until(lambda: "received SIGTERM: stopping" in launcher.output(), 10, 0.05, "the first signal's line")
+    launcher.signal(signal.SIGINT)
     assert launcher.process.wait(30) == 0
     assert state_of(db, task_id) == "DONE"
     assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
     assert "stopped" in launcher.output()
+    assert "received SIGINT while stopping: the stop goes on (--grace)" in launcher.output(), launcher.output()
 
 
 def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp_path, cluster, db):

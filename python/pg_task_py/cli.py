@@ -357,6 +357,10 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
     databases: Databases | None = None
 
     def on_signal(signum: int, _frame: object) -> None:
+        if stopping.is_set():  # (a second signal: the stop goes on as it was; SIGKILL ends it at once)
+            logging.getLogger("pg_task_py").info("received %s while stopping: the stop goes on (--grace)",
+                                                 signal.Signals(signum).name)
+            return
         logging.getLogger("pg_task_py").info("received %s: stopping", signal.Signals(signum).name)
         stopping.set()
         if databases is not None:
