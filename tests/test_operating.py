@@ -149,7 +149,8 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     end("DONE", 30)  # committed late, older than the last failure: it resets nothing
     assert in_a_row() == 1
     # Whatever the failed rows kept (keep_runs, retention: with keep_runs 3 a series failing for
-    # good showed 2, and an alert on more never fired); 0 once none is left (a removed series).
+    # good showed 2, and an alert on more never fired); over once none is left in a group with no
+    # task to run (a removed series): the group's next failure starts a new streak.
     for minutes_ago in (0.9, 0.8, 0.7):
         end("FAIL", minutes_ago)
     db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL' AND stop < now() - interval '0.75 min'")
@@ -159,6 +160,15 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     assert in_a_row() == 0
     end("FAIL", 0.5)
     assert in_a_row() == 1
+    # A series whose failed rows retention deletes between its runs has its next run waiting: its
+    # streak goes on (it went 1, 0, 1, 0 with retention_fail shorter than the series' repeat).
+    db.sql("INSERT INTO task (input, \"group\", plan) VALUES ('SELECT 1', 'streak', now() + interval '1 hour')")
+    end("FAIL", 0.4)
+    assert in_a_row() == 2
+    db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL'")
+    assert in_a_row() == 2
+    end("FAIL", 0.3)
+    assert in_a_row() == 3
     db.sql("TRUNCATE task")
     assert in_a_row() == 0
 

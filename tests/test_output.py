@@ -262,12 +262,13 @@ def test_a_task_that_sets_two_encodings_ends_as_its_statements_did(shared):
     again)."""
     shared.sql("CREATE TABLE two_encodings (v text)")
     try:
-        for back in ("RESET client_encoding", "SET client_encoding = 'UTF8'"):
-            row = run(shared, f"INSERT INTO two_encodings VALUES ('ran'); SET client_encoding = 'LATIN1';"
+        for first, back in (("", "RESET client_encoding"), ("", "SET client_encoding = 'UTF8'"),
+                            ("COPY (SELECT 1) TO STDOUT; ", "RESET client_encoding")):  # (a COPY of plain text)
+            row = run(shared, f"{first}INSERT INTO two_encodings VALUES ('ran'); SET client_encoding = 'LATIN1';"
                               f" SELECT 'é' AS a; {back}")
             assert (row["state"], row["error"], row["sqlstate"]) == ("DONE", None, None), row
             assert "\ufffd" in row["output"], row
-        assert shared.value("SELECT count(*) FROM two_encodings") == 2
+        assert shared.value("SELECT count(*) FROM two_encodings") == 3
     finally:
         shared.sql("DROP TABLE two_encodings")
 

@@ -215,6 +215,11 @@ def test_non_superuser_remote_needs_a_password_that_is_used(running, remote):
                 row = running.wait_done(insert(conninfo(remote) + f" sslmode=prefer {certificate}"))
                 assert (row["state"], row["sqlstate"]) == ("FAIL", "22023"), row
                 assert "cannot name a client certificate (sslcert, sslkey)" in row["error"], row
+            row = running.wait_done(insert(conninfo(remote) + " gssencmode=require"))  # (its Kerberos credentials)
+            assert (row["state"], row["sqlstate"]) == ("FAIL", "22023"), row
+            assert "cannot use GSSAPI encryption (gssencmode)" in row["error"], row
+            row = running.wait_done(insert(conninfo(remote) + " gssencmode=disable"))
+            assert (row["state"], row["output"]) == ("DONE", "remote_user"), row
             # with a password the remote server checks, it runs
             row = running.wait_done(insert(conninfo(remote)))
             assert (row["state"], row["output"]) == ("DONE", "remote_user")

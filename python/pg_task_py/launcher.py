@@ -20,6 +20,7 @@ import psycopg.sql
 from pg_task_py import __version__
 from pg_task_py.connection_waits import ConnectionWaits, ToldEvery
 from pg_task_py.metrics import Metrics
+from pg_task_py.text import first_line
 from pg_task_py.turns import TurnWatch
 
 log = logging.getLogger("pg_task_py")
@@ -130,6 +131,7 @@ class Scheduler:
         self.snapshot_at = 0.0  # time.monotonic() of the next metrics snapshot
         self.snapshot_since: object = None  # the database's now() of the last one
         self.turns: TurnWatch | None = None  # what holds up the turns of the session in use
+        self.running = 0  # the tasks its workers ran at its last turn
         self.waits = ConnectionWaits()  # tasks whose sessions found no free connection lately
         self.fallbacks = ToldEvery()  # standby tasks run on the primary, told once a minute a reason
         if metrics:
@@ -192,9 +194,10 @@ class Scheduler:
                 if self.stopping.is_set() and isinstance(exc, psycopg.errors.QueryCanceled):
                     # (its running tasks were not cancelled, as their rows could not be read: they
                     # run on, and their workers write their ends)
-                    database_log(self.name, logging.WARNING, "stopped, its scheduling turn cancelled (%s); the"
-                                 " tasks it runs were not cancelled: they go on, and record their own end",
-                                 first_line(exc))
+                    left = (f"; the {self.running} task(s) it ran were not cancelled: they go on, and record their"
+                            " own end") if self.running else ""
+                    database_log(self.name, logging.WARNING, "stopped, its scheduling turn cancelled (%s)%s",
+                                 first_line(exc), left)
                     return  # (Databases.left_stuck: a stop that outlasted its grace)
                 what = "connection lost" if conn.broken or isinstance(exc, ListenerLost) else "scheduler error"
                 database_log(self.name, logging.WARNING,
@@ -290,6 +293,7 @@ class Scheduler:
                 [run_limit, cancel],
             ).fetchone()
         events = events if isinstance(events, list) else json.loads(events)
+        self.running = running
         for event in events:
             log_event(self.name, event, self.waits, self.fallbacks)
         if self.metrics:
@@ -471,13 +475,6 @@ def display_name(dsn: str) -> str:
     if "=" in dbname or "://" in dbname:  # (a conninfo as the dbname, its password in it: not shown)
         keywords["dbname"] = "(a conninfo)"
     return psycopg.conninfo.make_conninfo(**keywords)
-
-
-def first_line(exc: BaseException) -> str:
-    """The message's first line, without the `spiexceptions.Name: ` that PL/Python puts before
-    an error raised inside dispatch() (the SQLSTATE's name says nothing to a user)."""
-    text = re.sub(r"^spiexceptions\.\w+: ", "", str(exc).strip())
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def ascii_digits(text: str) -> bool:

@@ -9,8 +9,8 @@ from datetime import timedelta
 import psycopg
 from psycopg import sql
 
-from pg_task_py.launcher import connect, first_line
-from pg_task_py.text import escape_controls
+from pg_task_py.launcher import connect
+from pg_task_py.text import escape_controls, first_line
 
 COLUMNS = ("owner", "group", "running", "due", "late", "later", "done 1h", "fail 1h", "gone 1h", "paused",
            "last error")

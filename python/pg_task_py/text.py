@@ -14,3 +14,10 @@ def escape_controls(text: str) -> str:
     screen or retitled the terminal of whoever read the launcher's log or `status`, and a
     newline in it wrote a line of its own that read as another row."""
     return CONTROLS.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+def first_line(exc: BaseException) -> str:
+    """The message's first line, without the `spiexceptions.Name: ` that PL/Python puts before
+    an error raised inside dispatch() (the SQLSTATE's name says nothing to a user)."""
+    text = re.sub(r"^spiexceptions\.\w+: ", "", str(exc).strip())
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 
 import psycopg
 
+from pg_task_py.text import first_line
+
 log = logging.getLogger("pg_task_py")
 
 SLOW_TURN = 5.0  # seconds a turn runs before the watcher looks for what blocks it
@@ -86,7 +88,7 @@ class TurnWatch:
                         "fields": {"database": self.name, "event": "turn_went_on", "seconds": round(went)}})
                 else:  # (cancelled by a stop that outlasted its grace, say: it did not go on)
                     log.info("%s: the scheduling turn ended after %.0fs without finishing (%s)", self.name, went,
-                             str(failed).strip().split("\n", 1)[0], extra={
+                             first_line(failed), extra={
                                  "fields": {"database": self.name, "event": "turn_ended", "seconds": round(went)}})
 
     def _watch(self) -> None:

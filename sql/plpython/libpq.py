@@ -225,11 +225,16 @@ def _without_conninfo_text(message, conninfo):
 
     libpq quotes a piece as it is, quotes inside it too: from each quote, the piece hidden is
     the longest the conninfo holds (a password `p"SECRET` left `SECRET"` in the error when
-    pieces ended at the next quote)."""
+    pieces ended at the next quote).  A URI's pieces are quoted percent-decoded too: `My%21Secret`
+    as `My!Secret`."""
+    from urllib.parse import unquote  # noqa: PLC0415 (here, on a malformed conninfo only)
+
     keywords = set(_options_set(PQconndefaults(), every=True))
+    decoded = unquote(conninfo)
 
     def told(piece):
-        return (len(piece) == 1 and not piece.isalnum()) or piece in keywords or piece not in conninfo
+        return ((len(piece) == 1 and not piece.isalnum()) or piece in keywords
+                or piece not in conninfo and piece not in decoded)
 
     lines = []
     for line in message.split("\n"):

@@ -525,7 +525,7 @@ class InputResults:
         self.task = task
         self.writer = writer
         self.error = self.sqlstate = None
-        self.copied_text = False  # a COPY ... TO STDOUT (not binary) wrote into the output
+        self.copy_undecodable = False  # a COPY ... TO STDOUT wrote rows that are not text in the session's codec
         self.closing = False  # the input has returned everything: its transaction is being ended
         self.taken = 0  # results read before the error
         # The session's FATAL idle_session_timeout came before any result: the input never ran.
@@ -573,10 +573,11 @@ class InputResults:
         is cancelled and the rest of its rows dropped before OutputTooLarge goes on: the
         session is then out of its COPY, with the cancel's error as its next result."""
         codec = session.codec
-        self.copied_text = self.copied_text or not binary
         rows = session.copy_data()
         try:
             for data in rows:
+                if not (binary or self.copy_undecodable):
+                    self.copy_undecodable = not decodes(data, codec)
                 self.writer.copy_row(data, codec, binary)
         except OutputTooLarge:
             session.cancel()
@@ -634,16 +635,18 @@ class InputResults:
         decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
         output, error, notices = (settled(self.writer.text(), decode), settled(self.error, decode),
                                   settled("\n".join(session.notices) or None, decode))
-        if not holds_replacement_character(self.ctx):
-            # (U+FFFD, for bytes that are not text, in a LATIN1 database: the end could not be
-            # written, and the task failed 22P05 without its own error, SQLSTATE and output)
+        if undecodable and not holds_replacement_character(self.ctx):
+            # (U+FFFD, this code's for bytes that are not text, in a LATIN1 database: the end could
+            # not be written, and the task failed 22P05 without its own error, SQLSTATE and output.
+            # A remote's own U+FFFD fails so still, as any character the database lacks.)
             output, error, notices = (text and text.replace("\ufffd", "?") for text in (output, error, notices))
-        if (undecodable and error is None and self.copied_text
+        if (undecodable and error is None and self.copy_undecodable
                 and not (session.encoding == session.server_encoding == "SQL_ASCII")):
             # The server sends text in the session's encoding, except a COPY's ENCODING option:
             # its rows were stored with U+FFFD for each character, and the task ended DONE.
             # (Not a task that set client_encoding and then set it back, whose first encoding's
-            # text is read in the second: its statements ran, and it failed with this hint.)
+            # text is read in the second, unless a COPY's rows were that text: its statements ran,
+            # and it failed with this hint.)
             error = format_message(
                 f"the task's output holds bytes that are not text in its session's encoding ({session.encoding})",
                 self.task["input"], hint="A COPY ... TO STDOUT with an ENCODING option writes in that encoding, which "
@@ -676,6 +679,15 @@ class InputResults:
                 undecodable.append(raw)
                 return raw.decode("utf-8", "replace")
         return by_the_server
+
+
+def decodes(data, codec):
+    """Whether the bytes are text in `codec`."""
+    try:
+        data.decode(codec)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def holds_replacement_character(ctx):

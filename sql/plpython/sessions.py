@@ -619,8 +619,11 @@ class TaskSessions:
         if checked and (options.get("sslcert") or options.get("sslkey")):
             raise RemoteRefused("a remote task of a role that is not a superuser cannot name a client certificate"
                                 " (sslcert, sslkey): its files are the server's OS user's", BAD_REMOTE)
+        if checked and str(options.get("gssencmode") or "disable").lower() != "disable":
+            raise RemoteRefused("a remote task of a role that is not a superuser cannot use GSSAPI encryption"
+                                " (gssencmode): its credentials are the server's OS user's", BAD_REMOTE)
         keywords = remote_keywords(task["remote"], options, self.remote_defaults(task["owner"], options),
-                                   self.ctx.name_of("task"), own_certificate=checked)
+                                   self.ctx.name_of("task"), own_credentials=checked)
         session = Session(keywords, wait=False)
         effective = session.effective_options()  # (the environment's and a service file's too)
         try:
@@ -701,20 +704,21 @@ class TaskSessions:
         return bool(rows and rows[0]["rolsuper"])
 
 
-def remote_keywords(remote, options, defaults, application_name, own_certificate):
+def remote_keywords(remote, options, defaults, application_name, own_credentials):
     """The connection keywords of a remote session: `defaults` (remote_defaults), the conninfo
     `remote` (its `options`, parsed), then what overrides it.  A default the conninfo sets empty
     (`user=''`) goes after it: libpq reads an empty value as none, and `user=''` logged in as the
-    server's OS user, not the task's owner.  `own_certificate` (a role that is not a superuser):
+    server's OS user, not the task's owner.  `own_credentials` (a role that is not a superuser):
     no client certificate, where libpq sent the server OS user's ~/.postgresql/postgresql.crt,
-    and a server that asks for a certificate and a password took that one for the role's."""
+    and a server that asks for a certificate and a password took that one for the role's; and
+    no GSSAPI encryption, which libpq set up with the server OS user's Kerberos credentials."""
     emptied = {name: value for name, value in defaults.items() if options.get(name) == ""}
     keywords = {**{name: value for name, value in defaults.items() if name not in emptied},
                 "dbname": remote, **emptied,
                 "fallback_application_name": application_name,
                 "client_encoding": TASK_CLIENT_ENCODING}  # (after dbname: it overrides the conninfo's)
-    if own_certificate:
-        keywords["sslcert"] = NO_CLIENT_CERTIFICATE
+    if own_credentials:
+        keywords.update(sslcert=NO_CLIENT_CERTIFICATE, gssencmode="disable")
     return keywords
 
 

@@ -339,8 +339,7 @@ BEGIN
             -- While an exclusive task is due or runs, it alone may be claimed
             -- (sql/replayed/47_workflows.sql); a due one that a client holds is not due here.
             gate := pgtaskpy.exclusive_gate();
-            IF gate = 'running' OR gate = 'due' AND pgtaskpy.first_unheld_exclusive_task(clock_timestamp()) IS NOT NULL
-            THEN
+            IF gate = 'running' OR gate = 'due' AND pgtaskpy.due_exclusive_task_unheld(clock_timestamp()) THEN
                 RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
                 RETURN;
             END IF;

@@ -595,6 +595,26 @@ AS $$
     FOR NO KEY UPDATE SKIP LOCKED
 $$;
 
+-- Whether a due exclusive task is not held by a client (first_unheld_exclusive_task), asked
+-- without keeping its row locked: the probe's lock goes with its subtransaction.  Kept, it
+-- lasted to the end of every turn while the database drained for the task, and a client's
+-- UPDATE or task_cancel of the row waited for it (NOWAIT failed).
+CREATE FUNCTION pgtaskpy.due_exclusive_task_unheld(at timestamptz) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    unheld boolean;
+BEGIN
+    BEGIN
+        unheld := pgtaskpy.first_unheld_exclusive_task(at) IS NOT NULL;
+        RAISE SQLSTATE 'PT001';  -- (rolls the subtransaction back, and the row lock with it)
+    EXCEPTION WHEN SQLSTATE 'PT001' THEN
+        NULL;
+    END;
+    RETURN unheld;
+END
+$$;
+
 -- claim_due_tasks while an exclusive task is due or runs (under the
 -- scheduling lock): the first due exclusive task (higher max, then lower id),
 -- once no task of the database is claimed or running; else nothing.
@@ -633,3 +653,4 @@ REVOKE ALL ON FUNCTION pgtaskpy.pass_dependents_on(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.exclusive_gate() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_exclusive_task(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.first_unheld_exclusive_task(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.due_exclusive_task_unheld(timestamptz) FROM PUBLIC;

@@ -31,6 +31,18 @@ CREATE FUNCTION pgtaskpy.newer_success(success timestamptz, failure timestamptz)
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT CASE WHEN success > COALESCE(failure, '-infinity') THEN success END $$;
 
+-- Whether the owner's group has a task waiting or running (fold_group_counts, group_stats: the
+-- rare streak none of whose failed rows is left).  A local task's hash first, from its index.
+CREATE FUNCTION pgtaskpy.group_has_tasks_to_run(task_owner name, task_group text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT FROM @extschema@.task AS t
+                   WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = hashtext(task_group || E'\x1f')
+                     AND t.owner = task_owner AND t."group" = task_group)
+        OR EXISTS (SELECT FROM @extschema@.task AS t
+                   WHERE t.state IN ('PLAN', 'TAKE', 'WORK') AND t.owner = task_owner AND t."group" = task_group)
+$$;
+
 -- Add the changes to the counters, in the launcher's housekeeping: the
 -- changes committed by now, read and deleted in one statement.  Failures in a
 -- row: those of the changes after the group's last success (the counters' or
@@ -66,11 +78,14 @@ AS $$
         last_failure = greatest(excluded.last_failure, c.last_failure),
         last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
                           THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
-        -- (none left once no failed row is: the streak of a removed series does not go on in the
-        -- next failure of its group, group_stats)
-        consecutive_failures = CASE WHEN c.fail + excluded.fail <= 0 THEN 0 ELSE excluded.consecutive_failures
+        -- (a streak none of whose failed rows is left, in a group with no task to run, is over:
+        -- a removed series' streak does not go on in the group's next failure; a series whose
+        -- failed rows retention deletes between its runs has its next run waiting, and goes on)
+        consecutive_failures = excluded.consecutive_failures
             + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
-                   THEN 0 ELSE c.consecutive_failures END END
+                   THEN 0
+                   WHEN c.fail <= 0 AND NOT pgtaskpy.group_has_tasks_to_run(c.owner, c."group") THEN 0
+                   ELSE c.consecutive_failures END
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -776,13 +791,17 @@ SELECT owner, "group" COLLATE "default" AS "group",
        greatest(c.last_failure, d.last_failure) AS last_failure,
        CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL
             THEN COALESCE(d.last_error, c.last_error) ELSE c.last_error END AS last_error,
-       -- (0 once no failed row is left: a removed series' alert ends with its rows.  Not at most
-       -- the failed rows kept: with keep_runs 3, a series failing for good showed 2, and an alert
-       -- on more never fired)
-       CASE WHEN COALESCE(c.fail, 0) + COALESCE(d.fail, 0) = 0 THEN 0
+       -- (whatever retention or keep_runs leaves of the failed rows: at most those, with keep_runs 3
+       -- a series failing for good showed 2, and an alert on more never fired.  Over once none is
+       -- left and the group has no task to run, as fold_group_counts has it: a removed series')
+       CASE WHEN COALESCE(c.fail, 0) + COALESCE(d.fail, 0) <= 0
+                 AND COALESCE(a.due, 0) + COALESCE(a.later, 0) + COALESCE(a.running, 0) = 0 THEN 0
             ELSE COALESCE(d.failures_after_success, 0)
                  + CASE WHEN pgtaskpy.newer_success(d.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
-                        THEN 0 ELSE COALESCE(c.consecutive_failures, 0) END
+                        THEN 0
+                        WHEN COALESCE(c.fail, 0) <= 0 AND COALESCE(a.due, 0) + COALESCE(a.later, 0)
+                                                        + COALESCE(a.running, 0) = 0 THEN 0
+                        ELSE COALESCE(c.consecutive_failures, 0) END
        END::bigint AS consecutive_failures,
        COALESCE(p.paused, false) AS paused
 FROM counts AS c
@@ -801,6 +820,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timesta
 REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.notify_done(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.fold_group_counts() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.group_has_tasks_to_run(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recount_changed_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.uncount_deleted_tasks() FROM PUBLIC;

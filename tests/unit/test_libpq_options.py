@@ -44,7 +44,9 @@ def test_a_malformed_conninfo_is_told_without_its_text():
 
 @pytest.mark.parametrize("conninfo", ['postgresql://alice:p"TOPSECRET%zz@127.0.0.1:5432/db',
                                       'postgresql://alice@h/db?password=x"TOPSECRET%zz',
-                                      'host=h password=my sec"TOPSECRET'])
+                                      'host=h password=my sec"TOPSECRET',
+                                      # (a piece libpq quotes percent-decoded: TOP%21SECRET as TOP!SECRET)
+                                      'postgresql://app:ab?c/TOP%21SECRET=1@db.example.com/app'])
 def test_a_malformed_conninfo_with_a_quote_in_its_password_is_told_without_it(conninfo):
     """libpq quotes the piece as it is, its quotes too: the piece hidden ended at the first, and
     the rest of the password was in the error."""

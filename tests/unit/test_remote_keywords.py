@@ -11,8 +11,8 @@ spec.loader.exec_module(sessions)
 LOCAL = {"user": "alice", "host": "/run/pg", "port": "5433"}
 
 
-def keywords(remote, options, own_certificate=False):
-    return list(sessions.remote_keywords(remote, options, dict(LOCAL), "pg_task_py task", own_certificate).items())
+def keywords(remote, options, own_credentials=False):
+    return list(sessions.remote_keywords(remote, options, dict(LOCAL), "pg_task_py task", own_credentials).items())
 
 
 def test_defaults_go_before_the_conninfo_and_its_empty_values_after_it():
@@ -24,9 +24,13 @@ def test_defaults_go_before_the_conninfo_and_its_empty_values_after_it():
         ("dbname", empty), *LOCAL.items()]
 
 
-def test_a_role_that_is_not_a_superuser_sends_no_client_certificate():
-    """libpq sent the server OS user's ~/.postgresql/postgresql.crt for any role's remote task."""
-    assert dict(keywords("dbname=app", {"dbname": "app"}, own_certificate=True))["sslcert"] == (
-        sessions.NO_CLIENT_CERTIFICATE)
+def test_a_role_that_is_not_a_superuser_uses_none_of_the_servers_os_users_credentials():
+    """libpq sent the server OS user's ~/.postgresql/postgresql.crt for any role's remote task,
+    and set GSSAPI encryption up with its Kerberos credentials."""
+    own = dict(keywords("dbname=app gssencmode=prefer", {"dbname": "app", "gssencmode": "prefer"},
+                        own_credentials=True))
+    assert (own["sslcert"], own["gssencmode"]) == (sessions.NO_CLIENT_CERTIFICATE, "disable")
+    assert list(own).index("gssencmode") > list(own).index("dbname")  # (after the conninfo: it overrides it)
     assert not Path(sessions.NO_CLIENT_CERTIFICATE).exists()
-    assert "sslcert" not in dict(keywords("dbname=app", {"dbname": "app"}))  # (a superuser's: as libpq does)
+    superuser = dict(keywords("dbname=app", {"dbname": "app"}))  # (a superuser's: as libpq does)
+    assert "sslcert" not in superuser and "gssencmode" not in superuser
