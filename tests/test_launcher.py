@@ -1520,3 +1520,37 @@ def test_a_tasks_settings_reach_a_session_started_ahead_whatever_the_databases_s
         wait_until(lambda: sessions_ahead(db, "postgres"), 20, 0.02, "a session started ahead")
         row = db.wait_done(db.insert("SELECT 'ran', current_setting('statement_timeout')", delete=False))
         assert (row["state"], row["output"]) == ("DONE", "?column?\tcurrent_setting\nran\t0"), row
+
+
+def test_a_server_short_of_connections_gets_no_spare_worker():
+    """An idle launcher keeps a spare worker, with a session started ahead, in each database it
+    schedules: one of 30 databases held every connection of a server of max_connections 100, the
+    superusers' reserved ones too (its own are a superuser's), and nobody could log in.  Spares
+    take connections only while a fifth of those of roles that are not superusers are free; a
+    due task still gets its worker and session."""
+    with throwaway_cluster({"max_connections": "20"}) as cluster:  # (17 for roles not superusers)
+        cluster.create_database("spare")
+        held = [cluster.connect("spare") for _ in range(12)]  # (12 and the launcher's 2: over 0.8 of 17)
+
+        def workers() -> int:
+            with cluster.connect("spare") as conn:
+                return conn.execute("SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name = 'pg_task_py worker'").fetchone()[0]
+        launcher = Launcher(cluster.dsn("spare")).start()
+        try:
+            launcher.wait_active()
+            deadline = time.monotonic() + 3  # (a spare comes within a turn or two: see below)
+            while time.monotonic() < deadline:
+                assert workers() == 0
+                time.sleep(0.2)
+            with cluster.connect("spare") as conn:
+                task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''ran''', false)"
+                                       " RETURNING id").fetchone()[0]
+                row = wait_until(lambda: conn.execute("SELECT state::text, output FROM task WHERE id = %s AND state"
+                                                      " NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id]).fetchone(), 30,
+                                 0.05, "the task to end")
+            assert row == ("DONE", "ran")
+        finally:
+            for conn in held:
+                conn.close()
+            assert launcher.stop() == 0, launcher.output()

@@ -412,6 +412,19 @@ def connections_are_full(ctx):
          GROUP BY d.oid, d.datconnlimit""")[0]["full"]
 
 
+def connections_to_spare(ctx):
+    """Whether the server has connections to spare for workers and sessions started ahead of
+    need: a fifth of those a role that is not a superuser may use still free.  An idle launcher
+    of 30 databases held a spare worker and its session ahead in each, every connection of a
+    server of max_connections 100, the superusers' reserved ones too (its own are a superuser's):
+    nobody could log in (a probe).  A task's own worker and session are opened when it is due,
+    as without a spare."""
+    return ctx.run("spare_room", """
+        SELECT count(*) < 0.8 * (current_setting('max_connections')::integer
+                                 - current_setting('superuser_reserved_connections')::integer) AS room
+          FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'""")[0]["room"]
+
+
 def housekeeping(ctx, pool, events, run_limit):
     pool["housekeeping_at"] = time.monotonic() + HOUSEKEEPING_EVERY
     if pool.get("cap") is not None:
@@ -666,10 +679,12 @@ def warm_workers(ctx, pool, events, run_limit):
     wanted = max(1, ctx.run("due_soon", "SELECT pgtaskpy.groups_due_soon($1, $2) AS n", ["float8", "integer"],
                             [WARM_AHEAD, min(len(idle) + room, MOST_WARM)])[0]["n"]) - ready
     cold = [name for name, w in idle if not w["ahead"]][:max(0, wanted)]
+    new = min(wanted - len(cold), new_worker_room(ctx, pool), room)
+    if (cold or new > 0) and not connections_to_spare(ctx):
+        return False
     for name in cold:
         if not warm_up(ctx, pool, name, events):
             return False
-    new = min(wanted - len(cold), new_worker_room(ctx, pool), room)
     for _ in range(new):
         try:
             name = new_worker(ctx, pool)

@@ -338,8 +338,13 @@ BEGIN
             locked := true;
             -- While an exclusive task is due or runs, it alone may be claimed
             -- (sql/replayed/47_workflows.sql); a due one that a client holds is not due here.
+            -- (Apart: in one condition, NULL = 'due' AND f() called f, which read every waiting
+            -- task, at every claim of a database with no exclusive task.)
             gate := pgtaskpy.exclusive_gate();
-            IF gate = 'running' OR gate = 'due' AND pgtaskpy.due_exclusive_task_unheld(clock_timestamp()) THEN
+            IF gate = 'due' THEN
+                gate := CASE WHEN pgtaskpy.due_exclusive_task_unheld(clock_timestamp()) THEN 'due' END;
+            END IF;
+            IF gate IS NOT NULL THEN
                 RETURN QUERY SELECT * FROM pgtaskpy.claim_exclusive_task(claimer);
                 RETURN;
             END IF;

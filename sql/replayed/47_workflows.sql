@@ -582,8 +582,10 @@ $$;
 -- cannot lock, counted it due, and no task of the database started for as long (a probe).
 -- Due by the clock (`at`), as exclusive_gate counts it: by now(), a turn whose transaction began
 -- before the task's plan found none, and claimed other tasks after the task was due.
+-- (Sorts on: under claim_due_tasks' enable_sort off, the plan walked every waiting task in
+-- priority order rather than sort the few exclusive ones.)
 CREATE FUNCTION pgtaskpy.first_unheld_exclusive_task(at timestamptz) RETURNS bigint
-LANGUAGE sql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE sql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off SET enable_sort = on
 AS $$
     SELECT e.id FROM @extschema@.task AS e
     WHERE e.exclusive AND e.state = 'PLAN' AND e.waiting_for = 0 AND e.plan <= at  -- (read: the due ones)
