@@ -119,9 +119,10 @@ WATCH_MOST = 86400.0 * 365  # seconds: status --watch's longest period
 
 def positive_seconds(text: object) -> float:
     """status --watch: a refresh period."""
-    value = number(text, float, "must be a number of seconds, at least 0.1")
+    words = f"must be a number of seconds, at least 0.1 and at most {WATCH_MOST:,.0f} (a year)"
+    value = number(text, float, words)
     if not (0.1 <= value <= WATCH_MOST):  # (longer: past what a thread's wait takes, a traceback)
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, at least 0.1 and at most {WATCH_MOST:g}")
+        raise argparse.ArgumentTypeError(words)
     return value
 
 

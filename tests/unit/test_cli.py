@@ -46,7 +46,9 @@ def test_version(capsys):
     (["status", "--watch", "0"], "argument --watch: must be a number of seconds, at least 0.1"),
     (["status", "--watch", "-1"], "argument --watch: must be a number of seconds, at least 0.1"),
     # (accepted, the first table came and then OverflowError's traceback: a thread waits so long at most)
-    (["status", "--watch", "1e10"], "argument --watch: must be a number of seconds, at least 0.1 and at most"),
+    (["status", "--watch", "1e10"], "argument --watch: must be a number of seconds, at least 0.1 and at most"
+                                    " 31,536,000 (a year)"),
+    (["status", "--watch", "abc"], "argument --watch: must be a number of seconds, at least 0.1 and at most"),
     ([], "the following arguments are required: COMMAND"),
 ])
 def test_bad_usage_is_exit_2_with_the_reason(capsys, argv, says):
