@@ -158,6 +158,10 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     assert in_a_row() == 4
     db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL'")
     assert in_a_row() == 0
+    # Over for good: a task of the group that waits later does not bring the old streak back.
+    db.sql("INSERT INTO task (input, \"group\", plan) VALUES ('SELECT 1', 'streak', now() + interval '1 hour')")
+    assert in_a_row() == 0
+    db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'PLAN'")
     end("FAIL", 0.5)
     assert in_a_row() == 1
     # A series whose failed rows retention deletes between its runs has its next run waiting: its
@@ -169,6 +173,14 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     assert in_a_row() == 2
     end("FAIL", 0.3)
     assert in_a_row() == 3
+    # The series removed by deleting its waiting run once its failed rows had gone: over too, and
+    # the group's next task does not bring the streak back.
+    db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'FAIL'")
+    assert in_a_row() == 3
+    db.sql("DELETE FROM task WHERE \"group\" = 'streak' AND state = 'PLAN'")
+    assert in_a_row() == 0
+    db.sql("INSERT INTO task (input, \"group\", plan) VALUES ('SELECT 1', 'streak', now() + interval '1 hour')")
+    assert in_a_row() == 0
     db.sql("TRUNCATE task")
     assert in_a_row() == 0
 

@@ -182,6 +182,7 @@ class Scheduler:
                                     conn.info.backend_pid) as self.turns):
                         database_log(self.name, logging.INFO, "scheduling (active)")
                         backoff = 0.5
+                        self.running = 0  # (a new session: none of its workers yet)
                         self._loop(conn, wakes)
                         while not self._drain(conn, wakes):  # (a reload wanted it back while it was stopping)
                             database_log(self.name, logging.INFO, "scheduling again")

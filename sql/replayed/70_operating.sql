@@ -31,16 +31,24 @@ CREATE FUNCTION pgtaskpy.newer_success(success timestamptz, failure timestamptz)
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT CASE WHEN success > COALESCE(failure, '-infinity') THEN success END $$;
 
--- Whether the owner's group has a task waiting or running (fold_group_counts, group_stats: the
--- rare streak none of whose failed rows is left).  A local task's hash first, from its index.
+-- Whether the owner's group has a task waiting or running (fold_group_counts: a streak of
+-- failures whose last failed rows have just gone).  Each from a partial index: its local waiting
+-- tasks by the group's hash, its named series (remote ones too) by the owner's keys, and the
+-- tasks waiting for prerequisites and the running ones, which are few.  One scan of the table
+-- a group made a fold of retention's deletions take seconds, holding every claim back (a review).
+-- (A remote group's unnamed series, waiting, is not seen: its streak ends with its failed rows.)
 CREATE FUNCTION pgtaskpy.group_has_tasks_to_run(task_owner name, task_group text) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
 AS $$
     SELECT EXISTS (SELECT FROM @extschema@.task AS t
                    WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash = hashtext(task_group || E'\x1f')
                      AND t.owner = task_owner AND t."group" = task_group)
         OR EXISTS (SELECT FROM @extschema@.task AS t
-                   WHERE t.state IN ('PLAN', 'TAKE', 'WORK') AND t.owner = task_owner AND t."group" = task_group)
+                   WHERE t.state = 'PLAN' AND t.key IS NOT NULL AND t.owner = task_owner AND t."group" = task_group)
+        OR EXISTS (SELECT FROM @extschema@.task AS t
+                   WHERE t.state = 'PLAN' AND t.waiting_for > 0 AND t.owner = task_owner AND t."group" = task_group)
+        OR EXISTS (SELECT FROM @extschema@.task AS t
+                   WHERE t.state IN ('TAKE', 'WORK') AND t.owner = task_owner AND t."group" = task_group)
 $$;
 
 -- Add the changes to the counters, in the launcher's housekeeping: the
@@ -78,14 +86,16 @@ AS $$
         last_failure = greatest(excluded.last_failure, c.last_failure),
         last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
                           THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
-        -- (a streak none of whose failed rows is left, in a group with no task to run, is over:
-        -- a removed series' streak does not go on in the group's next failure; a series whose
-        -- failed rows retention deletes between its runs has its next run waiting, and goes on)
-        consecutive_failures = excluded.consecutive_failures
-            + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
-                   THEN 0
-                   WHEN c.fail <= 0 AND NOT pgtaskpy.group_has_tasks_to_run(c.owner, c."group") THEN 0
-                   ELSE c.consecutive_failures END
+        -- (a streak whose last failed rows go, in a group with no task to run, is over, and stored
+        -- so: a removed series' streak does not come back with the group's next task.  A series
+        -- whose failed rows retention deletes between its runs has its next run waiting, and goes
+        -- on.  Asked of such a streak only: not of every group whose finished rows retention deletes)
+        consecutive_failures = CASE
+            WHEN c.fail + excluded.fail <= 0 AND c.consecutive_failures + excluded.consecutive_failures > 0
+                 AND NOT pgtaskpy.group_has_tasks_to_run(c.owner, c."group") THEN 0
+            ELSE excluded.consecutive_failures
+                 + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure))
+                             IS NOT NULL THEN 0 ELSE c.consecutive_failures END END
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -130,7 +140,17 @@ BEGIN
     SELECT o.owner, o."group", o.state, -count(*)
     FROM deleted_tasks AS o
     WHERE o.state IN ('DONE', 'FAIL', 'GONE', 'STOP')
-    GROUP BY o.owner, o."group", o.state;
+    GROUP BY o.owner, o."group", o.state
+    UNION ALL
+    -- (a waiting or running task deleted from a group whose streak of failures has no failed row
+    -- left: a change of nothing, so that the fold looks again whether the streak is over, as
+    -- after a removed series' last run; else it came back with the group's next task)
+    SELECT o.owner, o."group", 'FAIL', 0
+    FROM deleted_tasks AS o
+    WHERE o.state IN ('PLAN', 'TAKE', 'WORK')
+      AND EXISTS (SELECT FROM pgtaskpy.group_counts AS k
+                  WHERE k.owner = o.owner AND k."group" = o."group" AND k.consecutive_failures > 0 AND k.fail <= 0)
+    GROUP BY o.owner, o."group";
     RETURN NULL;
 END
 $$;
@@ -792,15 +812,13 @@ SELECT owner, "group" COLLATE "default" AS "group",
        CASE WHEN d.last_failure >= c.last_failure OR c.last_failure IS NULL
             THEN COALESCE(d.last_error, c.last_error) ELSE c.last_error END AS last_error,
        -- (whatever retention or keep_runs leaves of the failed rows: at most those, with keep_runs 3
-       -- a series failing for good showed 2, and an alert on more never fired.  Over once none is
-       -- left and the group has no task to run, as fold_group_counts has it: a removed series')
+       -- a series failing for good showed 2, and an alert on more never fired.  0 while none is
+       -- left and the group has no task to run, as fold_group_counts stores it: a removed series')
        CASE WHEN COALESCE(c.fail, 0) + COALESCE(d.fail, 0) <= 0
                  AND COALESCE(a.due, 0) + COALESCE(a.later, 0) + COALESCE(a.running, 0) = 0 THEN 0
             ELSE COALESCE(d.failures_after_success, 0)
                  + CASE WHEN pgtaskpy.newer_success(d.last_success, greatest(c.last_success, c.last_failure)) IS NOT NULL
                         THEN 0
-                        WHEN COALESCE(c.fail, 0) <= 0 AND COALESCE(a.due, 0) + COALESCE(a.later, 0)
-                                                        + COALESCE(a.running, 0) = 0 THEN 0
                         ELSE COALESCE(c.consecutive_failures, 0) END
        END::bigint AS consecutive_failures,
        COALESCE(p.paused, false) AS paused
