@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -653,6 +654,39 @@ def test_pausing_a_series_group_pauses_that_series_and_task_series_says_so(db):
     assert db.sql("SELECT key, paused FROM task_series ORDER BY key") == [("hourly", False), ("nightly", True)]
     assert db.value("SELECT task_resume('nightly')") is True
     assert db.sql("SELECT key, paused FROM task_series ORDER BY key") == [("hourly", False), ("nightly", False)]
+
+
+def readme_run_job_recipe() -> str:
+    """README's `run_job` of TimescaleDB, the SQL block after its words, for series 'rollup'."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    words = readme.index("`run_job`, a one-off run")
+    return re.search(r"```sql\n(.*?)```", readme[words:], re.DOTALL).group(1)
+
+
+def test_readme_run_job_recipe_runs_a_job_now_with_its_own_settings(running):
+    """TimescaleDB's run_job(id) as README writes it: a one-off run of the series' definition (its
+    group, data, timeout and retries: a copy of the input alone ran in the default group without
+    its data), while a run waits and while one is running."""
+    recipe = readme_run_job_recipe()
+    running.insert("SELECT data FROM task WHERE id = current_setting('pg_task.id')::bigint", key="rollup",
+                   group="rollup", data="cfg-v1", repeat="1 day", plan=datetime.now(UTC) + timedelta(hours=1),
+                   timeout="5 s", retry=2, retry_on=["*", "57014"], delete=False)
+    running.sql(recipe)
+    now = running.value("SELECT id FROM task WHERE key IS NULL")
+    row = running.wait_done(now)
+    assert (row["state"], row["output"], row["group"], row["data"], str(row["timeout"]), row["retry"],
+            row["retry_on"], str(row["repeat"])) == ("DONE", "cfg-v1", "rollup", "cfg-v1", "0:00:05", 2,
+                                                      ["*", "57014"], "0:00:00")
+    assert running.value("SELECT count(*) FROM task WHERE key = 'rollup' AND state = 'PLAN'") == 1  # its beat kept
+
+    running.sql("UPDATE task SET input = 'SELECT pg_sleep(30)', plan = now() WHERE key = 'rollup'")
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE key = 'rollup'") == "WORK", 20,
+               message="the series' run running")
+    running.sql(recipe)
+    copy = running.value("SELECT id FROM task WHERE key IS NULL AND state = 'PLAN'")
+    assert copy is not None and running.task(copy)["group"] == "rollup"
+    running.sql("UPDATE task SET state = 'STOP' WHERE id = %s", [copy])
+    assert running.value("SELECT task_cancel(id, stop_series => true) FROM task WHERE key = 'rollup'") is True
 
 
 def test_series_run_side_by_side_each_in_a_group_of_its_own(running):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -712,18 +714,56 @@ def test_task_chain_with_ignore_errors_runs_every_step(running):
         running.value("SELECT task_chain(ARRAY[['SELECT 1'], ['SELECT 2']])")
 
 
-def test_a_chains_next_step_has_its_session_started_while_the_step_before_runs(running):
-    """A worker going on with a chain starts the next step's session ahead, as it does for a
-    group's due tasks: the step after a slow one finds its backend up already."""
-    ids = running.value("SELECT task_chain(array_fill('SELECT (SELECT backend_start FROM pg_stat_activity"
-                        " WHERE pid = pg_backend_pid()) FROM pg_sleep(0.3)'::text, ARRAY[4]), 'ahead')")
-    running.wait_done(ids[-1], 30)
-    steps = running.sql("SELECT start, stop, output::timestamptz, worker FROM task WHERE id = ANY(%s) ORDER BY id",
-                        [ids])
-    handed_on = [(earlier, later) for earlier, later in zip(steps, steps[1:]) if earlier[3] == later[3]]
-    assert handed_on, steps  # (the worker went on with the chain: no launcher turn between steps)
-    for earlier, later in handed_on:
+def log_claims(db):
+    """A table `claimed_by` of who moved each task out of PLAN (the backend's application_name):
+    the task's row keeps no trace of it (`worker` is NULL once a task has ended)."""
+    db.sql("CREATE TABLE claimed_by (id bigint, by text, at timestamptz DEFAULT clock_timestamp());"
+           " CREATE FUNCTION log_claim() RETURNS trigger LANGUAGE plpgsql SET search_path = public AS $$ BEGIN"
+           "   INSERT INTO claimed_by (id, by) VALUES (NEW.id, current_setting('application_name')); RETURN NULL;"
+           " END $$;"
+           " CREATE TRIGGER log_claim AFTER UPDATE OF state ON task FOR EACH ROW"
+           " WHEN (OLD.state = 'PLAN' AND NEW.state IN ('TAKE', 'WORK')) EXECUTE FUNCTION log_claim()")
+
+
+def test_a_chains_next_step_is_taken_by_the_worker_that_ran_the_step_before(running):
+    """The worker that ends a step goes on with the next in the same transaction, its session
+    started ahead while the step before ran; two chains of one group run in priority order.
+    The released step's plan (the clock's) was after the transaction's now(), which the worker's
+    claim compared: every step waited for a launcher's turn, behind the group's later tasks."""
+    log_claims(running)
+    first = running.value("SELECT task_chain(array_fill('SELECT (SELECT backend_start FROM pg_stat_activity"
+                          " WHERE pid = pg_backend_pid()) FROM pg_sleep(0.3)'::text, ARRAY[3]), 'ahead',"
+                          " ignore_errors => false)")
+    second = running.value("SELECT task_chain(array_fill('SELECT clock_timestamp()'::text, ARRAY[3]), 'ahead')")
+    assert running.wait_done(second[-1], 30)["state"] == "DONE"
+    claims = running.sql("SELECT id, by FROM claimed_by ORDER BY at")
+    assert [task_id for task_id, _ in claims] == first + second, claims  # priority order: (max, id)
+    assert [by for _, by in claims[1:]] == ["pg_task_py worker"] * 5, claims  # no launcher turn a step
+    steps = running.sql("SELECT start, stop, output::timestamptz FROM task WHERE id = ANY(%s) ORDER BY id", [first])
+    for earlier, later in zip(steps, steps[1:]):
         assert later[2] < earlier[1], (earlier, later)  # its backend started before the step before ended
+
+
+def test_readme_scheduled_chain_runs_one_copy_at_a_time(running):
+    """pg_timetable's max_instances = 1 as README writes it: the series' run inserts the chain only
+    when none of its steps waits or runs (a group's max bounds steps, not copies: each match added
+    a copy beside the last)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    words = readme.index("A scheduled chain that never runs two copies at once")
+    recipe = re.search(r"```sql\n(.*?)```", readme[words:], re.DOTALL).group(1)
+    recipe = recipe.replace("'0 3 * * *'", "'1 seconds'").replace(
+        "'CALL archive()', 'CALL reindex()'", "'SELECT 1 FROM pg_sleep(0.8)', 'SELECT 2 FROM pg_sleep(0.8)'")
+    assert "'1 seconds'" in recipe and "pg_sleep(0.8)" in recipe, recipe
+    running.sql(recipe)
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE \"group\" = 'nightly.steps'"
+                                     " AND output = '2'") >= 3, 30, message="three copies of the chain")
+    assert running.value("SELECT task_unschedule('nightly')") is True
+    steps = running.sql("SELECT plan, stop FROM task WHERE \"group\" = 'nightly.steps' AND state = 'DONE'"
+                        " ORDER BY id")
+    copies = [(first[0], last[1]) for first, last in zip(steps[::2], steps[1::2])]
+    assert len(copies) >= 3, steps
+    for earlier, later in zip(copies, copies[1:]):  # each inserted once the one before had ended
+        assert later[0] > earlier[1] - timedelta(milliseconds=50), (earlier, later)
 
 
 def test_upgraded_database_runs_workflows(cluster):

@@ -550,6 +550,11 @@ DECLARE
     claimed @extschema@.task;
     running bigint;
     cap integer;
+    -- Due by the clock, not by the transaction's start: a chain's next step, released by the end
+    -- of the step before in this transaction, is planned at the clock's moment of its release
+    -- (resolve_dependents), after now(); with now() here the worker going on with the chain never
+    -- saw it due, and every step waited for a launcher's turn, behind the group's later tasks.
+    due_at timestamptz := clock_timestamp();
 BEGIN
     IF launcher IS NOT NULL THEN  -- (apart: a condition with a subquery is a query run on every claim)
         IF NOT pgtaskpy.launcher_accepts(launcher) THEN
@@ -563,8 +568,8 @@ BEGIN
     SELECT t.* INTO claimed
     FROM @extschema@.task AS t  -- (... IS TRUE: see claim_due_tasks)
     WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= group_hash AND t.hash <= group_hash
-      AND t.plan <= now()  -- (checked in the index: see claim_due_tasks)
-      AND (t.plan <= now() AND t.plan + t.active > now()) IS TRUE AND NOT t.exclusive
+      AND t.plan <= due_at  -- (checked in the index: see claim_due_tasks)
+      AND (t.plan <= due_at AND t.plan + t.active > due_at) IS TRUE AND NOT t.exclusive
       -- (the pause's key probed in the statement, as in claim_due_tasks: group_paused's call a task
       -- read cost a worker going on with a group 64 ms behind another role's 20,000 paused tasks.
       -- "IS TRUE": a probe a row, never an anti-join that hashes every pause, any role's.)
