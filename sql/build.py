@@ -44,6 +44,7 @@ import ast
 import pathlib
 import re
 import sys
+import warnings
 
 HERE = pathlib.Path(__file__).parent
 INCLUDE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.MULTILINE)
@@ -96,6 +97,18 @@ def python_body(match: re.Match) -> str:
 return SD["pgtaskpy.main"]({", ".join(parameters)})"""
 
 
+def compiles_cleanly(name: str, source: str) -> None:
+    """Refuse a module that Python compiles with a warning: a SyntaxWarning ('"..." (...)', a
+    string called, "perhaps you missed a comma?") is an error only when its line runs, and one
+    such line in a hint failed every task whose session could not be opened (a review)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            compile(source, f"sql/plpython/{name}", "exec")
+        except SyntaxError as exc:  # (a SyntaxWarning made an error is raised as a SyntaxError)
+            sys.exit(f"sql/plpython/{name}:{exc.lineno}: {exc.msg}")
+
+
 def install_python_modules() -> str:
     """The call that compiles every file of sql/plpython and keeps it in pgtaskpy.python_modules()."""
     names, sources = [], []
@@ -103,6 +116,7 @@ def install_python_modules() -> str:
         source = path.read_text()
         if "$python$" in source:
             sys.exit(f"{path.name}: contains the $python$ quote")
+        compiles_cleanly(path.name, source)
         names.append(f"'{path.name}'")
         sources.append(f"$python${source}$python$")
     return (f"SELECT pgtaskpy.install_python_modules(\n    ARRAY[{', '.join(names)}],\n    ARRAY[\n"
@@ -237,4 +251,5 @@ def main() -> None:
         sys.exit("usage: build.py install | build.py upgrade OLD NEW | build.py upgrade OLD PREVIOUS NEW")
 
 
-main()
+if __name__ == "__main__":
+    main()

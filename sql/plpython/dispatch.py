@@ -30,6 +30,10 @@ HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longe
 # Most tasks pgtaskpy.expire_inactive_tasks ends a call: a full batch means more are waiting to,
 # and the next turn, 10 ms later, ends the next batch (expire_inactive_tasks below).
 EXPIRE_BATCH = 1000
+# Most counter changes pgtaskpy.fold_group_counts adds up a call (task_stats' counters): a full
+# batch means more wait, and the next turns go on with them, as with EXPIRE_BATCH.  A task
+# author's bulk of a million finished rows, folded in one call, held every role's claims 12 s.
+FOLD_BATCH = 5000
 RETENTION_WARN_EVERY = 60.0  # seconds between warnings that retention cannot delete (delete_finished_tasks)
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
@@ -436,7 +440,7 @@ def housekeeping(ctx, pool, events, run_limit):
     expire_inactive_tasks(ctx, pool, events)
     misconfigured = ctx.run("misconfigured", "SELECT pgtaskpy.fail_misconfigured_tasks() AS n")[0]["n"]
     deleted = delete_finished_tasks(ctx, pool, events)
-    ctx.run("counts", "SELECT pgtaskpy.fold_group_counts()")  # task_stats' counters (70_operating.sql)
+    fold_group_counts(ctx, pool)
     ctx.run("proofs", "SELECT pgtaskpy.delete_stale_steering_proofs()")  # (60_api.sql)
     if misconfigured:
         events.append({"event": "misconfigured", "count": misconfigured})
@@ -446,6 +450,13 @@ def housekeeping(ctx, pool, events, run_limit):
         events.append({"event": "recovered", "count": recovered})
     if strays:  # (no backend died: a row a client held when its claim was given back, say)
         events.append({"event": "unclaimed", "count": strays})
+
+
+def fold_group_counts(ctx, pool):
+    """Add a batch of changes to task_stats' counters (70_operating.sql); a full one has the
+    next turns go on, 10 ms apart, each holding the scheduling lock for one batch only."""
+    folded = ctx.run("counts", "SELECT pgtaskpy.fold_group_counts($1) AS n", ["integer"], [FOLD_BATCH])[0]["n"]
+    pool["folding"] = folded >= FOLD_BATCH
 
 
 def expire_inactive_tasks(ctx, pool, events):
@@ -812,7 +823,8 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     set_session_name(ctx, pool, ctx.name_of("launcher" if run_limit > 0 else "stopping launcher"))
     housekeeping_due = time.monotonic() >= pool["housekeeping_at"]
     expiring = pool.get("expiring", False) and not housekeeping_due
-    if cancel_running or housekeeping_due or expiring:
+    folding = pool.get("folding", False) and not housekeeping_due
+    if cancel_running or housekeeping_due or expiring or folding:
         # Before any row (see lock_scheduling).  Other turns leave it to
         # claim_due_tasks, which takes it only when it may claim something:
         # while it is held, no worker can go on with its group.
@@ -821,8 +833,11 @@ def main(plpy, GD, SD, run_limit, cancel_running):
         cancel_running_tasks(ctx, pool, events)
     if housekeeping_due:
         housekeeping(ctx, pool, events, run_limit)
-    elif expiring:
-        expire_inactive_tasks(ctx, pool, events)
+    else:  # (a backlog left by the last housekeeping: its next batch)
+        if expiring:
+            expire_inactive_tasks(ctx, pool, events)
+        if folding:
+            fold_group_counts(ctx, pool)
     busy = running_tasks(pool)
     idle = sum(1 for w in pool["workers"].values() if w["task"] is None)
     claimer = pool["pid"]
@@ -836,7 +851,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
     # the worker holding its reusable session idle.
     answering = reap(ctx, pool, events)
     waits = [pool["housekeeping_at"] - time.monotonic()]
-    if pool.get("expiring"):
+    if pool.get("expiring") or pool.get("folding"):
         waits.append(0.01)
     if len(claimed) >= room:
         if running_tasks(pool) < busy:

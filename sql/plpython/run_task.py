@@ -723,8 +723,8 @@ def connect_failure_hint(task):
         return "Check the task's remote conninfo and that the server accepts it."
     return (
         f'The task runs in a session logged in as its owner "{task["owner"]}" over the local socket: '
-        ("allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN and may CONNECT "
-         "to the database.")
+        "allow it in pg_hba.conf (see README, Security model), and check the role exists with LOGIN and may CONNECT "
+        "to the database."
     )
 
 

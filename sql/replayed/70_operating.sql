@@ -58,44 +58,54 @@ $$;
 -- success (group_stats reads the changes not yet folded the same way).  A
 -- success of the changes older than the counters' last failure (an end that
 -- committed late) resets nothing: the failures after it are not known one by one.
-CREATE FUNCTION pgtaskpy.fold_group_counts() RETURNS void
+-- At most `most` changes a call, as they lie in the table; returns how many it
+-- folded (the launcher goes on at its next turns while calls come full).  All
+-- of them in one call held the scheduling lock, and every role's claims, for
+-- as long as a task author's bulk took: 12 s after an INSERT of 1,000,000
+-- finished rows, 22 s after their DELETE (a probe).
+CREATE FUNCTION pgtaskpy.fold_group_counts(most integer DEFAULT 5000) RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$
     WITH folded AS (
-        DELETE FROM pgtaskpy.group_count_changes RETURNING *
+        DELETE FROM pgtaskpy.group_count_changes AS d
+        WHERE d.ctid = ANY (ARRAY(SELECT c.ctid FROM pgtaskpy.group_count_changes AS c LIMIT most))
+        RETURNING d.*
     ), beside_success AS (
         SELECT f.*, greatest(pgtaskpy.newer_success(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0)
                                                         OVER (PARTITION BY f.owner, f."group"), k.last_failure),
                              k.last_success) AS success
         FROM folded AS f LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = f.owner AND k."group" = f."group"
+    ), counted AS (
+        INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error,
+                                               consecutive_failures)
+        SELECT f.owner, f."group",
+               COALESCE(sum(f.n) FILTER (WHERE f.state = 'DONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'FAIL'), 0),
+               COALESCE(sum(f.n) FILTER (WHERE f.state = 'GONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'STOP'), 0),
+               max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0), max(f.at) FILTER (WHERE f.state = 'FAIL' AND f.n > 0),
+               (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1],
+               count(*) FILTER (WHERE f.state = 'FAIL' AND f.n > 0 AND f.at > COALESCE(f.success, '-infinity'))
+        FROM beside_success AS f
+        GROUP BY f.owner, f."group"
+        ON CONFLICT (owner, "group") DO UPDATE
+        SET done = c.done + excluded.done, fail = c.fail + excluded.fail, gone = c.gone + excluded.gone,
+            stop = c.stop + excluded.stop,
+            last_success = greatest(excluded.last_success, c.last_success),
+            last_failure = greatest(excluded.last_failure, c.last_failure),
+            last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
+                              THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
+            -- (a streak whose last failed rows go, in a group with no task to run, is over, and stored
+            -- so: a removed series' streak does not come back with the group's next task.  A series
+            -- whose failed rows retention deletes between its runs has its next run waiting, and goes
+            -- on.  Asked of such a streak only: not of every group whose finished rows retention deletes)
+            consecutive_failures = CASE
+                WHEN c.fail + excluded.fail <= 0 AND c.consecutive_failures + excluded.consecutive_failures > 0
+                     AND NOT pgtaskpy.group_has_tasks_to_run(c.owner, c."group") THEN 0
+                ELSE excluded.consecutive_failures
+                     + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure))
+                                 IS NOT NULL THEN 0 ELSE c.consecutive_failures END END
+        RETURNING 1
     )
-    INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error,
-                                           consecutive_failures)
-    SELECT f.owner, f."group",
-           COALESCE(sum(f.n) FILTER (WHERE f.state = 'DONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'FAIL'), 0),
-           COALESCE(sum(f.n) FILTER (WHERE f.state = 'GONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'STOP'), 0),
-           max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0), max(f.at) FILTER (WHERE f.state = 'FAIL' AND f.n > 0),
-           (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1],
-           count(*) FILTER (WHERE f.state = 'FAIL' AND f.n > 0 AND f.at > COALESCE(f.success, '-infinity'))
-    FROM beside_success AS f
-    GROUP BY f.owner, f."group"
-    ON CONFLICT (owner, "group") DO UPDATE
-    SET done = c.done + excluded.done, fail = c.fail + excluded.fail, gone = c.gone + excluded.gone,
-        stop = c.stop + excluded.stop,
-        last_success = greatest(excluded.last_success, c.last_success),
-        last_failure = greatest(excluded.last_failure, c.last_failure),
-        last_error = CASE WHEN excluded.last_failure >= c.last_failure OR c.last_failure IS NULL
-                          THEN COALESCE(excluded.last_error, c.last_error) ELSE c.last_error END,
-        -- (a streak whose last failed rows go, in a group with no task to run, is over, and stored
-        -- so: a removed series' streak does not come back with the group's next task.  A series
-        -- whose failed rows retention deletes between its runs has its next run waiting, and goes
-        -- on.  Asked of such a streak only: not of every group whose finished rows retention deletes)
-        consecutive_failures = CASE
-            WHEN c.fail + excluded.fail <= 0 AND c.consecutive_failures + excluded.consecutive_failures > 0
-                 AND NOT pgtaskpy.group_has_tasks_to_run(c.owner, c."group") THEN 0
-            ELSE excluded.consecutive_failures
-                 + CASE WHEN pgtaskpy.newer_success(excluded.last_success, greatest(c.last_success, c.last_failure))
-                             IS NOT NULL THEN 0 ELSE c.consecutive_failures END END
+    SELECT count(*) FROM folded
 $$;
 
 -- finish_task's hook, in the transaction that ends the task: count it, and
@@ -837,7 +847,7 @@ COMMENT ON VIEW @extschema@.task_stats IS 'one row per (owner, group) of the cal
 REVOKE ALL ON FUNCTION pgtaskpy.count_end(name, text, @extschema@.state, timestamptz, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.task_ended(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.notify_done(name) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.fold_group_counts() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.fold_group_counts(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.group_has_tasks_to_run(name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.count_finished_task() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.recount_changed_task() FROM PUBLIC;
