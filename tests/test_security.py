@@ -533,6 +533,29 @@ def test_an_exclusive_task_an_admin_gave_an_author_is_run_again_as_it_was_and_no
         running.sql("DROP ROLE excl_author")
 
 
+def test_task_schedule_while_an_exclusive_run_is_in_progress_keeps_the_series_exclusive(db):
+    """The owner's task_schedule of a series an admin made exclusive is refused while a run waits
+    (check_task); while one ran, it put a definition that was not exclusive beside it, and the
+    admin's exclusive left the series (a probe).  It is refused then too; an admin's call keeps
+    the series exclusive."""
+    db.sql("CREATE ROLE excl_owner LOGIN IN ROLE pgtaskpy_user")
+    try:
+        run = db.value("INSERT INTO task (input, key, cron, exclusive, owner, state, start)"
+                       " VALUES ('SELECT 1', 'nightly', '0 3 * * *', true, 'excl_owner', 'WORK', now()) RETURNING id")
+        with db.connect("excl_owner") as owner:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege,
+                               match=f"permission denied to change what exclusive task {run} runs"):
+                owner.execute("SELECT task_schedule('nightly', '0 4 * * *', 'SELECT 2')")
+        assert db.value("SELECT count(*) FROM task WHERE key = 'nightly'") == 1
+        mine = db.value("INSERT INTO task (input, key, cron, exclusive, state, start)"
+                        " VALUES ('SELECT 1', 'mine', '0 3 * * *', true, 'WORK', now()) RETURNING id")
+        beside = db.value("SELECT task_schedule('mine', '0 4 * * *', 'SELECT 2')")
+        assert beside != mine and db.value("SELECT exclusive FROM task WHERE id = %s", [beside]) is True
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP ROLE excl_owner")
+
+
 def test_proofs_an_author_leaves_behind_are_deleted_a_few_thousand_a_turn(running):
     """Any role may insert rows into pgtaskpy.steering_proof (for its own name): leftovers of
     committed transactions are deleted by housekeeping, a few thousand a turn, not all at once in

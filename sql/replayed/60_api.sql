@@ -643,19 +643,30 @@ BEGIN
     IF task_id IS NULL THEN
         -- A run in progress: the new definition beside it keeps the series' columns this function
         -- has no argument for, as a waiting run's change does (they took the defaults, and every
-        -- later run with them, whenever a deploy's call came as a run ran).  Not `exclusive`,
-        -- which only an admin gives.
+        -- later run with them, whenever a deploy's call came as a run ran), `exclusive` too.
         SELECT r.* INTO running FROM @extschema@.task AS r
         WHERE r.owner = current_user AND r.key = task_schedule.key AND r.state IN ('TAKE', 'WORK')
         ORDER BY r.id DESC LIMIT 1;
+        -- An exclusive run: its series stays as an admin made it, as a waiting run's change is
+        -- refused (check_task).  The definition beside it was not exclusive, and the
+        -- admin's exclusive left the series, or not, by when the owner's call came (a probe).
+        IF running.exclusive AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+            RAISE EXCEPTION 'permission denied to change what exclusive task % runs', running.id
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = format('Series "%s" is exclusive, and its run %s is in progress.', key, running.id),
+                      HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
+                             'pgtaskpy_admin may change it.';
+        END IF;
         EXECUTE 'INSERT INTO @extschema@.task AS t (key, cron, tz, input, "group", max, timeout, remote,'
                 ' retry, retry_delay, retry_max, retry_on, retry_unsafe, "delete"'
                 || CASE WHEN running.id IS NULL THEN '' ELSE
-                   ', active, live, count, drift, header, string, delimiter, escape, quote, data, "null", save, target' END
+                   ', active, live, count, drift, header, string, delimiter, escape, quote, data, "null", save, target,'
+                   ' exclusive' END
                 || ') VALUES ($1, $2, $4, $3, $5, $6, $7, $8, ' || retries || ', ' || deletes
                 || CASE WHEN running.id IS NULL THEN '' ELSE
                    ', ($15).active - ($15).paused, ($15).live, ($15).count, ($15).drift, ($15).header, ($15).string,'
-                   ' ($15).delimiter, ($15).escape, ($15).quote, ($15).data, ($15)."null", ($15).save, ($15).target' END
+                   ' ($15).delimiter, ($15).escape, ($15).quote, ($15).data, ($15)."null", ($15).save, ($15).target,'
+                   ' ($15).exclusive' END
                 || ') RETURNING t.id'
             INTO task_id
             USING key, cron, input, zone, group_name, group_max, statement_timeout, remote,
