@@ -461,6 +461,34 @@ def test_settings_give_the_retry_defaults(db):
         db.insert("SELECT 1")
 
 
+@pytest.mark.parametrize(("input", "retry", "ends"), [
+    ("SELECT pg_sleep(1), 'ran'", 0, ("DONE", None)),
+    ("SELECT pg_sleep(1); SELECT 1/0", 1, ("FAIL", "22012")),
+])
+def test_a_run_whose_key_gets_a_waiting_task_from_an_open_transaction_ends_as_it_ran(running, input, retry, ends):
+    """An application's task_enqueue under the key of a running series run (or of a run that will
+    be retried), in a transaction that commits after that run's SQL has ended: the end waits for
+    that transaction (the key's one waiting task), and then ended FAIL, `what follows the task
+    failed: duplicate key value ... "task_key_waiting"` (23505), the series' run that had worked
+    too.  It ends as it ran, and the application's task goes on for the series, as one committed
+    earlier does."""
+    run = running.value("SELECT task_enqueue(%s, key => 'job', repeat => '1 hour', retry => %s::integer,"
+                        " retry_on => '{*}')", [input, retry])
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [run]) == "WORK", 20,
+               message="the run to start")
+    with running.connect() as app:
+        with app.transaction():
+            app.execute("SELECT task_enqueue('SELECT 2', key => 'job', repeat => '1 hour',"
+                        " plan => now() + interval '1 hour')")
+            wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                             " AND application_name = 'pg_task_py worker'") == 1, 20,
+                       message="the run's end to wait for the application's transaction")
+    row = running.wait_done(run)
+    assert (row["state"], row["sqlstate"]) == ends, row
+    assert "task_key_waiting" not in (row["error"] or ""), row["error"]
+    assert running.sql("SELECT input, parent FROM task WHERE key = 'job' AND id <> %s", [run]) == [("SELECT 2", run)]
+
+
 def test_task_enqueue_task_schedule_and_task_chain_take_retry_arguments(running):
     """The functions users enqueue with take the retry columns as arguments, as an INSERT does;
     task_schedule's replace gives the unset ones their defaults, as it does its other arguments."""

@@ -1209,6 +1209,30 @@ CREATE FUNCTION pgtaskpy.end_series(task_id bigint) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ UPDATE @extschema@.task SET repeat = interval '0', cron = NULL, retry = 0 WHERE id = task_id $$;
 
+-- The waiting run of the key of task t, which goes on for t's series (its parent t, a
+-- cron run moved past the matches it missed meanwhile) or takes the place of t's retry:
+-- its id, or NULL when there is none.  (SKIP LOCKED: a user stopping it right now has the
+-- last word; nobody waits here for a row while holding the series.)
+CREATE FUNCTION pgtaskpy.waiting_run_goes_on(t @extschema@.task, series boolean) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    waiting bigint;
+BEGIN
+    SELECT w.id INTO waiting FROM @extschema@.task AS w
+    WHERE w.state = 'PLAN' AND w.owner = t.owner AND w.key = t.key;
+    IF FOUND AND series THEN
+        UPDATE @extschema@.task AS w
+        SET parent = t.id,
+            plan = CASE WHEN w.cron IS NOT NULL AND w.plan < clock_timestamp()
+                        THEN pgtaskpy.cron_next(w.cron, w.tz, clock_timestamp()) ELSE w.plan END
+        WHERE w.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = waiting AND l.state = 'PLAN'
+                      FOR NO KEY UPDATE SKIP LOCKED);
+    END IF;
+    RETURN waiting;
+END
+$$;
+
 -- What follows the end of task t: its retry, when it failed and retry_plan
 -- says so; else the next run of its series (repeat or cron), when the retry
 -- would not come before that run (a series never has two waiting runs; its
@@ -1231,21 +1255,9 @@ BEGIN
     IF t.key IS NOT NULL AND (series OR retry_at IS NOT NULL) THEN
         -- A named series that got a waiting run while this one ran (the
         -- series replaced by task_schedule, a task enqueued again under its
-        -- key) goes on with that run, moved past the cron matches it missed
-        -- meanwhile; this one is not retried.  (SKIP LOCKED: a user stopping
-        -- it right now has the last word; nobody waits here for a row while
-        -- holding the series.)
+        -- key) goes on with that run; this one is not retried.
         PERFORM pgtaskpy.lock_series(t.owner, t.key);
-        SELECT w.id INTO waiting FROM @extschema@.task AS w
-        WHERE w.state = 'PLAN' AND w.owner = t.owner AND w.key = t.key;
-        IF FOUND AND series THEN
-            UPDATE @extschema@.task AS w
-            SET parent = t.id,
-                plan = CASE WHEN w.cron IS NOT NULL AND w.plan < clock_timestamp()
-                            THEN pgtaskpy.cron_next(w.cron, w.tz, clock_timestamp()) ELSE w.plan END
-            WHERE w.id = (SELECT l.id FROM @extschema@.task AS l WHERE l.id = waiting AND l.state = 'PLAN'
-                          FOR NO KEY UPDATE SKIP LOCKED);
-        END IF;
+        waiting := pgtaskpy.waiting_run_goes_on(t, series);
     END IF;
 
     IF waiting IS NULL AND (series OR retry_at IS NOT NULL) THEN
@@ -1270,8 +1282,17 @@ BEGIN
             t.data, t."group", t.input, t."null", t.remote, t.save, t.owner,
             t.cron, t.tz, t.key, t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe,
             CASE WHEN retry_at IS NOT NULL THEN t.attempt + 1 ELSE 1 END, t.exclusive, t.target)
+        -- A waiting run of the key that another transaction inserted, not committed when this end
+        -- looked (task_enqueue in an application's transaction takes no series lock): the INSERT
+        -- waits for that transaction, and once it has committed, this run ended FAIL, `duplicate
+        -- key value violates unique constraint "task_key_waiting"`, its series gone (a probe).
+        -- That run goes on, as one found above.
+        ON CONFLICT (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL DO NOTHING
         RETURNING id INTO next_id;
         PERFORM set_config('pgtaskpy.next_run', 'off', true);
+        IF next_id IS NULL AND t.key IS NOT NULL THEN
+            waiting := pgtaskpy.waiting_run_goes_on(t, series);
+        END IF;
     END IF;
 
     IF t.max < 0 THEN
@@ -1831,6 +1852,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
                                          timestamptz)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.waiting_run_goes_on(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_pending(bigint, integer, name) FROM PUBLIC;
