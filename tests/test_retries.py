@@ -489,6 +489,27 @@ def test_a_run_whose_key_gets_a_waiting_task_from_an_open_transaction_ends_as_it
     assert running.sql("SELECT input, parent FROM task WHERE key = 'job' AND id <> %s", [run]) == [("SELECT 2", run)]
 
 
+def test_an_output_past_the_limit_is_retried_only_if_retry_unsafe_as_its_work_may_have_committed(running):
+    """The scheduler's FAIL 54000 of an output past pg_task_py.output_limit comes once the input
+    has run, its work committed perhaps: retried as the server's own 54000 (which rolls back),
+    the work ran again at each attempt (a probe: three rows of one task's work).  Only with
+    retry_unsafe, as a lost run; the server's 54000 is retried as before."""
+    running.sql("CREATE TABLE work_done (task_id bigint)")
+    running.sql(f"ALTER DATABASE {running.name} SET pg_task_py.output_limit = 1000")
+    work = ("INSERT INTO work_done VALUES (current_setting('pg_task.id')::bigint);"
+            " SELECT repeat('x', 5000)")
+    kept = running.insert(work, retry=2, retry_delay="0.1 s", retry_on=["*"], delete=False)
+    row = running.wait_done(kept)
+    assert (row["state"], row["sqlstate"]) == ("FAIL", "54000"), row
+    unsafe = running.insert(work, retry=1, retry_delay="0.1 s", retry_on=["54000"], retry_unsafe=True, delete=False)
+    assert [r["state"] for r in wait_attempts(running, unsafe, 2)] == ["FAIL", "FAIL"]
+    server = running.insert(FLAKY.format(failures=1, code="54000"), retry=1, retry_delay="0.1 s", retry_on=["54"],
+                            delete=False)
+    assert [r["state"] for r in wait_attempts(running, server, 2)] == ["FAIL", "DONE"]
+    assert running.value("SELECT count(*) FROM task WHERE parent = %s", [kept]) == 0
+    assert running.value("SELECT count(*) FROM work_done WHERE task_id = %s", [kept]) == 1  # its work, once
+
+
 def test_task_enqueue_task_schedule_and_task_chain_take_retry_arguments(running):
     """The functions users enqueue with take the retry columns as arguments, as an INSERT does;
     task_schedule's replace gives the unset ones their defaults, as it does its other arguments."""

@@ -65,6 +65,7 @@ class OutputWriter:
     def _add(self, line):
         self.size += len(line) + (1 if self.lines else 0)  # (the newline between lines, none after the last)
         if self.limit and self.size > self.limit:
+            # (these words tell pgtaskpy.retry_plan that the input ran: retried only if retry_unsafe)
             raise OutputTooLarge(f"task output exceeds {self.limit} characters")
         self.lines.append(line)
 

@@ -647,7 +647,7 @@ class InputResults:
             # (Not a task that set client_encoding and then set it back, whose first encoding's
             # text is read in the second, unless a COPY's rows were that text: its statements ran,
             # and it failed with this hint.)
-            error = format_message(
+            error = format_message(  # (pgtaskpy.retry_plan reads these words: see OutputTooLarge's)
                 f"the task's output holds bytes that are not text in its session's encoding ({session.encoding})",
                 self.task["input"], hint="A COPY ... TO STDOUT with an ENCODING option writes in that encoding, which "
                 "a task's output cannot hold: leave the option out, and the server converts to the session's.")

@@ -1139,6 +1139,13 @@ AS $$
 DECLARE
     -- (a session a DBA or a shutdown ended while it ran, 57P01 or 57P02, is lost the same way)
     lost boolean := t.sqlstate IN (pgtaskpy.lost_run_sqlstate(), '57P01', '57P02') AND t.start IS NOT NULL;
+    -- The scheduler's own errors of a run whose input had run to its end, its work committed
+    -- perhaps (sql/plpython/run_task.py, output.py: their words): its output past
+    -- pg_task_py.output_limit, 54000, and a COPY's ENCODING, 22021.  Retried as any 54000 or 22021
+    -- of the server's (which rolls the work back), they ran committed work again (a probe).
+    done_perhaps boolean := t.sqlstate = '54000' AND t.error LIKE 'ERROR:  task output exceeds % characters%'
+                            OR t.sqlstate = '22021'
+                               AND t.error LIKE 'ERROR:  the task''s output holds bytes that are not text%';
     delay float8;
 BEGIN
     IF t.state <> 'FAIL' OR t.attempt > t.retry OR t.sqlstate IS NULL THEN
@@ -1147,6 +1154,8 @@ BEGIN
         IF NOT t.retry_unsafe THEN
             RETURN NULL;
         END IF;
+    ELSIF done_perhaps AND NOT t.retry_unsafe THEN
+        RETURN NULL;
     ELSIF t.sqlstate = '57014' THEN  -- query_canceled: a timeout of its own, or a cancel
         -- (task_cancel's is marked; a DBA's pg_cancel_backend is told by the time only)
         IF NOT ('57014' = ANY (t.retry_on) AND t.timeout > interval '0' AND t.stop - t.start >= t.timeout)
