@@ -113,6 +113,48 @@ def test_task_stats_totals_follow_finished_rows_changed_by_hand(db):
     assert db.value("SELECT last_error FROM task_stats WHERE \"group\" = 'moved from'") == "by hand"
 
 
+@pytest.mark.parametrize("order", ["ends, then a bulk", "a bulk between the ends", "a delete between"])
+def test_failures_in_a_row_come_out_the_same_when_a_bulk_is_added_up_a_batch_at_a_time(db, order):
+    """The housekeeping adds the counters' changes up 5,000 at a time, behind an author's bulk of
+    6,000 finished rows too: a group's ends split between two batches out of the order of their
+    stops counted a DONE before the FAIL stamped after it (2 failures in a row, not 1), and a
+    deleted failed row's change, added up before the failure after it, ended the streak in between
+    (1, not 2) (a review).  A batch takes whole groups: the same figures as one call of all."""
+    def end(state, minutes_ago, group="streak"):
+        return db.value("INSERT INTO task (input, \"group\", state, plan, start, stop, error)"
+                        " SELECT 'SELECT 1', %s, %s, t, t, t, 'e' FROM (SELECT now() - %s * interval '1 min') AS p(t)"
+                        " RETURNING id", [group, state, minutes_ago])
+
+    def bulk():
+        db.sql("INSERT INTO task (input, state, \"group\")"
+               " SELECT 'x', 'STOP', 'bulk' || i FROM generate_series(1, 6000) AS i")
+
+    if order == "a delete between":
+        first = end("FAIL", 9)
+        db.sql("SELECT pgtaskpy.fold_group_counts()")
+        with db.conn.transaction():
+            db.sql("DELETE FROM task WHERE id = %s", [first])
+            bulk()
+            end("FAIL", 8)
+        expected = 2  # (a deleted end still counts while a failed row of the group is left)
+    else:  # (the last failure's change first: the DONE stamped before it lies after it)
+        end("FAIL", 7)
+        if order == "a bulk between the ends":
+            bulk()
+        end("DONE", 8)
+        end("FAIL", 9)
+        if order == "ends, then a bulk":
+            bulk()
+        expected = 1
+    pending = stats(db.conn, ("postgres", "streak"))["consecutive_failures"]
+    batches = 0
+    while db.value("SELECT more FROM pgtaskpy.fold_group_counts()"):
+        batches += 1
+    assert batches >= 1 and db.value("SELECT count(*) FROM pgtaskpy.group_count_changes") == 0
+    assert pending == stats(db.conn, ("postgres", "streak"))["consecutive_failures"] == expected
+    assert db.value("SELECT sum(stop) FROM pgtaskpy.group_counts") == 6000
+
+
 def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(db):
     """consecutive_failures: FAIL ends after the group's last DONE, by stop; GONE and STOP neither
     count nor reset it.  The same whether the ends are still changes (group_count_changes) or added

@@ -30,9 +30,9 @@ HOUSEKEEPING_EVERY = 1.0  # seconds between orphan/expiry checks; also the longe
 # Most tasks pgtaskpy.expire_inactive_tasks ends a call: a full batch means more are waiting to,
 # and the next turn, 10 ms later, ends the next batch (expire_inactive_tasks below).
 EXPIRE_BATCH = 1000
-# Most counter changes pgtaskpy.fold_group_counts adds up a call (task_stats' counters): a full
-# batch means more wait, and the next turns go on with them, as with EXPIRE_BATCH.  A task
-# author's bulk of a million finished rows, folded in one call, held every role's claims 12 s.
+# About how many counter changes pgtaskpy.fold_group_counts adds up a call, in whole groups
+# (task_stats' counters): while more wait, the next turns go on with them, as with EXPIRE_BATCH.
+# A task author's bulk of a million finished rows, folded in one call, held every role's claims 12 s.
 FOLD_BATCH = 5000
 RETENTION_WARN_EVERY = 60.0  # seconds between warnings that retention cannot delete (delete_finished_tasks)
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
@@ -453,10 +453,10 @@ def housekeeping(ctx, pool, events, run_limit):
 
 
 def fold_group_counts(ctx, pool):
-    """Add a batch of changes to task_stats' counters (70_operating.sql); a full one has the
+    """Add a batch of changes to task_stats' counters (70_operating.sql); while more wait, the
     next turns go on, 10 ms apart, each holding the scheduling lock for one batch only."""
-    folded = ctx.run("counts", "SELECT pgtaskpy.fold_group_counts($1) AS n", ["integer"], [FOLD_BATCH])[0]["n"]
-    pool["folding"] = folded >= FOLD_BATCH
+    pool["folding"] = ctx.run("counts", "SELECT f.more FROM pgtaskpy.fold_group_counts($1) AS f", ["integer"],
+                              [FOLD_BATCH])[0]["more"]
 
 
 def expire_inactive_tasks(ctx, pool, events):
