@@ -388,6 +388,20 @@ def test_a_several_hosts_connect_to_a_server_that_never_answers_leaves_its_worke
     assert run(running, "SELECT 'next'")["output"] == "next"
 
 
+def test_cancelling_a_standby_task_whose_standby_never_answers_frees_its_worker(db, silent_server):
+    """--standby's session was opened by libpq's blocking connect: a standby that accepts the
+    connection and never answers held the worker deaf to task_cancel, pg_terminate_backend and a
+    fast shutdown for its connect_timeout, for ever at 0 (a probe: tasks TAKE for good).  It is
+    connected as a remote task's session is, acting on interrupts meanwhile."""
+    db.launcher("--standby", f"host=127.0.0.1 port={silent_server.port} connect_timeout=0")
+    task_id = db.insert("SELECT 1", target="standby", delete=False)
+    wait_until(lambda: silent_server.accepted, message="the worker to connect to the silent standby")
+    assert db.value("SELECT task_cancel(%s)", [task_id]) is True
+    assert db.wait_done(task_id, 10)["state"] == "STOP"
+    assert silent_server.closed_by_client.wait(10), "the worker kept waiting for the silent standby"
+    assert db.wait_done(db.insert("SELECT 'next'", delete=False))["output"] == "next"
+
+
 def test_stopping_the_launcher_takes_back_a_task_whose_remote_server_never_answers(db, silent_server):
     """Past the grace period, a claimed task that has not started waits again, and its worker
     gives the connection attempt up: the launcher stops."""

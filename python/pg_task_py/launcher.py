@@ -251,8 +251,9 @@ class Scheduler:
         if not row or not row[0]:
             raise SetupError(
                 f"{self.name}: the pg_task_py extension is not installed in this database; "
-                "run CREATE EXTENSION pg_task_py CASCADE; as a superuser, then start the launcher again"
-                " (or, while it runs for other databases, send it SIGHUP)"
+                "run CREATE EXTENSION pg_task_py CASCADE; as a superuser (on the primary: it reaches its"
+                " standbys by replication), then start the launcher again (or, while it runs for other"
+                " databases, send it SIGHUP)"
             )
         if is_older(row[1], __version__):
             database_log(self.name, logging.WARNING,

@@ -256,6 +256,29 @@ class SessionChoice:
         return self.ahead.prepared_for if self.ahead is not None else None
 
 
+
+def connect_watched(keywords, on_wait):
+    """A session connected with `keywords` asynchronously, `on_wait` run every CONNECT_WAIT_STEP
+    seconds meanwhile (it raises to give the attempt up), and connect_timeout kept by this code,
+    as libpq keeps it only in its blocking connect: a server that never answers (a dead host
+    behind a proxy) would hold libpq's blocking call, and the worker with it, deaf to cancels,
+    for ever when no connect_timeout is set.  With several hosts and a connect_timeout, libpq's
+    blocking connect still makes the attempt: it gives each host connect_timeout and moves on to
+    the next, which an asynchronous attempt cannot make it do; it runs beside the worker, which
+    goes on acting on interrupts (libpq.py, _connect_beside)."""
+    session = Session(keywords, wait=False)
+    effective = session.effective_options()  # (the environment's and a service file's too)
+    try:
+        timeout = connect_timeout_seconds(effective.get("connect_timeout"))
+    except ConnectError:
+        session.close()
+        raise
+    if timeout is not None and "," in effective.get("host", "") + effective.get("hostaddr", ""):
+        session.close()
+        return Session(keywords, on_wait=on_wait or (lambda: None), wait_step=CONNECT_WAIT_STEP)
+    session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
+    return session
+
 class TaskSessions:
     """The kept session and the sessions started ahead of one worker backend."""
 
@@ -349,7 +372,8 @@ class TaskSessions:
         if task["remote"] is not None:
             session = self.open_remote(task, on_wait)
         elif task["target"] == "standby":
-            session, (why, reason) = self.open_standby(task["owner"], caught_up=task["after_others"])
+            session, (why, reason) = self.open_standby(task["owner"], caught_up=task["after_others"],
+                                                       on_wait=on_wait)
             if session is None:
                 session = self.open_local(task["owner"], STANDBY_FALLBACK_OPTIONS)
                 self.standby_fallbacks.append({"id": task["id"], "why": why, "reason": reason})
@@ -528,14 +552,16 @@ class TaskSessions:
         keywords["options"] = options or PLAIN_SESSION_OPTIONS
         return keywords
 
-    def open_standby(self, owner, caught_up=False):
+    def open_standby(self, owner, caught_up=False, on_wait=None):
         """A session of `owner` in this database on the launcher's standby (--standby), read-only
         as every session of a standby is, and (None, None); or None and why the task runs here, on
         the primary, instead (a kind and a sentence): the launcher gave no standby, it cannot be reached, it is not in
         recovery, or it lags more than pg_task_py.standby_max_lag (`caught_up`: it has not
         replayed all the primary has written within STANDBY_CATCH_UP_WAIT).  The conninfo's host,
         port and options are used; user, password and database are the task's own, as for a
-        session here."""
+        session here.  Connected as connect_watched says, `on_wait` as open_remote's: a standby
+        that accepts connections and never answers held the worker, deaf to cancels and to a
+        shutdown, for its connect_timeout (for ever at 0)."""
         conninfo = self.ctx.run("standby", "SELECT pg_catalog.current_setting('pgtaskpy.standby', true) AS s")[0]["s"]
         if not conninfo:
             return None, ("no_standby", "its launcher has no --standby")
@@ -548,9 +574,19 @@ class TaskSessions:
             keywords.pop(secret_or_ours, None)
         keywords.update(user=owner, dbname=self.loopback_keywords(owner)["dbname"],
                         application_name=self.ctx.name_of("task"), client_encoding=TASK_CLIENT_ENCODING)
+        given_up = []  # (on_wait's own ConnectError, the task's cancel: no standby to fall back from)
+
+        def watched():
+            try:
+                (on_wait or (lambda: None))()
+            except BaseException:
+                given_up.append(True)
+                raise
         try:
-            session = Session(keywords)
+            session = connect_watched(keywords, watched)
         except ConnectError as exc:
+            if given_up:
+                raise
             return None, ("unreachable", f"the standby could not be used: {first_line(exc)}")
         position = limit["written" if caught_up else "lsn"]
         allowed = 0.0 if caught_up else float(limit["lag"])
@@ -587,16 +623,7 @@ class TaskSessions:
         Otherwise a role could reach servers, this one included, through trust or
         peer authentication or the server OS user's ~/.pgpass, as someone else.
 
-        Connected asynchronously, with `on_wait` run every CONNECT_WAIT_STEP seconds
-        meanwhile (it raises to give the attempt up), and connect_timeout kept
-        by this code, as libpq keeps it only in its blocking connect: a server
-        that never answers (a dead host behind a proxy) would hold libpq's
-        blocking call, and the worker with it, deaf to cancels, for ever when
-        no connect_timeout is set.  With several hosts and a connect_timeout,
-        libpq's blocking connect still makes the attempt: it gives each host
-        connect_timeout and moves on to the next, which an asynchronous attempt
-        cannot make it do; it runs beside the worker, which goes on acting on
-        interrupts (libpq.py, _connect_beside).
+        Connected as connect_watched says.
         """
         options = conninfo_options(task["remote"])  # a malformed one connects nowhere, not even as a dbname
         packet = startup_packet_bytes(options, self.ctx.name_of("task"))
@@ -624,18 +651,7 @@ class TaskSessions:
                                 " (gssencmode): its credentials are the server's OS user's", BAD_REMOTE)
         keywords = remote_keywords(task["remote"], options, self.remote_defaults(task["owner"], options),
                                    self.ctx.name_of("task"), own_credentials=checked)
-        session = Session(keywords, wait=False)
-        effective = session.effective_options()  # (the environment's and a service file's too)
-        try:
-            timeout = connect_timeout_seconds(effective.get("connect_timeout"))
-        except ConnectError:
-            session.close()
-            raise
-        if timeout is not None and "," in effective.get("host", "") + effective.get("hostaddr", ""):
-            session.close()
-            session = Session(keywords, on_wait=on_wait or (lambda: None), wait_step=CONNECT_WAIT_STEP)
-        else:
-            session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
+        session = connect_watched(keywords, on_wait)
         if checked and not session.used_password:
             session.close()
             raise RemoteRefused("password is required: the remote server did not ask for the password given",
