@@ -178,12 +178,19 @@ def _without_sqlstate(message):
 _IDLE_ENDED_WORDS = "terminating connection due to idle-session timeout"
 
 
+_ENDED_BY_THE_SERVER = ("57P05", "57P01", "57P02")  # idle_session_timeout, pg_terminate_backend, shutdown
+
+
 def lost_sqlstate(message, sqlstate=None):
     """The SQLSTATE of a session that broke with libpq's `message` and no result of the server's:
-    57P05 when the server had ended it for being idle (the query never ran), else None.  Told by
-    the SQLSTATE in libpq's verbose words (Session.error), in any language; else, from a session
-    whose words are not verbose (a remote one connected by libpq's blocking call), by English ones."""
-    return "57P05" if sqlstate == "57P05" or _IDLE_ENDED_WORDS in message else None
+    57P05 when the server had ended it for being idle (the query never ran), 57P01 or 57P02 when
+    a DBA's pg_terminate_backend or a shutdown did (as a result of the server's says, when one
+    came: it was taken for a lost connection, 08006), else None.  Told by the SQLSTATE in libpq's
+    verbose words (Session.error), in any language; else, from a session whose words are not
+    verbose (a remote one connected by libpq's blocking call), by English ones for 57P05."""
+    if sqlstate in _ENDED_BY_THE_SERVER:
+        return sqlstate
+    return "57P05" if _IDLE_ENDED_WORDS in message else None
 
 
 class MalformedConninfo(ConnectError):

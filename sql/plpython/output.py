@@ -140,14 +140,22 @@ def with_tabs(text):
     return text.replace("\n", "\n\t")
 
 
+FALLBACK_SEVERITIES = ("ERROR", "FATAL", "PANIC")  # (the labels libpq's words may begin with)
+
+
 def format_error(result, statement, fallback=""):
     """An error result as the server log prints it (elog.c, send_message_to_server_log), ending
     with the statement: the same lines, labels, positions and tabs.  Its fields are read as the
     output is (`escaped`), for `settled` to read again in the session's encoding: a task that SET
     client_encoding had its error's U+00E9 stored as U+FFFD."""
-    severity = result.field(PG_DIAG_SEVERITY) or "ERROR"
-    message = result.field(PG_DIAG_MESSAGE_PRIMARY, escaped=True)
-    first = f"{severity}:  {with_tabs(message or fallback or 'missing error text')}"
+    severity = result.field(PG_DIAG_SEVERITY)
+    message = result.field(PG_DIAG_MESSAGE_PRIMARY, escaped=True) or fallback or "missing error text"
+    if severity is None:
+        # libpq's own words of a session the server ended as its answer came (its FATAL in them
+        # already): "ERROR:  FATAL:  terminating connection ..." was written (a probe).
+        label, said, rest = message.partition(":  ")
+        severity, message = (label, rest) if said and label in FALLBACK_SEVERITIES else ("ERROR", message)
+    first = f"{severity}:  {with_tabs(message)}"
     position = result.field(PG_DIAG_STATEMENT_POSITION) or result.field(PG_DIAG_INTERNAL_POSITION)
     if position and int(position) > 0:
         first += f" at character {position}"

@@ -114,4 +114,6 @@ def test_a_verbose_error_reads_as_the_default_one_with_its_sqlstate_in_any_langu
     assert libpq.lost_sqlstate(words, sqlstate) == "57P05"
     assert libpq.lost_sqlstate("FATAL:  terminating connection due to idle-session timeout") == "57P05"
     assert libpq.lost_sqlstate("server closed the connection unexpectedly", None) is None
-    assert libpq.lost_sqlstate("FATAL:  terminating connection due to administrator command", "57P01") is None
+    # (a DBA's pg_terminate_backend, a shutdown: the server's own code, as its result would say)
+    assert libpq.lost_sqlstate("FATAL:  terminating connection due to administrator command", "57P01") == "57P01"
+    assert libpq.lost_sqlstate("FATAL:  terminating connection due to administrator command") is None

@@ -149,6 +149,11 @@ def test_error_without_a_message_falls_back(output):
     assert output.format_error(Result(), "SELECT 1", fallback="server closed the connection") == \
         "ERROR:  server closed the connection\nSTATEMENT:  SELECT 1"
     assert output.format_error(Result(SEVERITY="FATAL"), "SELECT 1").startswith("FATAL:  ")
+    # (libpq's words of a session ended as the answer came hold the server's FATAL: not doubled)
+    assert output.format_error(Result(), "SELECT 1", fallback="FATAL:  terminating connection due to administrator"
+                               " command\nserver closed the connection unexpectedly") == \
+        ("FATAL:  terminating connection due to administrator command\n\tserver closed the connection unexpectedly"
+         "\nSTATEMENT:  SELECT 1")
 
 
 def test_the_schedulers_own_errors_in_the_same_layout(output):
