@@ -150,8 +150,9 @@ CREATE TABLE pgtaskpy.group_count_changes (
 -- the rows the launcher folds; without it every turn failed, "cannot delete from table
 -- group_count_changes because it does not have a replica identity", and nothing started.)
 ALTER TABLE pgtaskpy.group_count_changes REPLICA IDENTITY FULL;
--- (the housekeeping adds a batch of whole groups up at a time, in this order: fold_group_counts)
-CREATE INDEX group_count_changes_group ON pgtaskpy.group_count_changes (owner, "group");
+-- (the housekeeping adds a batch of whole groups up at a time, in this order, and a group's own
+-- pile in the order of its ends: fold_group_counts)
+CREATE INDEX group_count_changes_group ON pgtaskpy.group_count_changes (owner, "group", at);
 
 -- Groups that start nothing until task_resume.
 -- Their owners may write them directly (row-level security), so their checks
