@@ -256,7 +256,6 @@ class SessionChoice:
         return self.ahead.prepared_for if self.ahead is not None else None
 
 
-
 def connect_watched(keywords, on_wait):
     """A session connected with `keywords` asynchronously, `on_wait` run every CONNECT_WAIT_STEP
     seconds meanwhile (it raises to give the attempt up), and connect_timeout kept by this code,
@@ -278,6 +277,7 @@ def connect_watched(keywords, on_wait):
         return Session(keywords, on_wait=on_wait or (lambda: None), wait_step=CONNECT_WAIT_STEP)
     session.wait_connected(timeout, on_wait=on_wait, wait_step=CONNECT_WAIT_STEP)
     return session
+
 
 class TaskSessions:
     """The kept session and the sessions started ahead of one worker backend."""
