@@ -732,13 +732,16 @@ def test_a_chains_next_step_is_taken_by_the_worker_that_ran_the_step_before(runn
     claim compared: every step waited for a launcher's turn, behind the group's later tasks."""
     log_claims(running)
     first = running.value("SELECT task_chain(array_fill('SELECT (SELECT backend_start FROM pg_stat_activity"
-                          " WHERE pid = pg_backend_pid()) FROM pg_sleep(0.3)'::text, ARRAY[3]), 'ahead',"
+                          " WHERE pid = pg_backend_pid()) FROM pg_sleep(0.1)'::text, ARRAY[3]), 'ahead',"
                           " ignore_errors => false)")
     second = running.value("SELECT task_chain(array_fill('SELECT clock_timestamp()'::text, ARRAY[3]), 'ahead')")
     assert running.wait_done(second[-1], 30)["state"] == "DONE"
-    claims = running.sql("SELECT id, by FROM claimed_by ORDER BY at")
-    assert [task_id for task_id, _ in claims] == first + second, claims  # priority order: (max, id)
-    assert [by for _, by in claims[1:]] == ["pg_task_py worker"] * 5, claims  # no launcher turn a step
+    claims = running.sql("SELECT id, by, at - min(at) OVER () FROM claimed_by ORDER BY at")
+    assert [task_id for task_id, _, _ in claims] == first + second, claims  # priority order: (max, id)
+    # No launcher turn a step, but after the worker's second going on with its group (CHAIN_SECONDS,
+    # which a slow machine reaches): its first chain's steps at least.
+    handed_on = [by for _, by, since in claims[1:] if since < timedelta(seconds=0.9)]
+    assert len(handed_on) >= 2 and set(handed_on) == {"pg_task_py worker"}, claims
     steps = running.sql("SELECT start, stop, output::timestamptz FROM task WHERE id = ANY(%s) ORDER BY id", [first])
     for earlier, later in zip(steps, steps[1:]):
         assert later[2] < earlier[1], (earlier, later)  # its backend started before the step before ended
