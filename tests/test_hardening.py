@@ -303,6 +303,27 @@ def test_a_task_of_a_role_that_may_not_log_in_fails_08001_with_the_hint_and_is_r
         running.sql("DROP ROLE erin")
 
 
+def test_an_authors_lock_on_its_waiting_task_holds_back_no_other_roles_task_of_the_group(running, authors):
+    """README's Guarantees: a client's lock on a waiting task holds back that task alone.  alice
+    holds her due task, first in the default group's order (max 5), and bob's tasks of that group
+    start meanwhile.  The launcher's claim ranked her row first, skipped it, and claimed none of the
+    group's: every role's tasks there waited as long as she held it (a probe)."""
+    alice, bob = authors["alice"], authors["bob"]
+    held = insert_as(alice, "SELECT 'held'", max=5, delete=False,
+                     plan=running.value("SELECT now() + interval '1 s'"))
+    with alice.transaction():
+        alice.execute("SELECT FROM task WHERE id = %s FOR UPDATE", [held])
+        wait_until(lambda: running.value("SELECT plan < now() - interval '0.3 s' FROM task WHERE id = %s", [held]),
+                   10, 0.02, "the held task to be due")
+        bobs = [insert_as(bob, f"SELECT {n}", delete=False) for n in range(3)]
+        rows = [running.wait_done(task_id, 15) for task_id in bobs]
+        assert [(row["state"], row["output"]) for row in rows] == [("DONE", str(n)) for n in range(3)], rows
+        assert max(row["start"] - row["plan"] for row in rows) < timedelta(seconds=5), rows
+        assert running.value("SELECT state::text FROM task WHERE id = %s", [held]) == "PLAN"  # (still held)
+    row = running.wait_done(held, 10)  # and it runs once its author lets go
+    assert (row["state"], row["output"]) == ("DONE", "held"), row
+
+
 # --- Settings that would break everything ----------------------------------------------------
 
 def test_a_bad_role_running_limit_fails_only_that_roles_tasks(running, authors):

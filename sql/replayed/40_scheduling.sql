@@ -426,7 +426,7 @@ BEGIN
                 -- 7 ms behind 20,000.
                 SELECT t.id, t.hash, t.max, t.owner, t."group"
                 FROM (
-                    SELECT r.id, r.hash, r.max, r.owner, r."group", r.plan, r.active, r.exclusive, r.key
+                    SELECT r.id, r.hash, r.max, r.owner, r."group", r.plan, r.active, r.exclusive, r.key, r.xmax
                     FROM @extschema@.task AS r
                     WHERE r.state = 'PLAN' AND r.waiting_for = 0 AND r.hash >= w.hash AND r.hash <= w.hash
                       AND r.plan <= now()
@@ -455,6 +455,13 @@ BEGIN
                            OR (t.owner = ANY (full_owners) AND EXISTS (  -- (rate limits: 70_operating.sql)
                                    SELECT FROM unnest(full_owners, full_groups) AS f(owner, "group")
                                    WHERE f.owner = t.owner AND f."group" = t."group"))))
+                  -- Not a row a client holds (SELECT ... FOR UPDATE, an open UPDATE): ranked here,
+                  -- it took its group's first place, take_claimed skipped it, and no other task of
+                  -- the group started while the client held it, any role's (a probe: one author's
+                  -- lock held back the default group of every role).  A row no one ever locked
+                  -- (xmax 0) needs no probe; the probe's lock is the claim's own, till the turn commits.
+                  AND (t.xmax = '0'::xid OR EXISTS (SELECT FROM @extschema@.task AS h WHERE h.id = t.id
+                                                    FOR NO KEY UPDATE SKIP LOCKED))
                 ORDER BY t.hash, t.max DESC, t.id
                 LIMIT least(claim_limit - claimed, w.n, places.n)
             ) AS c
