@@ -114,7 +114,7 @@ def test_task_stats_totals_follow_finished_rows_changed_by_hand(db):
 
 
 @pytest.mark.parametrize("order", ["ends, then a bulk", "a bulk between the ends", "a delete between",
-                                   "the group's own pile"])
+                                   "the group's own pile", "a tie at the batch's edge"])
 def test_failures_in_a_row_come_out_the_same_when_a_bulk_is_added_up_a_batch_at_a_time(db, order):
     """The housekeeping adds the counters' changes up 5,000 at a time, behind an author's bulk of
     6,000 finished rows too: a group's ends split between two batches out of the order of their
@@ -130,7 +130,18 @@ def test_failures_in_a_row_come_out_the_same_when_a_bulk_is_added_up_a_batch_at_
         db.sql("INSERT INTO task (input, state, \"group\")"
                " SELECT 'x', 'STOP', 'bulk' || i FROM generate_series(1, 6000) AS i")
 
-    if order == "the group's own pile":
+    if order == "a tie at the batch's edge":
+        # (a group's pile of 5,001: its last FAIL and a DONE of one stop, the FAIL first in the
+        # table, where a batch of 5,000 in the order of the ends cut between them: the DONE, added
+        # up next, reset nothing, and the pile stayed 5,000 failures in a row, where one call said 0)
+        db.sql("INSERT INTO task (input, state, \"group\", plan, start, stop, error) SELECT 'x', 'FAIL', 'streak',"
+               " t, t, t, 'e' FROM (SELECT now() - interval '20 min' + i * interval '1 ms'"
+               " FROM generate_series(1, 4999) AS i) AS p(t)")
+        db.sql("INSERT INTO task (input, state, \"group\", plan, start, stop, error) SELECT 'x', s::state, 'streak',"
+               " t, t, t, 'e' FROM (SELECT now() - interval '5 min') AS p(t), unnest('{FAIL,DONE}'::text[]) AS s")
+        bulk()
+        expected = 0
+    elif order == "the group's own pile":
         # (more than a batch in the group itself, moved into it: added up a batch at a time, in
         # the order of the ends; whole, a move of 200,000 held every role's claims 3 s)
         db.sql("INSERT INTO task (input, state, \"group\", plan, start, stop, error) SELECT 'x', 'FAIL', 'pile',"
@@ -172,16 +183,16 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     """consecutive_failures: FAIL ends after the group's last DONE, by stop; GONE and STOP neither
     count nor reset it.  The same whether the ends are still changes (group_count_changes) or added
     up into group_counts (fold_group_counts, the launcher's housekeeping; no launcher here)."""
-    def end(state, minutes_ago):
+    def end(state, minutes_ago, group="streak"):
         db.sql("INSERT INTO task (input, \"group\", state, plan, start, stop)"
-               " SELECT 'SELECT 1', 'streak', %s, t, t, t FROM (SELECT now() - %s * interval '1 min') AS p(t)",
-               [state, minutes_ago])
+               " SELECT 'SELECT 1', %s, %s, t, t, t FROM (SELECT now() - %s * interval '1 min') AS p(t)",
+               [group, state, minutes_ago])
 
-    def in_a_row():
-        pending = stats(db.conn, ("postgres", "streak"))["consecutive_failures"]
+    def in_a_row(group="streak"):
+        pending = stats(db.conn, ("postgres", group))["consecutive_failures"]
         db.sql("SELECT pgtaskpy.fold_group_counts()")
         assert db.value("SELECT count(*) FROM pgtaskpy.group_count_changes") == 0
-        folded = stats(db.conn, ("postgres", "streak"))["consecutive_failures"]
+        folded = stats(db.conn, ("postgres", group))["consecutive_failures"]
         assert pending == folded
         return folded
 
@@ -203,6 +214,14 @@ def test_task_stats_counts_failures_in_a_row_before_and_after_the_counters_fold(
     assert in_a_row() == 1
     end("DONE", 30)  # committed late, older than the last failure: it resets nothing
     assert in_a_row() == 1
+    # Such a late DONE added up with failures older than it (moved into a group whose failure is
+    # added up already): they are not after it, and count no more than it resets (a review: 3).
+    end("FAIL", 10, "late")
+    assert in_a_row("late") == 1
+    with db.conn.transaction():
+        for state, minutes_ago in (("FAIL", 13), ("FAIL", 12), ("DONE", 11)):
+            end(state, minutes_ago, "late")
+    assert in_a_row("late") == 1
     # Whatever the failed rows kept (keep_runs, retention: with keep_runs 3 a series failing for
     # good showed 2, and an alert on more never fired); over once none is left in a group with no
     # task to run (a removed series): the group's next failure starts a new streak.

@@ -58,6 +58,7 @@ $$;
 -- success (group_stats reads the changes not yet folded the same way).  A
 -- success of the changes older than the counters' last failure (an end that
 -- committed late) resets nothing: the failures after it are not known one by one.
+-- The changes' failures before it are not after it, all the same (moved in with it: a review).
 CREATE FUNCTION pgtaskpy.fold_changes(changes tid[]) RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -66,8 +67,7 @@ AS $$
         WHERE d.ctid = ANY (changes)
         RETURNING d.*
     ), beside_success AS (
-        SELECT f.*, greatest(pgtaskpy.newer_success(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0)
-                                                        OVER (PARTITION BY f.owner, f."group"), k.last_failure),
+        SELECT f.*, greatest(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0) OVER (PARTITION BY f.owner, f."group"),
                              k.last_success) AS success
         FROM folded AS f LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = f.owner AND k."group" = f."group"
     ), counted AS (
@@ -141,11 +141,13 @@ BEGIN
     -- One group of more than `most` changes (an author's bulk of its own finished rows, inserted
     -- or moved into it): its first `most` in the order of their ends, those of no end (a move's or
     -- a delete's minus) last, as a drain of them a second at a time would have added them up.
-    -- (Whole, a move of 200,000 failed rows held every role's claims 3 s: a review.)
+    -- (Whole, a move of 200,000 failed rows held every role's claims 3 s: a review.)  A DONE
+    -- before a FAIL of the same moment, as one call counts them (the FAIL not after the DONE):
+    -- a batch that ended between a FAIL and the DONE after it resets nothing (a review).
     folded := pgtaskpy.fold_changes(ARRAY(
         SELECT c.ctid FROM pgtaskpy.group_count_changes AS c
         WHERE c.owner = owners[1] AND c."group" = groups[1]
-        ORDER BY c.owner, c."group", c.at LIMIT most));
+        ORDER BY c.owner, c."group", c.at, c.state LIMIT most));
 END
 $$;
 
@@ -836,8 +838,7 @@ WITH active AS (
            (array_agg(p.error ORDER BY p.at DESC) FILTER (WHERE p.state = 'FAIL' AND p.n > 0))[1] AS last_error,
            count(*) FILTER (WHERE p.state = 'FAIL' AND p.n > 0 AND p.at > COALESCE(p.success, '-infinity'))
                AS failures_after_success
-    FROM (SELECT q.*, greatest(pgtaskpy.newer_success(max(q.at) FILTER (WHERE q.state = 'DONE' AND q.n > 0)
-                                                          OVER (PARTITION BY q.owner, q."group"), k.last_failure),
+    FROM (SELECT q.*, greatest(max(q.at) FILTER (WHERE q.state = 'DONE' AND q.n > 0) OVER (PARTITION BY q.owner, q."group"),
                                k.last_success) AS success
           FROM pgtaskpy.group_count_changes AS q
           LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = q.owner AND k."group" = q."group") AS p

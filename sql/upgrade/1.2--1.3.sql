@@ -151,8 +151,8 @@ CREATE TABLE pgtaskpy.group_count_changes (
 -- group_count_changes because it does not have a replica identity", and nothing started.)
 ALTER TABLE pgtaskpy.group_count_changes REPLICA IDENTITY FULL;
 -- (the housekeeping adds a batch of whole groups up at a time, in this order, and a group's own
--- pile in the order of its ends: fold_group_counts)
-CREATE INDEX group_count_changes_group ON pgtaskpy.group_count_changes (owner, "group", at);
+-- pile in the order of its ends, a DONE before a FAIL of the same moment: fold_group_counts)
+CREATE INDEX group_count_changes_group ON pgtaskpy.group_count_changes (owner, "group", at, state);
 
 -- Groups that start nothing until task_resume.
 -- Their owners may write them directly (row-level security), so their checks
