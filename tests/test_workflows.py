@@ -581,6 +581,13 @@ def test_on_conflict_replace_and_error(db):
         db.value("SELECT task_enqueue('SELECT 6', key => 'k', on_conflict => %s)", [None])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='invalid on_conflict "merge"'):
         db.value("SELECT task_enqueue('SELECT 6', key => 'k', on_conflict => 'merge')")
+    # Without a key nothing conflicts: 'skip' and 'replace' would insert a task beside the same one.
+    before = db.value("SELECT count(*) FROM task")
+    for how in ("skip", "replace"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"on_conflict => '{how}' needs a key"):
+            db.value("SELECT task_enqueue('SELECT 6', on_conflict => %s)", [how])
+    assert db.value("SELECT count(*) FROM task") == before
+    assert db.value("SELECT task_enqueue('SELECT 6', on_conflict => 'error')") > first  # (the default's word)
     # The same with a plain INSERT ... ON CONFLICT on the partial unique index.
     db.sql("INSERT INTO task (key, input) VALUES ('k', 'SELECT 7') ON CONFLICT (owner, key)"
            " WHERE state = 'PLAN' AND key IS NOT NULL DO UPDATE SET input = EXCLUDED.input")

@@ -51,6 +51,12 @@ BEGIN
         RAISE EXCEPTION 'invalid on_conflict "%"', on_conflict
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''error'', ''skip'' or ''replace''.';
     END IF;
+    -- (without a key there is nothing to conflict with: 'skip' inserted a second task as 'error' does)
+    IF key IS NULL AND on_conflict <> 'error' THEN
+        RAISE EXCEPTION 'on_conflict => ''%'' needs a key', on_conflict
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'on_conflict decides what happens when a task of the same key is waiting; give key => ...';
+    END IF;
     FOR i IN 1..cardinality(columns) LOOP
         IF given[i] THEN
             names := names || ', ' || quote_ident(columns[i]);
@@ -628,7 +634,20 @@ BEGIN
     -- regular run at its first match, with its own retries, not that retry moved there (which
     -- kept its attempt, and so fewer retries, and ran the new input at the old run's retry time).
     -- The retry stops (a user's STOP: no next run follows it), and the new run is inserted below.
-    -- The same call again (a deploy's) leaves the retry waiting.
+    -- The same call again (a deploy's) leaves the retry waiting.  An exclusive one is refused, as a
+    -- change of a waiting run of it is (check_task): stopped, it left a run beside it that was not
+    -- exclusive (a review).
+    SELECT r.* INTO running FROM @extschema@.task AS r
+    WHERE r.owner = current_user AND r.key = task_schedule.key AND r.state = 'PLAN' AND r.attempt > 1
+      AND r.exclusive AND (r.cron, r.tz, r.input, r.remote, r."group") IS DISTINCT FROM
+          (task_schedule.cron, zone, task_schedule.input, task_schedule.remote, group_name);
+    IF running.id IS NOT NULL AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to change what exclusive task % runs', running.id
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Series "%s" is exclusive, and its retry %s waits.', key, running.id),
+                  HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
+                         'pgtaskpy_admin may change it.';
+    END IF;
     UPDATE @extschema@.task AS t SET state = 'STOP'
     WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN' AND t.attempt > 1
       AND (t.cron, t.tz, t.input, t.remote, t."group") IS DISTINCT FROM
