@@ -858,6 +858,10 @@ def test_a_backend_keeps_next_matches_as_cron_next_computes_them(db):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='cron field "hour": 25 is out of range 0-23'):
         db.sql("DO $$ DECLARE t task; BEGIN t.cron := '0 25 * * *'; t.plan := now();"
                " PERFORM pgtaskpy.next_plan(t); END $$")
+    # A direct call with no time (the function is any role's, as task_series' view calls it):
+    # no match, where it showed a Python traceback.
+    for after in ("nan", "infinity", "-infinity", "1e300", "-1e300"):
+        assert db.value("SELECT pgtaskpy.cron_next_kept('* * * * *', 'UTC', %s::float8)", [after]) is None, after
 
 
 def test_task_schedule_and_task_cancel_of_its_waiting_run_side_by_side_do_not_deadlock(db):

@@ -15,10 +15,17 @@ answer kept is the answer cron_next would give.
 """
 
 MOST_KEPT = 256  # expressions one backend keeps; past that it starts again (a series is rarely alone)
+# Epochs of the times cron_next looks at (from 4685 BC, a margin after PostgreSQL's first day for
+# the zones' local times, to the year 10000, its own last): a direct call of this PUBLIC function
+# with NaN, infinity or 1e300 showed a Python traceback; outside them, no match.
+EARLIEST_EPOCH, LATEST_EPOCH = -2.1e11, 253402300800.0
 
 
 def main(plpy, SD, expr, tz, after):
-    """The epoch of the first match of expr in zone tz strictly after epoch `after`."""
+    """The epoch of the first match of expr in zone tz strictly after epoch `after`; None (NULL)
+    when `after` is no time."""
+    if not EARLIEST_EPOCH < after < LATEST_EPOCH:  # (NaN too)
+        return None
     kept = SD.setdefault("cron_matches", {})
     known = kept.get((expr, tz))
     if known is not None and known[0] <= after < known[1]:
