@@ -108,6 +108,35 @@ class SetupError(Exception):
     """The database cannot be scheduled as configured; the message says what to do."""
 
 
+class ConnectedNames:
+    """The databases this launcher's schedulers are connected to, by the name of the server they
+    are on: one database given twice, spelled two ways (keywords and a URI), got two schedulers of
+    one name, whose metrics overwrote each other (`pg_task_py_running_tasks` read 0 while tasks
+    ran, a probe).  The second to connect stops, saying so."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders: dict[str, Scheduler] = {}
+
+    def take(self, name: str, scheduler: Scheduler) -> None:
+        """`name` is the scheduler's now, unless another scheduler has it (SetupError)."""
+        with self.lock:
+            holder = self.holders.get(name)
+            if holder is not None and holder is not scheduler:
+                raise SetupError(f"{name}: scheduled already by another conninfo of this launcher"
+                                 f" ({display_name(holder.settings.dsn)}): one scheduler a database;"
+                                 " remove one of the two")
+            self.release(scheduler)
+            self.holders[name] = scheduler
+
+    def release(self, scheduler: Scheduler) -> None:
+        for name in [name for name, holder in self.holders.items() if holder is scheduler]:
+            del self.holders[name]
+
+
+CONNECTED = ConnectedNames()
+
+
 @dataclass
 class Settings:
     """How one launcher runs one database (flags or a config-file entry)."""
@@ -139,6 +168,13 @@ class Scheduler:
 
     def run(self) -> None:
         """Loop, reconnecting with backoff; raises SetupError for what retrying cannot fix."""
+        try:
+            self._run()
+        finally:
+            with CONNECTED.lock:
+                CONNECTED.release(self)
+
+    def _run(self) -> None:
         backoff = 0.5
         told: tuple[str, float] | None = None  # a standby's refusal logged last, and when
         while not self.stopping.is_set():
@@ -225,6 +261,7 @@ class Scheduler:
             database_log(self.name, logging.WARNING, "%s", notice.message_primary)
 
     def _rename(self, name: str) -> None:
+        CONNECTED.take(name, self)
         if self.metrics and name != self.name:
             self.metrics.rename(self.name, name)
         self.name = name
