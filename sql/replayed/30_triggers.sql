@@ -233,13 +233,14 @@ BEGIN
 END
 $$;
 
--- Whether current_user is a superuser now: the setting is_superuser is what the session logged in
--- as, and stays 'on' after ALTER ROLE ... NOSUPERUSER (a session that trusted it rewrote task rows
--- past every check).  A superuser's rights to update a system catalog are checked against the role
--- as it is (no GRANT gives them to another); a built-in call, no SQL function's plan in a WHEN.
-CREATE FUNCTION pgtaskpy.current_user_is_superuser() RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE
-AS $$ SELECT pg_catalog.has_table_privilege('pg_catalog.pg_authid'::pg_catalog.regclass, 'UPDATE') $$;
+-- Whether current_user is a superuser now, in the WHEN of task_check and task_guard_update:
+-- has_table_privilege('pg_catalog.pg_authid'::pg_catalog.regclass, 'UPDATE').  The setting
+-- is_superuser is what the session logged in as, and stays 'on' after ALTER ROLE ... NOSUPERUSER (a
+-- session that trusted it rewrote task rows past every check).  A superuser's rights to update a
+-- system catalog are checked against the role as it is (no GRANT gives them to another).  Written
+-- out, not a SQL function's call: each statement that fires a trigger prepares its WHEN, and an
+-- inlined function's body is parsed again each time (12 us of each update of a task's state;
+-- bench/RESULTS.md).
 
 -- The next run or retry the scheduler inserts (follow_task marks its insert
 -- with pgtaskpy.next_run) copies a row that passed these checks, with a plan
@@ -256,7 +257,8 @@ CREATE TRIGGER task_check
         attempt
     ON @extschema@.task
     FOR EACH ROW
-    WHEN (NOT pgtaskpy.current_user_is_superuser() OR CURRENT_USER <> SESSION_USER
+    WHEN (NOT pg_catalog.has_table_privilege('pg_catalog.pg_authid'::pg_catalog.regclass, 'UPDATE')
+          OR CURRENT_USER <> SESSION_USER
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) IS NULL
           -- ('' too: what a setting made for the transaction is once the transaction has ended)
           OR pg_catalog.current_setting('pgtaskpy.next_run', true) OPERATOR(pg_catalog.=) ANY (ARRAY['off', '']))
@@ -394,7 +396,7 @@ $$;
 
 -- The last id the sequence of task ids gave (0 before its first): an id above it is one it gives
 -- later.  (pg_sequence_last_value needs only USAGE, which a task author has for the default.)
--- No SET clause, its names qualified: inlined into the WHEN of task_guard_insert.
+-- (Written out in the WHEN of task_guard_insert: see task_guard_update.)
 CREATE FUNCTION pgtaskpy.task_ids_given() RETURNS bigint
 LANGUAGE sql STABLE
 AS $$ SELECT coalesce(pg_catalog.pg_sequence_last_value('@extschema@.task_id_seq'::pg_catalog.regclass), 0) $$;
@@ -408,13 +410,15 @@ CREATE TRIGGER task_guard_insert
     FOR EACH ROW
     WHEN (NEW.state <> 'PLAN' OR NEW.start IS NOT NULL OR NEW.stop IS NOT NULL OR NEW.pid IS NOT NULL
           OR NEW.worker IS NOT NULL OR NEW.output IS NOT NULL OR NEW.error IS NOT NULL OR NEW.notice IS NOT NULL
-          OR NEW.sqlstate IS NOT NULL OR NEW.attempt <> 1 OR NEW.id > pgtaskpy.task_ids_given())
+          OR NEW.sqlstate IS NOT NULL OR NEW.attempt <> 1
+          OR NEW.id > coalesce(pg_catalog.pg_sequence_last_value('@extschema@.task_id_seq'::pg_catalog.regclass), 0))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
 CREATE TRIGGER task_guard_update
     BEFORE UPDATE ON @extschema@.task
     FOR EACH ROW
-    WHEN (NOT pgtaskpy.current_user_is_superuser() OR CURRENT_USER <> SESSION_USER
+    WHEN (NOT pg_catalog.has_table_privilege('pg_catalog.pg_authid'::pg_catalog.regclass, 'UPDATE')
+          OR CURRENT_USER <> SESSION_USER
           OR (NEW.state = 'STOP' AND (NEW.stop IS NULL OR OLD.state = 'WORK')))
     EXECUTE FUNCTION pgtaskpy.guard_task();
 
