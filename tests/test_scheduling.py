@@ -37,6 +37,33 @@ def test_repeat_chain_keeps_its_plan_grid(running):
     assert len(series(running, first)) == count  # STOP ended the series
 
 
+def test_columns_a_user_added_go_to_the_next_run_and_the_retries(running):
+    """pg_task lets a user add the columns they need to the task table, and copies them into a
+    task's next run: they were NULL (or their default) there, and in every retry (a probe)."""
+    running.sql("ALTER TABLE task ADD COLUMN customer text, ADD COLUMN region text DEFAULT 'eu'")
+    try:
+        assert running.value("SELECT count(*) FROM pg_attribute WHERE attrelid = 'task'::regclass AND attnum > 0"
+                             " AND NOT attisdropped AND attname <> ALL (pgtaskpy.own_columns())") == 2
+        series_run = running.insert("SELECT 1", repeat="1 hour", customer="acme", region="us", delete=False)
+        failing = running.insert("SELECT 1/0", retry=1, retry_delay="1 hour", retry_on="{22012}", customer="bolt",
+                                 region="us", delete=False)
+        for first in (series_run, failing):
+            running.wait_done(first)
+            follower = wait_until(lambda first=first: running.value("SELECT id FROM task WHERE parent = %s", [first]),
+                                  10, 0.02, "the next run or the retry")
+            assert running.sql("SELECT customer, region FROM task WHERE id = %s", [follower]) == \
+                running.sql("SELECT customer, region FROM task WHERE id = %s", [first]), follower
+        running.sql("UPDATE task SET state = 'STOP' WHERE parent = %s", [failing])
+        again = running.value("SELECT task_retry(%s)", [failing])  # (a copy by hand, as the caller)
+        assert running.sql("SELECT customer, region FROM task WHERE id = %s", [again]) == [("bolt", "us")]
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("ALTER TABLE task DROP COLUMN customer, DROP COLUMN region")
+    # On the table as the extension makes it, every column is its own.
+    assert running.value("SELECT count(*) FROM pg_attribute WHERE attrelid = 'task'::regclass AND attnum > 0"
+                         " AND NOT attisdropped AND attname <> ALL (pgtaskpy.own_columns())") == 0
+
+
 def test_drift_plans_from_the_stop(running):
     first = running.insert("SELECT pg_sleep(0.3)", repeat="0.2 s", drift=True, delete=False)
     wait_until(lambda: len(series(running, first)) >= 3, 15, 0.05, "3 runs")

@@ -1249,6 +1249,39 @@ BEGIN
 END
 $$;
 
+-- The columns of task that the extension makes (every version's, as its update leaves
+-- them): a column not among them is one a user added, as pg_task lets a user do.  ("null"
+-- quoted: unquoted in an array's text it is a NULL, and <> ALL of it no column.)
+CREATE FUNCTION pgtaskpy.own_columns() RETURNS name[]
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT '{id,parent,plan,start,stop,active,live,repeat,timeout,count,hash,max,pid,state,delete,drift,header,string,
+               delimiter,escape,quote,data,error,group,input,"null",output,remote,save,owner,worker,notice,cron,tz,key,
+               retry,retry_delay,retry_max,retry_on,retry_unsafe,attempt,sqlstate,after,after_any,waiting_for,exclusive,
+               target,paused}'::name[] $$;
+
+-- The next run or the retry `copy` of task t gets the values of t's columns that a user
+-- added (pg_task copies every column but the run's own): they were NULL (or their default)
+-- there.  Apart from the INSERT, which names the columns it knows: a column that is NOT
+-- NULL with no default fails that INSERT, as it fails task_enqueue's (README).  Any role's
+-- (task_retry's, as its caller): it updates a row as its caller may.
+CREATE FUNCTION pgtaskpy.copy_user_columns(t @extschema@.task, copy bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    columns text;
+BEGIN
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO columns
+    FROM pg_catalog.pg_attribute AS a
+    WHERE a.attrelid = '@extschema@.task'::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped
+      AND a.attgenerated = '' AND a.attname <> ALL (pgtaskpy.own_columns());
+    IF columns IS NOT NULL AND copy IS NOT NULL THEN
+        EXECUTE format('UPDATE @extschema@.task AS n SET (%1$s) = (SELECT %1$s FROM (SELECT ($1).*) AS t)'
+                       ' WHERE n.id = $2', columns)
+            USING t, copy;
+    END IF;
+END
+$$;
+
 -- What follows the end of task t: its retry, when it failed and retry_plan
 -- says so; else the next run of its series (repeat or cron), when the retry
 -- would not come before that run (a series never has two waiting runs; its
@@ -1306,6 +1339,13 @@ BEGIN
         ON CONFLICT (owner, key) WHERE state = 'PLAN' AND key IS NOT NULL DO NOTHING
         RETURNING id INTO next_id;
         PERFORM set_config('pgtaskpy.next_run', 'off', true);
+        -- (Only where the table has more columns, dropped ones too, than the extension makes: the
+        -- call, and its look at the names, cost 15-25 us of every end of a series, columns or none.)
+        IF next_id IS NOT NULL
+           AND (SELECT c.relnatts FROM pg_catalog.pg_class AS c WHERE c.oid = '@extschema@.task'::pg_catalog.regclass)
+               > cardinality(pgtaskpy.own_columns()) THEN
+            PERFORM pgtaskpy.copy_user_columns(t, next_id);
+        END IF;
         IF next_id IS NULL AND t.key IS NOT NULL THEN
             waiting := pgtaskpy.waiting_run_goes_on(t, series);
         END IF;

@@ -570,6 +570,7 @@ BEGIN
             t.delimiter, t.escape, t.quote, t.data, t."group", t.input, t."null", t.remote, t.save, t.owner, t.tz,
             t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe, t.exclusive, t.target)
         RETURNING id INTO retry_id;
+        PERFORM pgtaskpy.copy_user_columns(t, retry_id);
     EXCEPTION WHEN insufficient_privilege THEN
         -- A task the caller sees (pgtaskpy_admin sees every role's) but may not insert as its owner
         -- (the owner check of task_check): the run's owner would be named in a refusal of its own.
