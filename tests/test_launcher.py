@@ -7,7 +7,6 @@ import signal
 import statistics
 import subprocess
 import time
-import urllib.parse
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -800,25 +799,6 @@ def test_several_databases_in_one_launcher(cluster, db):
     finally:
         with cluster.connect() as admin:
             admin.execute(f"DROP DATABASE {db.name}_b WITH (FORCE)")
-
-
-def test_one_database_given_twice_spelled_two_ways_gets_one_scheduler(cluster, db):
-    """Keywords and a URI of one database: the second scheduler to connect stops, saying so, and
-    the first schedules on.  Two of one name ran, and their metrics overwrote each other
-    (`pg_task_py_running_tasks` read 0 in most scrapes while 10 tasks ran: a probe)."""
-    uri = f"postgresql:///{db.name}?" + urllib.parse.urlencode({"host": cluster.socket_dir, "port": cluster.port,
-                                                                 "user": "postgres"})
-    launcher = Launcher(db.dsn, uri).start()
-    try:
-        said = wait_until(lambda: re.search(r"(\S+): scheduled already by another conninfo of this launcher \(([^)]*)\)"
-                                            r": one scheduler a database", launcher.output()), 15,
-                          message="the second scheduler to stop")
-        assert said[1] == f"{db.name}@{cluster.socket_dir}:{cluster.port}", said[0]
-        assert db.wait_done(db.insert("SELECT 'once'", delete=False))["output"] == "once"
-        assert launcher.output().count("scheduling (active)") == 1, launcher.output()
-        assert launcher.process.poll() is None, launcher.output()
-    finally:
-        launcher.stop()
 
 
 def test_a_database_dropped_with_force_leaves_the_launchers_other_databases_scheduling(cluster, db):

@@ -112,17 +112,19 @@ class ConnectedNames:
     """The databases this launcher's schedulers are connected to, by the name of the server they
     are on: one database given twice, spelled two ways (keywords and a URI), got two schedulers of
     one name, whose metrics overwrote each other (`pg_task_py_running_tasks` read 0 while tasks
-    ran, a probe).  The second to connect stops, saying so."""
+    ran, a probe).  The second to connect stops, saying so, unless the first is stopping (a reload
+    that changed the database's conninfo, or removed one of the two): then it takes over."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.holders: dict[str, Scheduler] = {}
 
     def take(self, name: str, scheduler: Scheduler) -> None:
-        """`name` is the scheduler's now, unless another scheduler has it (SetupError)."""
+        """`name` is the scheduler's now, unless another scheduler that is not stopping has it
+        (SetupError)."""
         with self.lock:
             holder = self.holders.get(name)
-            if holder is not None and holder is not scheduler:
+            if holder is not None and holder is not scheduler and not holder.stopping.is_set():
                 raise SetupError(f"{name}: scheduled already by another conninfo of this launcher"
                                  f" ({display_name(holder.settings.dsn)}): one scheduler a database;"
                                  " remove one of the two")
@@ -261,7 +263,12 @@ class Scheduler:
             database_log(self.name, logging.WARNING, "%s", notice.message_primary)
 
     def _rename(self, name: str) -> None:
-        CONNECTED.take(name, self)
+        try:
+            CONNECTED.take(name, self)
+        except SetupError:
+            if self.metrics:  # (its name before it connected stayed in /health, never turning: 503 for good)
+                self.metrics.forget(self.name)
+            raise
         if self.metrics and name != self.name:
             self.metrics.rename(self.name, name)
         self.name = name
