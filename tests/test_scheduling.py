@@ -64,6 +64,23 @@ def test_columns_a_user_added_go_to_the_next_run_and_the_retries(running):
                          " AND NOT attisdropped AND attname <> ALL (pgtaskpy.own_columns())") == 0
 
 
+def test_a_run_that_truncate_restart_identity_removed_never_ends_the_new_task_of_its_id(running):
+    """TRUNCATE task RESTART IDENTITY under a running task (README: its run goes on, unseen): a new
+    task given the same id, run by another worker, got the old run's end and output as its own,
+    DONE while it ran (a probe; another role's, and a series' next run overlapped its run)."""
+    old = running.insert("SELECT 'old' FROM pg_sleep(1)", group="old", delete=False)
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [old]) == "WORK", 10, 0.01,
+               "the old task to run")
+    running.sql("TRUNCATE task RESTART IDENTITY")
+    new = running.insert("SELECT 'new' FROM pg_sleep(3)", group="new", delete=False)
+    assert new == old
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [new]) == "WORK", 10, 0.01,
+               "the new task to run")
+    row = running.wait_done(new, 10)  # (the old run ends 2 s before it: its end was written here)
+    assert (row["state"], row["output"]) == ("DONE", "new"), row
+    assert row["stop"] - row["start"] >= timedelta(seconds=3), row
+
+
 def test_drift_plans_from_the_stop(running):
     first = running.insert("SELECT pg_sleep(0.3)", repeat="0.2 s", drift=True, delete=False)
     wait_until(lambda: len(series(running, first)) >= 3, 15, 0.05, "3 runs")

@@ -149,8 +149,9 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     state (FAIL when what follows it failed), or None if it had ended already (recovered by a
     launcher), or if its table is no longer the task table (`table_oid`, the task's TASK_COLUMNS':
     the extension was dropped and created again while it ran, and a task of the new table had its
-    id and got its end).  `stop`: when it ended (time.time()), if not now.  unless_held: HELD,
-    and nothing written, when another transaction holds the row (a burst's worker writes it later).
+    id and got its end), or if the row of its id runs in another worker.  `stop`: when it ended
+    (time.time()), if not now.  unless_held: HELD, and nothing written, when another transaction
+    holds the row (a burst's worker writes it later).
 
     Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
     then the rows of its dependents (and, for a named series, the series' lock), and a client's
@@ -164,7 +165,10 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     under a CPU load)."""
     call = ("pgtaskpy.finish_task({id}, $2::{{ext}}.state, $3, $4, task_notice => $5, wake => $6,"
             " task_sqlstate => $7, task_stop => pg_catalog.to_timestamp($8))::text AS s")
-    row = "SELECT id FROM {ext}.task WHERE id = $1 AND ($9::pg_catalog.oid IS NULL OR tableoid = $9)"
+    # (A running row of this id that another worker runs is not this task: after TRUNCATE task
+    # RESTART IDENTITY a new task of another role had the id, and got the old run's end and output.)
+    row = ("SELECT id FROM {ext}.task WHERE id = $1 AND ($9::pg_catalog.oid IS NULL OR tableoid = $9)"
+           " AND (state <> 'WORK' OR worker = pg_catalog.pg_backend_pid())")
     if unless_held:
         name, query = ("finish_unless_held",
                        f"SELECT {call.format(id='l.id')} FROM ({row} FOR NO KEY UPDATE SKIP LOCKED) AS l")
