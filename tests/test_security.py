@@ -548,14 +548,22 @@ def test_task_schedule_while_an_exclusive_run_is_in_progress_keeps_the_series_ex
                 owner.execute("SELECT task_schedule('nightly', '0 4 * * *', 'SELECT 2')")
             # Nor while a retry of it waits: the call stopped the retry and put a run beside it
             # that was not exclusive (a review).
-            retry = db.value("INSERT INTO task (input, key, \"group\", cron, exclusive, owner, attempt, plan) VALUES"
-                             " ('SELECT 1', 'retried', 'retried', '0 3 * * *', true, 'excl_owner', 2,"
-                             " now() + interval '1 h') RETURNING id")
+            retry = db.value("INSERT INTO task (input, key, \"group\", cron, exclusive, owner, attempt, plan, data,"
+                             " active) VALUES ('SELECT 1', 'retried', 'retried', '0 3 * * *', true, 'excl_owner', 2,"
+                             " now() + interval '1 h', 'payload', '5 min') RETURNING id")
             with pytest.raises(psycopg.errors.InsufficientPrivilege,
                                match=f"permission denied to change what exclusive task {retry} runs"):
                 owner.execute("SELECT task_schedule('retried', '0 3 * * *', 'SELECT 666')")
             owner.execute("SELECT task_schedule('retried', '0 3 * * *', 'SELECT 1')")  # (the same: no change)
-        assert db.sql("SELECT id, state::text, exclusive FROM task WHERE key = 'retried'") == [(retry, "PLAN", True)]
+            assert db.sql("SELECT id, state::text, exclusive FROM task WHERE key = 'retried'") == \
+                [(retry, "PLAN", True)]
+            # An admin's change stops the retry, and the series' new run is as the retry was but for
+            # what the call gives: it was not exclusive, and lost its data and active (a review).
+            db.sql("GRANT pgtaskpy_admin TO excl_owner")
+            owner.execute("SELECT task_schedule('retried', '0 3 * * *', 'SELECT 777')")
+        rows = db.sql("SELECT state::text, input, exclusive, data, active FROM task WHERE key = 'retried' ORDER BY id")
+        assert rows == [("STOP", "SELECT 1", True, "payload", timedelta(minutes=5)),
+                        ("PLAN", "SELECT 777", True, "payload", timedelta(minutes=5))]
         assert db.value("SELECT count(*) FROM task WHERE key = 'nightly'") == 1
         mine = db.value("INSERT INTO task (input, key, cron, exclusive, state, start)"
                         " VALUES ('SELECT 1', 'mine', '0 3 * * *', true, 'WORK', now()) RETURNING id")

@@ -624,6 +624,7 @@ DECLARE
     deletes text := CASE WHEN "delete" IS NULL THEN 'DEFAULT' ELSE '$14' END;
     task_id bigint;
     running @extschema@.task;
+    stopped @extschema@.task;  -- the series' waiting retry, stopped for the new definition
 BEGIN
     IF key IS NULL OR cron IS NULL OR input IS NULL THEN
         RAISE EXCEPTION 'task_schedule needs a key, a cron expression and an input'
@@ -638,21 +639,22 @@ BEGIN
     -- The same call again (a deploy's) leaves the retry waiting.  An exclusive one is refused, as a
     -- change of a waiting run of it is (check_task): stopped, it left a run beside it that was not
     -- exclusive (a review).
-    SELECT r.* INTO running FROM @extschema@.task AS r
+    SELECT r.* INTO stopped FROM @extschema@.task AS r
     WHERE r.owner = current_user AND r.key = task_schedule.key AND r.state = 'PLAN' AND r.attempt > 1
       AND r.exclusive AND (r.cron, r.tz, r.input, r.remote, r."group") IS DISTINCT FROM
           (task_schedule.cron, zone, task_schedule.input, task_schedule.remote, group_name);
-    IF running.id IS NOT NULL AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
-        RAISE EXCEPTION 'permission denied to change what exclusive task % runs', running.id
+    IF stopped.id IS NOT NULL AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to change what exclusive task % runs', stopped.id
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = format('Series "%s" is exclusive, and its retry %s waits.', key, running.id),
+                  DETAIL = format('Series "%s" is exclusive, and its retry %s waits.', key, stopped.id),
                   HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
                          'pgtaskpy_admin may change it.';
     END IF;
     UPDATE @extschema@.task AS t SET state = 'STOP'
     WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN' AND t.attempt > 1
       AND (t.cron, t.tz, t.input, t.remote, t."group") IS DISTINCT FROM
-          (task_schedule.cron, zone, task_schedule.input, task_schedule.remote, group_name);
+          (task_schedule.cron, zone, task_schedule.input, task_schedule.remote, group_name)
+    RETURNING t.* INTO stopped;
     EXECUTE 'UPDATE @extschema@.task AS t SET cron = $2, tz = $4, input = $3, "group" = $5, max = $6, timeout = $7,'
             ' remote = $8, repeat = interval ''0'', (retry, retry_delay, retry_max, retry_on, retry_unsafe) = ROW('
             || retries || '), "delete" = ' || deletes
@@ -667,6 +669,11 @@ BEGIN
         SELECT r.* INTO running FROM @extschema@.task AS r
         WHERE r.owner = current_user AND r.key = task_schedule.key AND r.state IN ('TAKE', 'WORK')
         ORDER BY r.id DESC LIMIT 1;
+        -- Else the retry stopped above gives them, as a waiting run's change keeps them: the new
+        -- run lost the series' data, active, live and count, and an admin's exclusive (a review).
+        IF running.id IS NULL AND stopped.id IS NOT NULL THEN
+            running := stopped;
+        END IF;
         -- An exclusive run: its series stays as an admin made it, as a waiting run's change is
         -- refused (check_task).  The definition beside it was not exclusive, and the
         -- admin's exclusive left the series, or not, by when the owner's call came (a probe).
