@@ -68,7 +68,8 @@ AS $$
         RETURNING d.*
     ), beside_success AS (
         SELECT f.*, greatest(max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0) OVER (PARTITION BY f.owner, f."group"),
-                             k.last_success) AS success
+                             k.last_success) AS success,
+               k.owner IS NULL AS first_counted  -- (the group has no counters yet: inserted below)
         FROM folded AS f LEFT JOIN pgtaskpy.group_counts AS k ON k.owner = f.owner AND k."group" = f."group"
     ), counted AS (
         INSERT INTO pgtaskpy.group_counts AS c (owner, "group", done, fail, gone, stop, last_success, last_failure, last_error,
@@ -78,7 +79,15 @@ AS $$
                COALESCE(sum(f.n) FILTER (WHERE f.state = 'GONE'), 0), COALESCE(sum(f.n) FILTER (WHERE f.state = 'STOP'), 0),
                max(f.at) FILTER (WHERE f.state = 'DONE' AND f.n > 0), max(f.at) FILTER (WHERE f.state = 'FAIL' AND f.n > 0),
                (array_agg(f.error ORDER BY f.at DESC) FILTER (WHERE f.state = 'FAIL' AND f.n > 0))[1],
-               count(*) FILTER (WHERE f.state = 'FAIL' AND f.n > 0 AND f.at > COALESCE(f.success, '-infinity'))
+               -- (a group's first counters: a streak whose failed rows are gone already, in a group
+               -- with no task to run, is over, as below; stored as 1, it came back with the group's
+               -- next task, where two folds of the same ends stored 0: a review)
+               CASE WHEN bool_and(f.first_counted) AND COALESCE(sum(f.n) FILTER (WHERE f.state = 'FAIL'), 0) <= 0
+                         AND count(*) FILTER (WHERE f.state = 'FAIL' AND f.n > 0
+                                              AND f.at > COALESCE(f.success, '-infinity')) > 0
+                         AND NOT pgtaskpy.group_has_tasks_to_run(f.owner, f."group") THEN 0
+                    ELSE count(*) FILTER (WHERE f.state = 'FAIL' AND f.n > 0 AND f.at > COALESCE(f.success, '-infinity'))
+               END
         FROM beside_success AS f
         GROUP BY f.owner, f."group"
         ON CONFLICT (owner, "group") DO UPDATE
