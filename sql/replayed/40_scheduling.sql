@@ -244,6 +244,10 @@ DECLARE
     capped name[] := '{}';
     paused_owners name[] := '{}';  -- the owners with a paused group: only their tasks' pauses are looked up
     held_any boolean := false;  -- any of those, or a pause
+    -- A row a client holds, chosen and skipped by take_claimed (or refused by a trigger): the
+    -- claim looks again, this time past rows that another transaction holds (held_probed).
+    held_seen boolean := false;
+    held_probed boolean := false;
 BEGIN
     -- Nothing due: one probe of the plan index.  The earliest plan, not EXISTS (... plan <= now()):
     -- an EXISTS names no order, and planned where every index looks empty (above) it read
@@ -253,7 +257,7 @@ BEGIN
            ORDER BY t.plan LIMIT 1) IS NOT TRUE THEN
         RETURN;
     END IF;
-    FOR pass IN 1..2 LOOP
+    FOR pass IN 1..3 LOOP  -- (3: the second again, past held rows, when it met one first)
         IF pass = 1 THEN
             CONTINUE WHEN claim_limit > 1000;  -- (claims in every group with room: the second pass)
             prefix_most := 4 * claim_limit + 32;
@@ -293,7 +297,9 @@ BEGIN
             whole := whole AND read < prefix_most;
             CONTINUE WHEN cardinality(due_groups) = 0;
         ELSE
-            EXIT WHEN whole;
+            -- (every waiting task was read: nothing is left to look at, unless past held rows)
+            EXIT WHEN whole AND NOT held_seen OR pass = 3 AND (held_probed OR NOT held_seen);
+            held_probed := held_seen;
             due_counts := NULL;
             last_id := NULL;
             -- The groups with due tasks.  Few due tasks: read them from the plan
@@ -455,13 +461,15 @@ BEGIN
                            OR (t.owner = ANY (full_owners) AND EXISTS (  -- (rate limits: 70_operating.sql)
                                    SELECT FROM unnest(full_owners, full_groups) AS f(owner, "group")
                                    WHERE f.owner = t.owner AND f."group" = t."group"))))
-                  -- Not a row a client holds (SELECT ... FOR UPDATE, an open UPDATE): ranked here,
-                  -- it took its group's first place, take_claimed skipped it, and no other task of
-                  -- the group started while the client held it, any role's (a probe: one author's
-                  -- lock held back the default group of every role).  A row no one ever locked
-                  -- (xmax 0) needs no probe; the probe's lock is the claim's own, till the turn commits.
-                  AND (t.xmax = '0'::xid OR EXISTS (SELECT FROM @extschema@.task AS h WHERE h.id = t.id
-                                                    FOR NO KEY UPDATE SKIP LOCKED))
+                  -- Once a chosen row was held (SELECT ... FOR UPDATE, an open UPDATE), not a row a
+                  -- client holds: ranked here, it took its group's first place, take_claimed skipped
+                  -- it, and no other task of the group started while the client held it, any role's
+                  -- (a probe: one author's lock held back the default group of every role).  A row
+                  -- no one ever locked (xmax 0) needs no probe; the probe's lock is the claim's own,
+                  -- till the turn commits.  Only then: probed at every claim, the next task of a full
+                  -- group was locked at every turn, and a client's NOWAIT on it refused (a review).
+                  AND (NOT held_probed OR t.xmax = '0'::xid
+                       OR EXISTS (SELECT FROM @extschema@.task AS h WHERE h.id = t.id FOR NO KEY UPDATE SKIP LOCKED))
                 ORDER BY t.hash, t.max DESC, t.id
                 LIMIT least(claim_limit - claimed, w.n, places.n)
             ) AS c
@@ -506,6 +514,7 @@ BEGIN
             PERFORM pgtaskpy.note_rate_room_returns(room_returns);
         END IF;
         taken := pgtaskpy.take_claimed(chosen_ids, claimer);
+        held_seen := held_seen OR cardinality(taken) < cardinality(chosen_ids);
         RETURN QUERY
         SELECT t.id, t.hash, t.owner, t.remote, (t.count > 0 OR t.live > interval '0') AS reuse
         FROM @extschema@.task AS t WHERE t.id = ANY (taken);
