@@ -1522,6 +1522,41 @@ def test_a_tasks_settings_reach_a_session_started_ahead_whatever_the_databases_s
         assert (row["state"], row["output"]) == ("DONE", "?column?\tcurrent_setting\nran\t0"), row
 
 
+def test_an_idle_launcher_of_many_databases_leaves_the_servers_connections_free():
+    """Schedulers of 12 databases starting together each found a fifth of the connections free,
+    before any had opened a spare, and each opened one and its session ahead: 30 databases held
+    every connection of a server of 100, its superusers' reserved ones too (a probe).  Each counts
+    every scheduler of the server as if it had its spare; one opened all the same closes."""
+    with throwaway_cluster({"max_connections": "40"}) as cluster:  # (37 for roles not superusers)
+        names = [f"many{n}" for n in range(12)]
+        for name in names:
+            cluster.create_database(name)
+
+        def clients() -> int:
+            with cluster.connect() as conn:
+                return conn.execute("SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE backend_type = 'client backend'").fetchone()[0] - 1  # (not this one)
+        launcher = Launcher(*(cluster.dsn(name) for name in names)).start()
+        try:
+            wait_until(lambda: launcher.output().count("scheduling (active)") == len(names), 30, 0.05,
+                       "every database scheduled")
+            # Spares opened as the schedulers started close once idle (10 s); then none for good.
+            wait_until(lambda: clients() <= 0.8 * 37, 30, 0.2, "the spares opened at the start to close")
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                assert clients() <= 0.8 * 37
+                time.sleep(0.2)
+            with cluster.connect(names[0]) as conn:  # (a due task still gets its worker and session)
+                task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''ran''', false)"
+                                       " RETURNING id").fetchone()[0]
+                row = wait_until(lambda: conn.execute("SELECT state::text, output FROM task WHERE id = %s AND state"
+                                                      " NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id]).fetchone(), 30,
+                                 0.05, "the task to end")
+            assert row == ("DONE", "ran")
+        finally:
+            assert launcher.stop() == 0, launcher.output()
+
+
 def test_a_server_short_of_connections_gets_no_spare_worker():
     """An idle launcher keeps a spare worker, with a session started ahead, in each database it
     schedules: one of 30 databases held every connection of a server of max_connections 100, the

@@ -36,6 +36,7 @@ EXPIRE_BATCH = 1000
 FOLD_BATCH = 5000
 RETENTION_WARN_EVERY = 60.0  # seconds between warnings that retention cannot delete (delete_finished_tasks)
 KEEP_IDLE_WORKER = 10.0  # seconds an idle worker backend stays open for the next task
+SPARE_LOOK_EVERY = 1.0  # seconds between looks whether the server still has room for a spare worker
 KEEP_IDLE_SESSION = 1.0  # seconds a worker holding a reusable task session waits for its group
 ANSWER_WAIT = 0.005  # seconds to wait for a worker that has no task left to return
 WARM_UP = 0  # the "task id" of the call that loads PL/Python in a new spare worker
@@ -418,14 +419,17 @@ def connections_are_full(ctx):
 
 def connections_to_spare(ctx):
     """Whether the server has connections to spare for workers and sessions started ahead of
-    need: a fifth of those a role that is not a superuser may use still free.  An idle launcher
-    of 30 databases held a spare worker and its session ahead in each, every connection of a
-    server of max_connections 100, the superusers' reserved ones too (its own are a superuser's):
-    nobody could log in (a probe).  A task's own worker and session are opened when it is due,
-    as without a spare."""
+    need: a fifth of those a role that is not a superuser may use still free, once every
+    scheduler of the server (of any database, any launcher) has opened a spare worker and its
+    session ahead.  An idle launcher of 30 databases held a spare and its session ahead in each,
+    every connection of a server of max_connections 100, the superusers' reserved ones too (its
+    own are a superuser's): nobody could log in (a probe).  Its schedulers, starting together,
+    each found room before any had opened its spare: they are counted as if all had (a probe).
+    A task's own worker and session are opened when it is due, as without a spare."""
     return ctx.run("spare_room", """
-        SELECT count(*) < 0.8 * (current_setting('max_connections')::integer
-                                 - current_setting('superuser_reserved_connections')::integer) AS room
+        SELECT count(*) + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher'))
+               < 0.8 * (current_setting('max_connections')::integer
+                        - current_setting('superuser_reserved_connections')::integer) AS room
           FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'""")[0]["room"]
 
 
@@ -653,6 +657,17 @@ def unclaim_jobs(ctx, jobs, claimer):
         ctx.run("unclaim_left", "SELECT pgtaskpy.unclaim_tasks($1, $2)", ["bigint[]", "integer"], [left, claimer])
 
 
+def spare_still_fits(ctx, pool):
+    """connections_to_spare, looked at once a second: a spare opened where others' filled the
+    server meanwhile is not kept past its idle time (schedulers of many databases started together
+    each opened one, as each found room)."""
+    now = time.monotonic()
+    if now >= pool.get("spare_look_at", 0.0):
+        pool["spare_look_at"] = now + SPARE_LOOK_EVERY
+        pool["spare_fits"] = connections_to_spare(ctx)
+    return pool["spare_fits"]
+
+
 def close_idle_workers(ctx, pool, keep_spare):
     """Close idle workers past their keep time, but one spare worker without a
     session when `keep_spare`; return seconds until the next one is due."""
@@ -872,7 +887,7 @@ def main(plpy, GD, SD, run_limit, cancel_running):
             waits.append(next_plan)
     if answering:
         waits.append(0.05)  # its worker notifies when it is idle; this is the fallback
-    idle_due = close_idle_workers(ctx, pool, keep_spare=run_limit > 0)
+    idle_due = close_idle_workers(ctx, pool, keep_spare=run_limit > 0 and spare_still_fits(ctx, pool))
     if idle_due is not None:
         waits.append(idle_due)
     if claimed:
