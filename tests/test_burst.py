@@ -50,6 +50,23 @@ def test_a_burst_runs_side_by_side_in_a_few_workers(running):
     assert len({row[2] for row in rows}) == 60  # a session each
 
 
+def test_a_burst_whose_runs_truncate_restart_identity_removed_returns_when_they_end(running):
+    """TRUNCATE task RESTART IDENTITY under a burst: the new tasks given its tasks' ids, running in
+    another worker, were taken for rows a client held, and the burst's worker waited for them to
+    end to write its runs' ends, as long as they ran (a review: 15 s, not 3)."""
+    running.sql("INSERT INTO task (\"group\", input, delete)"
+                " SELECT 'old' || i, 'SELECT pg_sleep(1)', false FROM generate_series(1, 20) AS i")
+    wait_until(lambda: working(running) == 20, 30, 0.02, "the burst running")
+    burst_worker = running.value("SELECT min(worker) FROM task WHERE state = 'WORK'")
+    running.sql("TRUNCATE task RESTART IDENTITY")
+    running.sql("INSERT INTO task (\"group\", input, delete)"
+                " SELECT 'new' || i, 'SELECT pg_sleep(20)', false FROM generate_series(1, 20) AS i")
+    wait_until(lambda: running.value("SELECT state <> 'active' FROM pg_stat_activity WHERE pid = %s",
+                                     [burst_worker]) is not False, 15, 0.05, "the burst's worker to return")
+    assert running.value("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')") == 20  # (still running)
+    running.sql("SELECT task_cancel(id) FROM task")
+
+
 def test_each_task_of_a_burst_behaves_as_it_does_alone(running):
     running.sql("INSERT INTO task (\"group\", input, delete)"
                 " SELECT 'g' || i, 'SELECT pg_sleep(1)', false FROM generate_series(1, 30) AS i")

@@ -361,6 +361,22 @@ def test_remote_server_that_never_answers_fails_after_connect_timeout(running, s
     assert 1.5 < (row["stop"] - row["plan"]).total_seconds() < 15
 
 
+def test_a_run_that_truncate_restart_identity_removed_never_ends_a_claimed_task_of_its_id(running, silent_server):
+    """TRUNCATE task RESTART IDENTITY under a running task: a new task given its id, claimed and
+    still opening its session (here to a server that never answers), got the old run's end and
+    output as its own, DONE, and never ran (a review)."""
+    old = running.insert("SELECT 'old' FROM pg_sleep(1)", group="old", delete=False)
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [old]) == "WORK", 10, 0.01,
+               "the old task to run")
+    running.sql("TRUNCATE task RESTART IDENTITY")
+    new = running.insert("SELECT 'new'", group="new", delete=False,
+                         remote=f"host=127.0.0.1 port={silent_server.port} dbname=x connect_timeout=4")
+    assert new == old
+    row = running.wait_done(new, 20)  # (the old run ends 3 s before its connection attempt gives up)
+    assert (row["state"], row["sqlstate"], row["output"]) == ("FAIL", "08001", None), row
+    assert "timeout expired" in row["error"], row["error"]
+
+
 def test_cancelling_a_task_whose_remote_server_never_answers_frees_its_worker(running, silent_server):
     """Without connect_timeout, libpq would wait for the answer for ever: the worker waits on
     the socket itself, and gives the attempt up once the task is no longer its to start."""

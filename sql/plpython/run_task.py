@@ -242,7 +242,8 @@ class WorkerCall:
         error = bounded_error(error, self.limit or OUTPUT_LIMIT_DEFAULT)
         try:
             ended = finish_task(self.ctx, task["id"], "FAIL" if error else "DONE", output, error, notices, wake=wake,
-                                sqlstate=sqlstate, stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"))
+                                sqlstate=sqlstate, stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"),
+                                ran=True)
         except self.ctx.plpy.spiexceptions.UntranslatableCharacter as exc:
             # A remote task's text with a character this database's encoding lacks (U+20AC into a
             # LATIN1 database): the end could not be written, the worker's call failed, and the
@@ -252,7 +253,7 @@ class WorkerCall:
                 "the task's output, error or notices hold a character this database's encoding cannot hold",
                 task["input"], detail=str(exc).split("\n", 1)[0]), UNTRANSLATABLE
             ended = finish_task(self.ctx, task["id"], "FAIL", None, error, None, wake=wake, sqlstate=sqlstate,
-                                stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"))
+                                stop=stop, unless_held=unless_held, table_oid=task.get("table_oid"), ran=True)
         if ended is not None and ended != HELD:
             if ended == "FAIL" and not error:
                 error = task_error(self.ctx, task["id"])

@@ -144,14 +144,15 @@ def move_task_to_session(ctx, task, session_pid):
 
 
 def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sqlstate=None, stop=None,
-                unless_held=False, table_oid=None):
+                unless_held=False, table_oid=None, ran=False):
     """Record the task's end (its retry or next run follows in the same transaction); its end
     state (FAIL when what follows it failed), or None if it had ended already (recovered by a
     launcher), or if its table is no longer the task table (`table_oid`, the task's TASK_COLUMNS':
     the extension was dropped and created again while it ran, and a task of the new table had its
-    id and got its end), or if the row of its id runs in another worker.  `stop`: when it ended
-    (time.time()), if not now.  unless_held: HELD, and nothing written, when another transaction
-    holds the row (a burst's worker writes it later).
+    id and got its end), or if the row of its id is not its run: `ran`, the end of a run, is
+    written on a row running in this worker only, else on a row not running in another.  `stop`:
+    when it ended (time.time()), if not now.  unless_held: HELD, and nothing written, when another
+    transaction holds the row (a burst's worker writes it later).
 
     Tried again when the server breaks a deadlock by failing it: an end locks the task's row,
     then the rows of its dependents (and, for a named series, the series' lock), and a client's
@@ -165,20 +166,23 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     under a CPU load)."""
     call = ("pgtaskpy.finish_task({id}, $2::{{ext}}.state, $3, $4, task_notice => $5, wake => $6,"
             " task_sqlstate => $7, task_stop => pg_catalog.to_timestamp($8))::text AS s")
-    # (A running row of this id that another worker runs is not this task: after TRUNCATE task
-    # RESTART IDENTITY a new task of another role had the id, and got the old run's end and output.)
-    row = ("SELECT id FROM {ext}.task WHERE id = $1 AND ($9::pg_catalog.oid IS NULL OR tableoid = $9)"
-           " AND (state <> 'WORK' OR worker = pg_catalog.pg_backend_pid())")
+    # (After TRUNCATE task RESTART IDENTITY a new task, another role's too, had the id of a run that
+    # went on, and got its end and output: running in another worker, or claimed, not started yet.)
+    mine = "state = 'WORK' AND worker = pg_catalog.pg_backend_pid()" if ran else \
+        "(state <> 'WORK' OR worker = pg_catalog.pg_backend_pid())"
+    row = f"SELECT id FROM {{ext}}.task WHERE id = $1 AND ($9::pg_catalog.oid IS NULL OR tableoid = $9) AND {mine}"
+    kind = "finish_run" if ran else "finish"
     if unless_held:
-        name, query = ("finish_unless_held",
+        name, query = (f"{kind}_unless_held",
                        f"SELECT {call.format(id='l.id')} FROM ({row} FOR NO KEY UPDATE SKIP LOCKED) AS l")
     else:
-        name, query = "finish", f"SELECT {call.format(id='l.id')} FROM ({row}) AS l"
+        name, query = kind, f"SELECT {call.format(id='l.id')} FROM ({row}) AS l"
+    types = ["bigint", "text", "text", "text", "text", "boolean", "text", "float8", "oid"]
+    values = [task_id, state, output, error, notices, wake, sqlstate, stop, table_oid]
     deadlocks = cancels = 0
     while True:
         try:
-            rows = ctx.run(name, query, ["bigint", "text", "text", "text", "text", "boolean", "text", "float8", "oid"],
-                           [task_id, state, output, error, notices, wake, sqlstate, stop, table_oid])
+            rows = ctx.run(name, query, types, values)
         except ctx.plpy.spiexceptions.DeadlockDetected:
             deadlocks += 1
             if deadlocks == DEADLOCK_ATTEMPTS:
@@ -199,7 +203,10 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
             continue
         if rows:
             return rows[0]["s"]
-        return HELD if unless_held and held_rows(ctx, [task_id]) else None
+        # Held: the row is this task's still (not one of another worker, which a burst's worker
+        # took for held and waited for, as long as that task ran), and the read skipped it.
+        return HELD if unless_held and ctx.run(f"{kind}_held", f"SELECT count(*) AS n FROM ({row}) AS l",
+                                               types, values)[0]["n"] else None
 
 
 def owner_is_gone(ctx, task):
