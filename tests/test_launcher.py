@@ -1557,6 +1557,32 @@ def test_an_idle_launcher_of_many_databases_leaves_the_servers_connections_free(
             assert launcher.stop() == 0, launcher.output()
 
 
+def test_a_spare_worker_that_fits_is_kept_not_opened_again_every_ten_seconds():
+    """Near the connection limit, the spare's own worker and session ahead were counted twice when
+    the launcher looked whether to keep it, but not when it opened it: it closed once idle (10 s)
+    and opened again at the next turn, a new backend and PL/Python's start each time (a review)."""
+    with throwaway_cluster({"max_connections": "20"}) as cluster:  # (17 for roles not superusers)
+        cluster.create_database("kept")
+        held = [cluster.connect("kept") for _ in range(8)]
+
+        def spare() -> list[int]:
+            with cluster.connect("kept") as conn:
+                return [row[0] for row in conn.execute("SELECT pid FROM pg_stat_activity"
+                                                       " WHERE application_name = 'pg_task_py worker'")]
+        launcher = Launcher(cluster.dsn("kept")).start()
+        try:
+            launcher.wait_active()
+            first = wait_until(spare, 10, 0.1, "a spare worker")
+            deadline = time.monotonic() + 22  # (two of the idle times it closed after)
+            while time.monotonic() < deadline:
+                assert spare() == first, launcher.output()
+                time.sleep(0.5)
+        finally:
+            for conn in held:
+                conn.close()
+            assert launcher.stop() == 0, launcher.output()
+
+
 def test_a_server_short_of_connections_gets_no_spare_worker():
     """An idle launcher keeps a spare worker, with a session started ahead, in each database it
     schedules: one of 30 databases held every connection of a server of max_connections 100, the

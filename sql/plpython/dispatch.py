@@ -417,7 +417,7 @@ def connections_are_full(ctx):
          GROUP BY d.oid, d.datconnlimit""")[0]["full"]
 
 
-def connections_to_spare(ctx):
+def connections_to_spare(ctx, own_spare=0):
     """Whether the server has connections to spare for workers and sessions started ahead of
     need: a fifth of those a role that is not a superuser may use still free, once every
     scheduler of the server (of any database, any launcher) has opened a spare worker and its
@@ -425,12 +425,16 @@ def connections_to_spare(ctx):
     every connection of a server of max_connections 100, the superusers' reserved ones too (its
     own are a superuser's): nobody could log in (a probe).  Its schedulers, starting together,
     each found room before any had opened its spare: they are counted as if all had (a probe).
-    A task's own worker and session are opened when it is due, as without a spare."""
+    `own_spare`: the backends of this scheduler's spare, open already, which that counts twice
+    (kept while the count without them fits: where they were not, the spare closed when idle and
+    opened again, every 10 s, a review).  A task's own worker and session are opened when it is
+    due, as without a spare."""
     return ctx.run("spare_room", """
-        SELECT count(*) + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher'))
+        SELECT count(*) - $1 + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher'))
                < 0.8 * (current_setting('max_connections')::integer
                         - current_setting('superuser_reserved_connections')::integer) AS room
-          FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'""")[0]["room"]
+          FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'""",
+                   ["integer"], [own_spare])[0]["room"]
 
 
 def housekeeping(ctx, pool, events, run_limit):
@@ -664,7 +668,7 @@ def spare_still_fits(ctx, pool):
     now = time.monotonic()
     if now >= pool.get("spare_look_at", 0.0):
         pool["spare_look_at"] = now + SPARE_LOOK_EVERY
-        pool["spare_fits"] = connections_to_spare(ctx)
+        pool["spare_fits"] = connections_to_spare(ctx, own_spare=2)  # (a worker and its session ahead)
     return pool["spare_fits"]
 
 
