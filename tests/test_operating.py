@@ -1011,6 +1011,42 @@ def test_one_database_given_twice_gets_one_scheduler_and_a_reload_hands_it_on(cl
         launcher.stop()
 
 
+def test_a_database_handed_on_is_not_taken_back_by_its_old_conninfo(cluster, db, tmp_path):
+    """A reload hands the database on to its URI while the old conninfo's scheduler stops (a task
+    of its runs on); a reload that names both again took the old one back, and two schedulers of
+    the database ran for good (a review).  It stops on; the URI's schedules."""
+    uri = f"postgresql:///{db.name}?" + urllib.parse.urlencode({"host": cluster.socket_dir, "port": cluster.port,
+                                                                 "user": "postgres"})
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": db.dsn}]))
+    db.sql("CREATE TABLE gate ()")
+    gatekeeper = db.connect()
+    gatekeeper.execute("BEGIN")
+    gatekeeper.execute("LOCK TABLE gate IN ACCESS EXCLUSIVE MODE")
+    launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
+    try:
+        launcher.wait_active()
+        long_task = db.insert("SELECT 'long' FROM (SELECT count(*) FROM gate) AS g", group="long", delete=False)
+        wait_until(lambda: db.task(long_task)["state"] == "WORK", 10, 0.02, "the long task to run")
+        config.write_text(json.dumps([{"dsn": uri}]))
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: launcher.output().count("scheduling (active)") == 2, 15, 0.05, "the URI's scheduler")
+        config.write_text(json.dumps([{"dsn": db.dsn}, {"dsn": uri}]))
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: "scheduled by another conninfo of this launcher now: stopping on" in launcher.output(),
+                   15, 0.05, "the old conninfo's scheduler to stop on")
+        gatekeeper.execute("COMMIT")
+        assert db.wait_done(long_task)["output"] == "long"
+        wait_until(lambda: re.search(r": stopped\n", launcher.output()), 15, 0.05, "the old scheduler to stop")
+        assert db.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND application_name = 'pg_task_py launcher'") == 1
+        assert db.wait_done(db.insert("SELECT 'on'", delete=False))["output"] == "on"
+        assert "scheduling again" not in launcher.output(), launcher.output()
+    finally:
+        gatekeeper.close()
+        launcher.stop()
+
+
 def test_a_database_given_up_on_exports_no_figures_and_health_names_it():
     """A database dropped under the launcher: its scheduler ends with an error, and its gauges
     stayed at their last values for good (3 tasks running in a database that was gone)."""

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from pg_task_py.launcher import Scheduler, Settings, SetupError, database_log
+from pg_task_py.launcher import CONNECTED, Scheduler, Settings, SetupError, database_log
 from pg_task_py.metrics import Metrics
 
 log = logging.getLogger("pg_task_py")
@@ -147,6 +147,12 @@ class Databases:
                     database.stop.set()
                 continue
             unmatched.remove(entry)
+            if database.removed and CONNECTED.held_by_another(database.scheduler.name, database.scheduler):
+                # (another conninfo of the database took it over as this one stopped: taken back, two
+                # schedulers of one database ran for good, a review)
+                database_log(database.scheduler.name, logging.INFO, "back in the configuration, but scheduled by"
+                             " another conninfo of this launcher now: stopping on")
+                continue
             if database.removed:  # still stopping: it schedules on, its running tasks not cancelled
                 database_log(database.scheduler.name, logging.INFO, "back in the configuration before it stopped:"
                              " scheduling on")

@@ -131,6 +131,11 @@ class ConnectedNames:
             self.release(scheduler)
             self.holders[name] = scheduler
 
+    def held_by_another(self, name: str, scheduler: Scheduler) -> bool:
+        """Whether another scheduler has taken the scheduler's name (it took over as this one stopped)."""
+        with self.lock:
+            return self.holders.get(name, scheduler) is not scheduler
+
     def release(self, scheduler: Scheduler) -> None:
         for name in [name for name, holder in self.holders.items() if holder is scheduler]:
             del self.holders[name]
