@@ -636,20 +636,8 @@ BEGIN
     -- regular run at its first match, with its own retries, not that retry moved there (which
     -- kept its attempt, and so fewer retries, and ran the new input at the old run's retry time).
     -- The retry stops (a user's STOP: no next run follows it), and the new run is inserted below.
-    -- The same call again (a deploy's) leaves the retry waiting.  An exclusive one is refused, as a
-    -- change of a waiting run of it is (check_task): stopped, it left a run beside it that was not
-    -- exclusive (a review).
-    SELECT r.* INTO stopped FROM @extschema@.task AS r
-    WHERE r.owner = current_user AND r.key = task_schedule.key AND r.state = 'PLAN' AND r.attempt > 1
-      AND r.exclusive AND (r.cron, r.tz, r.input, r.remote, r."group") IS DISTINCT FROM
-          (task_schedule.cron, zone, task_schedule.input, task_schedule.remote, group_name);
-    IF stopped.id IS NOT NULL AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
-        RAISE EXCEPTION 'permission denied to change what exclusive task % runs', stopped.id
-            USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = format('Series "%s" is exclusive, and its retry %s waits.', key, stopped.id),
-                  HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
-                         'pgtaskpy_admin may change it.';
-    END IF;
+    -- The same call again (a deploy's) leaves the retry waiting.  (An exclusive one is refused
+    -- below, the stop undone with the call.)
     UPDATE @extschema@.task AS t SET state = 'STOP'
     WHERE t.owner = current_user AND t.key = task_schedule.key AND t.state = 'PLAN' AND t.attempt > 1
       AND (t.cron, t.tz, t.input, t.remote, t."group") IS DISTINCT FROM
@@ -674,13 +662,15 @@ BEGIN
         IF running.id IS NULL AND stopped.id IS NOT NULL THEN
             running := stopped;
         END IF;
-        -- An exclusive run: its series stays as an admin made it, as a waiting run's change is
-        -- refused (check_task).  The definition beside it was not exclusive, and the
+        -- An exclusive run, or retry: its series stays as an admin made it, as a waiting run's
+        -- change is refused (check_task).  The definition beside it was not exclusive, and the
         -- admin's exclusive left the series, or not, by when the owner's call came (a probe).
         IF running.exclusive AND NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
             RAISE EXCEPTION 'permission denied to change what exclusive task % runs', running.id
                 USING ERRCODE = 'insufficient_privilege',
-                      DETAIL = format('Series "%s" is exclusive, and its run %s is in progress.', key, running.id),
+                      DETAIL = format(CASE WHEN running.state = 'STOP' THEN 'Series "%s" is exclusive, and its retry %s waits.'
+                                           ELSE 'Series "%s" is exclusive, and its run %s is in progress.' END,
+                                      key, running.id),
                       HINT = 'An exclusive task holds back every role''s tasks: superusers and members of '
                              'pgtaskpy_admin may change it.';
         END IF;
