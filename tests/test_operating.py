@@ -1014,7 +1014,8 @@ def test_one_database_given_twice_gets_one_scheduler_and_a_reload_hands_it_on(cl
 def test_a_database_handed_on_is_not_taken_back_by_its_old_conninfo(cluster, db, tmp_path):
     """A reload hands the database on to its URI while the old conninfo's scheduler stops (a task
     of its runs on); a reload that names both again took the old one back, and two schedulers of
-    the database ran for good (a review).  It stops on; the URI's schedules."""
+    the database ran for good (a review).  It stops on; the URI's schedules.  Named alone again,
+    it is taken back, and the URI's stops."""
     uri = f"postgresql:///{db.name}?" + urllib.parse.urlencode({"host": cluster.socket_dir, "port": cluster.port,
                                                                  "user": "postgres"})
     config = tmp_path / "pg_task.json"
@@ -1035,13 +1036,22 @@ def test_a_database_handed_on_is_not_taken_back_by_its_old_conninfo(cluster, db,
         launcher.signal(signal.SIGHUP)
         wait_until(lambda: "scheduled by another conninfo of this launcher now: stopping on" in launcher.output(),
                    15, 0.05, "the old conninfo's scheduler to stop on")
+        # Named alone again, while it stops: the URI's stops, and it is taken back (refused then,
+        # none scheduled the database, and the launcher exited: a review).
+        config.write_text(json.dumps([{"dsn": db.dsn}]))
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: "back in the configuration before it stopped: scheduling on" in launcher.output(),
+                   15, 0.05, "the old conninfo's scheduler taken back")
         gatekeeper.execute("COMMIT")
         assert db.wait_done(long_task)["output"] == "long"
-        wait_until(lambda: re.search(r": stopped\n", launcher.output()), 15, 0.05, "the old scheduler to stop")
-        assert db.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND application_name = 'pg_task_py launcher'") == 1
+        wait_until(lambda: re.search(r": stopped\n", launcher.output()), 15, 0.05, "the URI's scheduler to stop")
+        # (a stopping scheduler's session drops the launcher's name; taken back, its next turn has it again)
+        wait_until(lambda: "scheduling again" in launcher.output(), 15, 0.05, "the old one to schedule again")
+        wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                    " AND application_name = 'pg_task_py launcher'") == 1, 15, 0.05,
+                   "one scheduler of the database")
         assert db.wait_done(db.insert("SELECT 'on'", delete=False))["output"] == "on"
-        assert "scheduling again" not in launcher.output(), launcher.output()
+        assert launcher.process.poll() is None, launcher.output()
     finally:
         gatekeeper.close()
         launcher.stop()

@@ -132,6 +132,7 @@ class Databases:
         The other databases and their running tasks are not touched."""
         unmatched = list(wanted)
         ended: set[str] = set()  # the conninfos of databases that ended, started again if wanted
+        stopping_wanted: list[tuple[Database, Settings]] = []  # still stopping, wanted again: below
         for database in list(self.all):
             entry = next((w for w in unmatched if w.dsn == database.settings.dsn), None)
             if not database.thread.is_alive():  # stopped, or ended with an error: started below if wanted
@@ -147,17 +148,23 @@ class Databases:
                     database.stop.set()
                 continue
             unmatched.remove(entry)
-            if database.removed and CONNECTED.held_by_another(database.scheduler.name, database.scheduler):
-                # (another conninfo of the database took it over as this one stopped: taken back, two
-                # schedulers of one database ran for good, a review)
+            if database.removed:  # (once every scheduler this reload stops is stopping)
+                stopping_wanted.append((database, entry))
+                continue
+            self._change(database, entry)
+        for database, entry in stopping_wanted:
+            # Still stopping: it schedules on, its running tasks not cancelled, unless another
+            # conninfo of the database took it over meanwhile and schedules on (taken back beside
+            # it, two schedulers of one database ran for good; refused while this reload stopped
+            # that one too, none did: two reviews).
+            if not CONNECTED.hand_back(database.scheduler.name, database.scheduler):
                 database_log(database.scheduler.name, logging.INFO, "back in the configuration, but scheduled by"
                              " another conninfo of this launcher now: stopping on")
                 continue
-            if database.removed:  # still stopping: it schedules on, its running tasks not cancelled
-                database_log(database.scheduler.name, logging.INFO, "back in the configuration before it stopped:"
-                             " scheduling on")
-                database.removed = False
-                database.stop.clear()
+            database_log(database.scheduler.name, logging.INFO, "back in the configuration before it stopped:"
+                         " scheduling on")
+            database.removed = False
+            database.stop.clear()
             self._change(database, entry)
         for entry in unmatched:
             self.all.append(Database(entry, self.metrics))

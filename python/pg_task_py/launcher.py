@@ -131,10 +131,15 @@ class ConnectedNames:
             self.release(scheduler)
             self.holders[name] = scheduler
 
-    def held_by_another(self, name: str, scheduler: Scheduler) -> bool:
-        """Whether another scheduler has taken the scheduler's name (it took over as this one stopped)."""
+    def hand_back(self, name: str, scheduler: Scheduler) -> bool:
+        """`name` is the stopping scheduler's again, unless another that is not stopping has taken it
+        (as this one stopped); whether it is."""
         with self.lock:
-            return self.holders.get(name, scheduler) is not scheduler
+            holder = self.holders.get(name)
+            if holder is not None and holder is not scheduler and not holder.stopping.is_set():
+                return False
+            self.holders[name] = scheduler
+            return True
 
     def release(self, scheduler: Scheduler) -> None:
         for name in [name for name, holder in self.holders.items() if holder is scheduler]:
