@@ -1522,6 +1522,16 @@ def test_a_tasks_settings_reach_a_session_started_ahead_whatever_the_databases_s
         assert (row["state"], row["output"]) == ("DONE", "?column?\tcurrent_setting\nran\t0"), row
 
 
+def ended_task(cluster, database: str) -> tuple:
+    """The state and output of a task of `SELECT 'ran'` inserted into `database`, once it has ended."""
+    with cluster.connect(database) as conn:
+        task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''ran''', false)"
+                               " RETURNING id").fetchone()[0]
+        return wait_until(lambda: conn.execute("SELECT state::text, output FROM task WHERE id = %s AND state"
+                                               " NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id]).fetchone(), 30,
+                          0.05, "the task to end")
+
+
 def test_an_idle_launcher_of_many_databases_leaves_the_servers_connections_free():
     """Schedulers of 12 databases starting together each found a fifth of the connections free,
     before any had opened a spare, and each opened one and its session ahead: 30 databases held
@@ -1546,13 +1556,8 @@ def test_an_idle_launcher_of_many_databases_leaves_the_servers_connections_free(
             while time.monotonic() < deadline:
                 assert clients() <= 0.8 * 37
                 time.sleep(0.2)
-            with cluster.connect(names[0]) as conn:  # (a due task still gets its worker and session)
-                task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''ran''', false)"
-                                       " RETURNING id").fetchone()[0]
-                row = wait_until(lambda: conn.execute("SELECT state::text, output FROM task WHERE id = %s AND state"
-                                                      " NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id]).fetchone(), 30,
-                                 0.05, "the task to end")
-            assert row == ("DONE", "ran")
+            # (a due task still gets its worker and session)
+            assert ended_task(cluster, names[0]) == ("DONE", "ran")
         finally:
             assert launcher.stop() == 0, launcher.output()
 
@@ -1604,13 +1609,7 @@ def test_a_server_short_of_connections_gets_no_spare_worker():
             while time.monotonic() < deadline:
                 assert workers() == 0
                 time.sleep(0.2)
-            with cluster.connect("spare") as conn:
-                task_id = conn.execute("INSERT INTO task (input, delete) VALUES ('SELECT ''ran''', false)"
-                                       " RETURNING id").fetchone()[0]
-                row = wait_until(lambda: conn.execute("SELECT state::text, output FROM task WHERE id = %s AND state"
-                                                      " NOT IN ('PLAN', 'TAKE', 'WORK')", [task_id]).fetchone(), 30,
-                                 0.05, "the task to end")
-            assert row == ("DONE", "ran")
+            assert ended_task(cluster, "spare") == ("DONE", "ran")
         finally:
             for conn in held:
                 conn.close()
