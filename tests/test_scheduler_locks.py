@@ -203,3 +203,28 @@ def test_a_limit_committed_while_a_claim_waits_for_the_scheduling_lock_holds_tha
         db.sql("ALTER ROLE lock_alice RESET ALL")
         db.sql("DROP OWNED BY lock_alice")
         db.sql("DROP ROLE lock_alice")
+
+
+def test_a_plain_reindex_of_the_table_under_load_fails_no_task(db):
+    """A plain `REINDEX TABLE task` holds each index it has rebuilt and waits for the next, which
+    a worker's earlier read in the same transaction holds, while the worker's start or end waits
+    for REINDEX's lock on the table.  The worker tried its change again in that transaction,
+    lost the same deadlock every time, and tasks that had run ended FAIL as lost runs (08006),
+    tasks that had not FAIL 40P01 (a probe: 5 tasks in 640 beside 40 REINDEXes; this test, in
+    2 runs of 3).  It commits before it tries again now.  REINDEX may lose the deadlock, as may
+    a launcher's turn (it runs again): neither is a task's."""
+    db.sql(f"ALTER DATABASE {db.name} SET deadlock_timeout = '100ms'")  # (cycles broken at once)
+    launcher = db.launcher()
+    with db.connect() as dba:
+        dba.autocommit = True
+        for _ in range(60):
+            db.sql("INSERT INTO task (\"group\", input)"
+                   " SELECT 'g' || i % 4, 'SELECT pg_sleep(0.01)' FROM generate_series(1, 16) AS i")
+            try:
+                dba.execute("REINDEX TABLE task")
+            except psycopg.errors.DeadlockDetected:
+                pass
+    db.wait_all_done(60)
+    assert db.sql("SELECT id, state, sqlstate, error FROM task WHERE state <> 'DONE'") == []
+    assert db.value("SELECT count(*) FROM task") == 960
+    assert launcher.stop() == 0, launcher.output()

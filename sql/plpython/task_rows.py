@@ -6,7 +6,7 @@ backend.  None commits: the worker decides when (run_task.py).
 import time
 
 LAUNCHER_LOOK_EVERY = 0.05  # seconds between looks whether the launcher still accepts work
-DEADLOCK_ATTEMPTS = 5  # most tries of a task's end that the server fails to break a deadlock
+DEADLOCK_ATTEMPTS = 5  # most tries of a task's start or end that the server fails to break a deadlock
 CANCELLED_ATTEMPTS = 100  # most tries of a task's end that cancels meant for its ended query interrupt
 # Seconds a worker waits before trying a task's end again, times the attempt: time for the other
 # transaction's backend to take what the failed end let go of (see finish_task).
@@ -101,12 +101,12 @@ def start_task(ctx, task, session_pid, unless_held=False):
     opened outside the claim's transaction).  unless_held: HELD, and nothing written, when
     another transaction holds the row (a burst's worker starts it later: take_tasks)."""
     if not unless_held:
-        return ctx.run(
-            "work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"],
+        return run_change(
+            ctx, "work", "SELECT id FROM pgtaskpy.start_task($1, $2, $3)", ["bigint", "integer", "integer"],
             [task["id"], task["worker"], session_pid],
         )[0]["id"] is not None
-    rows = ctx.run(
-        "work_unless_held",
+    rows = run_change(
+        ctx, "work_unless_held",
         "SELECT (pgtaskpy.start_task(l.id, $2, $3)).id AS id"
         " FROM (SELECT id FROM {ext}.task WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED) AS l",
         ["bigint", "integer", "integer"], [task["id"], task["worker"], session_pid],
@@ -122,8 +122,8 @@ def start_tasks(ctx, tasks, session_pids):
     cores its tasks' new sessions need; run_batch.py).  No row is waited for (SKIP LOCKED), so a
     client locking several tasks in any order cannot deadlock with it; note_start skips the rate
     limits' rows another start holds for the same reason."""
-    rows = ctx.run(
-        "work_all_unless_held",
+    rows = run_change(
+        ctx, "work_all_unless_held",
         "SELECT l.id, (pgtaskpy.start_task(l.id, l.claimer, l.pid)).id IS NOT NULL AS started"
         " FROM (SELECT t.id, s.claimer, s.pid FROM {ext}.task AS t"
         "       JOIN unnest($1::bigint[], $2::integer[], $3::integer[]) AS s(id, claimer, pid) ON s.id = t.id"
@@ -134,6 +134,41 @@ def start_tasks(ctx, tasks, session_pids):
     outcomes = {row["id"]: row["started"] for row in rows}
     held = set(held_rows(ctx, [task["id"] for task in tasks if task["id"] not in outcomes]))
     return {task["id"]: outcomes.get(task["id"], HELD if task["id"] in held else False) for task in tasks}
+
+
+def run_change(ctx, name, query, types, values):
+    """ctx.run of a change of task rows, tried again (ready_to_retry) when the server fails it
+    to break a deadlock."""
+    deadlocks = 0
+    while True:
+        try:
+            return ctx.run(name, query, types, values)
+        except ctx.plpy.spiexceptions.DeadlockDetected:
+            deadlocks += 1
+            if not ready_to_retry(ctx, deadlocks):
+                raise
+
+
+def ready_to_retry(ctx, deadlocks):
+    """Whether a change of a task row that the server failed to break a deadlock, the
+    `deadlocks`-th time in a row, is tried again; if so, the worker's transaction has committed
+    and the other backend has had time to go on.
+
+    Committed first: the other side may wait for a lock that an earlier statement of the
+    transaction took, which the failed statement's rollback does not let go of.  A plain
+    `REINDEX TABLE task` holds each index it has rebuilt and waits for the next one, which the
+    worker's read of its group's upcoming tasks (or the take of its task) holds, while the
+    worker's UPDATE waits for REINDEX's lock on the table: tried in the same transaction, the
+    change lost the same deadlock every time, and a task that had run ended FAIL as a lost run
+    (08006), one that had not FAIL 40P01 (5 tasks in 640 beside 40 REINDEXes).  What the
+    transaction did commits with it, as it would with the change: the end of the task before
+    (the change then waits for the other side alone), the take's lock of the row (the change
+    looks at the row's claim again)."""
+    if deadlocks >= DEADLOCK_ATTEMPTS:
+        return False
+    ctx.commit()
+    time.sleep(DEADLOCK_BACKOFF * deadlocks)
+    return True
 
 
 def move_task_to_session(ctx, task, session_pid):
@@ -159,7 +194,8 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
     transaction may hold one of those (the commit of an INSERT of a task `after` another, which
     locks that row FOR SHARE; task_schedule, which takes the series' lock) and wait for the row.
     The failed statement's subtransaction (PL/Python's, around each statement) is rolled back
-    with what it locked: the other goes on, and the end waits for it.  Failing the worker's call
+    with what it locked, and the transaction commits (ready_to_retry): the other goes on, and
+    the end waits for it.  Failing the worker's call
     instead ended FAIL every task it ran, which had run.  Not at once: the other backend, woken
     when the row was let go, must run to take it, and on busy cores an end tried again at once
     took the row back first, and lost the same deadlock three times in a row (three runs in six
@@ -185,9 +221,8 @@ def finish_task(ctx, task_id, state, output, error, notices=None, wake=True, sql
             rows = ctx.run(name, query, types, values)
         except ctx.plpy.spiexceptions.DeadlockDetected:
             deadlocks += 1
-            if deadlocks == DEADLOCK_ATTEMPTS:
+            if not ready_to_retry(ctx, deadlocks):
                 raise
-            time.sleep(DEADLOCK_BACKOFF * deadlocks)
             continue
         except ctx.plpy.spiexceptions.QueryCanceled:
             # A cancel of this worker meant for the task's query that came as the query ended:
