@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -511,6 +512,37 @@ def test_pause_stops_a_worker_going_on_with_its_group(running, authors):
     alice.execute("SELECT task_resume('chain')")
     wait_until(lambda: started(running, ids) > so_far, 10, message="the group to go on")
     alice.execute("DELETE FROM task WHERE state = 'PLAN'")
+
+
+def test_a_pause_and_resume_as_tasks_start_fail_none(running, authors):
+    """start_task read the group's pause in its UPDATE, and again in a statement of its own when
+    the UPDATE took no row: a resume committed between the two read as a DBA's trigger that had
+    returned NULL, and a task that never ran ended FAIL 09000, `a trigger on task made its start
+    no start` (a probe pausing and resuming in a loop: 1 to 3 tasks of 300, 3 runs of 3)."""
+    alice = authors["alice"]
+    alice.execute("INSERT INTO task (input, \"group\", plan, \"delete\") SELECT 'SELECT 1', 'flap',"
+                  " clock_timestamp() + i * interval '20 ms', false FROM generate_series(1, 300) AS i")
+    flapping = True
+
+    def flap() -> None:
+        with running.connect("ops_alice") as conn:
+            conn.autocommit = True
+            while flapping:
+                conn.execute("SELECT task_pause('flap')")
+                conn.execute("SELECT task_resume('flap')")
+
+    flapper = threading.Thread(target=flap)
+    flapper.start()
+    try:
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE \"group\" = 'flap' AND state = 'PLAN'"
+                                         " AND plan > now()") == 0, 30, message="the last task to come due")
+    finally:
+        flapping = False
+        flapper.join()
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE \"group\" = 'flap'"
+                                     " AND state IN ('PLAN', 'TAKE', 'WORK')") == 0, 30, message="every task to end")
+    assert running.sql("SELECT state::text, count(*) FROM task WHERE \"group\" = 'flap' GROUP BY 1") == [
+        ("DONE", 300)]
 
 
 def test_pause_survives_a_launcher_restart(running, authors):

@@ -249,6 +249,59 @@ def test_an_admin_re_arming_a_failed_step_and_its_stopped_dependents_runs_them_i
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_an_admin_re_arm_that_builds_a_cycle_is_refused(db):
+    """An admin's re-arm may give the task a new `after`: one naming the task itself, or a task
+    re-armed with it that waits for it, made tasks that waited for each other for ever (tasks
+    waiting for prerequisites never go GONE; a probe).  The commit fails, naming the task."""
+    a = db.value("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + interval '1 h') RETURNING id")
+    b = db.insert("SELECT 2", after=[a])
+    c = db.insert("SELECT 3", after=[a])
+    db.sql("UPDATE task SET state = 'FAIL', stop = now() WHERE id = %s", [a])
+    assert [db.task(i)["state"] for i in (b, c)] == ["STOP", "STOP"]
+    with db.connect() as admin:
+        with pytest.raises(psycopg.errors.InvalidParameterValue,
+                           match=f"task ({a}|{b}) cannot wait for its prerequisites: one of them waits for it"), \
+                admin.transaction():
+            admin.execute("UPDATE task SET state = 'PLAN', stop = NULL, error = NULL,"
+                          " after = CASE WHEN id = %s THEN ARRAY[%s]::bigint[] ELSE after END WHERE id = ANY (%s)",
+                          [a, b, [a, b]])
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"task {c} cannot wait"), admin.transaction():
+            admin.execute("UPDATE task SET state = 'PLAN', stop = NULL, after = ARRAY[id] WHERE id = %s", [c])
+    assert [(db.task(i)["state"], db.task(i)["after"]) for i in (a, b, c)] == [
+        ("FAIL", None), ("STOP", [a]), ("STOP", [a])]
+    assert db.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+    # Re-armed without the cycle, b waits for a again.
+    db.sql("UPDATE task SET state = 'PLAN', stop = NULL, error = NULL WHERE id = ANY (%s)", [[a, b]])
+    assert [(db.task(i)["state"], db.task(i)["waiting_for"]) for i in (a, b)] == [("PLAN", 0), ("PLAN", 1)]
+
+
+def test_after_any_of_a_task_with_prerequisites_is_kept_like_after(db):
+    """Each prerequisite's end counts the task down, or stops it, by the after_any of that moment:
+    an author who turned after_any off once a prerequisite had failed had the task run after the
+    others ended DONE (a probe).  An author may not change it, as `after`; an admin is told."""
+    db.sql("CREATE ROLE wf_carol LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with db.connect("wf_carol") as carol:
+            carol.autocommit = True
+            later = "SELECT task_enqueue('SELECT 1', plan => now() + interval '1 h')"
+            first, alone = (carol.execute(later).fetchone()[0] for _ in range(2))
+            waiting = carol.execute("SELECT task_enqueue('SELECT 2', after => %s, after_any => true)",
+                                    [[first]]).fetchone()[0]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="task.after_any cannot change"):
+                carol.execute("UPDATE task SET after_any = false WHERE id = %s", [waiting])
+            carol.execute("UPDATE task SET after_any = true WHERE id = %s", [alone])  # (no prerequisites)
+        notices = []
+        with db.connect() as admin:
+            admin.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary)))
+            admin.execute("UPDATE task SET after_any = false WHERE id = %s", [waiting])
+        assert notices == [("WARNING", f"task {waiting}: its after_any changed, but not what it waits for"
+                                       ": 1 of the prerequisites its INSERT named")], notices
+        assert [db.task(i)["after_any"] for i in (waiting, alone)] == [False, True]
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP OWNED BY wf_carol; DROP ROLE wf_carol")
+
+
 def test_stop_cascades_down_a_wide_fan_out(db):
     """One prerequisite, 3,000 dependents, each with one of its own: a STOP of the prerequisite
     stops all 6,000 in its transaction (within the server's lock table), and so does a DELETE."""

@@ -728,39 +728,47 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     started @extschema@.task;
+    paused boolean;
 BEGIN
-    UPDATE @extschema@.task AS t
-    SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
-    WHERE t.id = task_id
-      AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
-      AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
-    RETURNING t.* INTO started;
-    IF started.id IS NOT NULL THEN
-        PERFORM pgtaskpy.note_start(started);  -- (a rate limit's window: 70_operating.sql)
-        -- WORK is on disk before the input runs: with synchronous_commit off, a crash lost its
-        -- commit, the task was waiting again after recovery and ran a second time.  (Local: a
-        -- stricter value of the database's stays; kept to the commit, as SET LOCAL is.)
-        IF current_setting('synchronous_commit') = 'off' THEN
-            PERFORM set_config('synchronous_commit', 'local', true);
+    -- (Tried again when the group was paused as the UPDATE read it and is not as the row is
+    -- read again: a resume committed between the two.  Read as a DBA's trigger's doing, the
+    -- task ended FAIL 09000 without having run: a probe pausing and resuming in a loop.)
+    FOR attempt IN 1..3 LOOP
+        UPDATE @extschema@.task AS t
+        SET state = 'WORK', start = clock_timestamp(), pid = session_pid, worker = pg_backend_pid()
+        WHERE t.id = task_id
+          AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
+          AND NOT pgtaskpy.group_paused(t.owner, t."group")  -- (70_operating.sql)
+        RETURNING t.* INTO started;
+        EXIT WHEN started.id IS NOT NULL;
+        SELECT pgtaskpy.group_paused(t.owner, t."group") INTO paused FROM @extschema@.task AS t
+        WHERE t.id = task_id
+          AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END;
+        IF NOT FOUND THEN
+            RETURN NULL;  -- not this claimer's any more: stopped, or taken back
+        ELSIF paused THEN
+            -- Claimed before task_pause committed (a claim reads the pauses before it waits for
+            -- the scheduling lock, and a claimed task started up to 115 ms after the pause had
+            -- returned): it waits again, unstarted, with its group.  (claimer NULL: it waits still.)
+            IF claimer IS NOT NULL THEN
+                PERFORM pgtaskpy.unclaim_tasks(ARRAY[task_id], claimer);
+            END IF;
+            RETURN NULL;
         END IF;
-    ELSIF EXISTS (
-            SELECT FROM @extschema@.task AS t WHERE t.id = task_id
-              AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END
-              AND pgtaskpy.group_paused(t.owner, t."group")) THEN
-        -- Claimed before task_pause committed (a claim reads the pauses before it waits for
-        -- the scheduling lock, and a claimed task started up to 115 ms after the pause had
-        -- returned): it waits again, unstarted, with its group.  (claimer NULL: it waits still.)
-        IF claimer IS NOT NULL THEN
-            PERFORM pgtaskpy.unclaim_tasks(ARRAY[task_id], claimer);
-        END IF;
-    ELSIF EXISTS (
-            SELECT FROM @extschema@.task AS t WHERE t.id = task_id
-              AND CASE WHEN claimer IS NULL THEN t.state = 'PLAN' ELSE t.state = 'TAKE' AND t.worker = claimer END) THEN
+    END LOOP;
+    IF started.id IS NULL THEN
         -- Still this claimer's, and not paused: a DBA's BEFORE UPDATE trigger returned NULL for
         -- the start.  Taken as "stopped meanwhile", the task was given back and claimed again
         -- 50 times a second, for good, the log silent; its worker fails it with this error.
         RAISE EXCEPTION 'a trigger on task made its start no start (returned NULL)'
             USING ERRCODE = 'triggered_action_exception';
+    END IF;
+    PERFORM pgtaskpy.note_start(started);  -- (a rate limit's window: 70_operating.sql)
+    -- WORK is on disk before the input runs: with synchronous_commit off, a crash lost its
+    -- commit, the task was waiting again after recovery and ran a second time.  (Local: a
+    -- stricter value of the database's stays; kept to the commit, as SET LOCAL is.)
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'local', true);
     END IF;
     RETURN started;
 END

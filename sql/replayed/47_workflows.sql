@@ -217,24 +217,30 @@ BEGIN
 END
 $$;
 
--- BEFORE UPDATE OF after: the count and the edges were made from the list
--- given at INSERT.  Members of pgtaskpy_admin may repair rows by hand, and are
--- told when the row waits: its new list was taken, and changed nothing of what
--- it waits for.  (Not when a failed run's retry takes its place in its
--- dependents' lists: pass_dependents_on.)
+-- BEFORE UPDATE OF after, after_any: the count and the edges were made from the
+-- list given at INSERT, and each prerequisite's end was counted down, or
+-- stopped the task, by the after_any of that moment (turned off later, a task
+-- that had counted a failure down ran once the others ended DONE: a probe).
+-- Members of pgtaskpy_admin may repair rows by hand, and are told when the row
+-- waits: its new list or rule was taken, and changed nothing of what it waits
+-- for.  (Not when a failed run's retry takes its place in its dependents'
+-- lists: pass_dependents_on.)
 CREATE FUNCTION pgtaskpy.keep_prerequisites() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    changed text := CASE WHEN NEW.after IS DISTINCT FROM OLD.after THEN 'after' ELSE 'after_any' END;
 BEGIN
     IF NOT pg_has_role('pgtaskpy_admin', 'MEMBER') THEN
-        RAISE EXCEPTION 'task.after cannot change once the task is inserted'
+        RAISE EXCEPTION 'task.% cannot change once the task is inserted', changed
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Stop the task (state = ''STOP'') and insert a new one.';
     ELSIF NEW.state = 'PLAN' AND OLD.state = 'PLAN'
           AND current_setting('pgtaskpy.passing_dependents', true) IS DISTINCT FROM 'on' THEN
-        RAISE WARNING 'task %: its after changed, but not what it waits for: % of the prerequisites its INSERT named',
-            NEW.id, NEW.waiting_for
-            USING HINT = 'To wait for other tasks, stop it (state = ''STOP'') and insert a new one.';
+        RAISE WARNING 'task %: its % changed, but not what it waits for: % of the prerequisites its INSERT named',
+            NEW.id, changed, NEW.waiting_for
+            USING HINT = CASE changed WHEN 'after' THEN 'To wait for other tasks, stop it (state = ''STOP'') and insert a new one.'
+                              ELSE 'The prerequisites that have ended were counted by the old after_any; those to come count by the new one.' END;
     END IF;
     RETURN NEW;
 END
@@ -423,6 +429,19 @@ BEGIN
     SELECT array_agg(p.id ORDER BY p.id) INTO pending
     FROM (SELECT t.id FROM @extschema@.task AS t
           WHERE t.id = ANY (NEW.after) AND t.state IN ('PLAN', 'TAKE', 'WORK') ORDER BY t.id FOR SHARE) AS p;
+    -- A cycle (the task among its own prerequisites, or one of them waiting for it, through
+    -- the edges of those re-armed before it in this transaction too) waited for ever.
+    IF NEW.id = ANY (pending) OR EXISTS (
+        WITH RECURSIVE waiting_for_it(id) AS (
+            SELECT e.dependent FROM pgtaskpy.pending_prerequisite AS e WHERE e.prerequisite = NEW.id
+            UNION
+            SELECT e.dependent FROM waiting_for_it AS w
+            JOIN pgtaskpy.pending_prerequisite AS e ON e.prerequisite = w.id)
+        SELECT FROM waiting_for_it AS w WHERE w.id = ANY (pending)) THEN
+        RAISE EXCEPTION 'task % cannot wait for its prerequisites: one of them waits for it', NEW.id
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = format('Its after: %s.', NEW.after),
+                  HINT = 'Set it waiting with prerequisites that do not wait for it, or leave it ended.';
+    END IF;
     DELETE FROM pgtaskpy.pending_prerequisite AS e WHERE e.dependent = NEW.id;
     INSERT INTO pgtaskpy.pending_prerequisite (prerequisite, dependent) SELECT p, NEW.id FROM unnest(pending) AS p;
     PERFORM set_config('pgtaskpy.next_run', 'on', true);  -- (the scheduler's own count, as resolve_dependents')
@@ -483,8 +502,9 @@ CREATE TRIGGER task_prerequisites_truncated
     FOR EACH STATEMENT EXECUTE FUNCTION pgtaskpy.forget_truncated_prerequisites();
 
 CREATE TRIGGER task_prerequisites_update
-    BEFORE UPDATE OF after ON @extschema@.task
-    FOR EACH ROW WHEN (NEW.after IS DISTINCT FROM OLD.after)
+    BEFORE UPDATE OF after, after_any ON @extschema@.task
+    FOR EACH ROW WHEN (NEW.after IS DISTINCT FROM OLD.after
+                       OR NEW.after_any IS DISTINCT FROM OLD.after_any AND OLD.after IS NOT NULL)
     EXECUTE FUNCTION pgtaskpy.keep_prerequisites();
 
 -- Whether this end of a task is resolve_dependents' own (pgtaskpy.resolving, which it sets
