@@ -674,6 +674,29 @@ def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     assert db.value("SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')") == 0
 
 
+def logged_at(output: str, words: str) -> datetime:
+    """When the launcher's log first says `words` (its lines start with a timestamp)."""
+    line = next(line for line in output.splitlines() if words in line)
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
+def test_grace_counts_from_the_signal(db):
+    """--grace counted from the moment the scheduler's loop saw the stop, up to its turn's wait
+    (1 s) after the signal: with --grace 1 a probe saw the cancel 1.75 s after SIGTERM.  Twice,
+    as where the signal falls in that wait is chance."""
+    for _ in range(2):
+        launcher = db.launcher("--grace", "1")
+        task_id = db.insert("SELECT pg_sleep(60)", delete=False)
+        wait_until(lambda task_id=task_id: state_of(db, task_id) == "WORK", message="WORK")
+        launcher.signal(signal.SIGTERM)
+        assert launcher.process.wait(30) == 0
+        output = launcher.output()
+        waited = logged_at(output, "grace period over") - logged_at(output, "received SIGTERM")
+        assert timedelta(seconds=1) <= waited <= timedelta(seconds=1.5), output
+        assert state_of(db, task_id) == "FAIL"
+        db.launchers.remove(launcher)
+
+
 def test_a_lost_listening_session_alone_leaves_the_running_tasks_counted(db):
     """A DBA's reaper of idle sessions ends the launcher's listening session: the launcher
     reconnected every session, its workers' too, and lost its running tasks: a third ran under

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from pg_task_py.launcher import CONNECTED, Scheduler, Settings, SetupError, database_log
+from pg_task_py.launcher import CONNECTED, Scheduler, Settings, SetupError, StopRequest, database_log
 from pg_task_py.metrics import Metrics
 
 log = logging.getLogger("pg_task_py")
@@ -24,7 +24,7 @@ class Database:
     """One database's scheduler, running in a thread of its own until its `stop` is set."""
 
     def __init__(self, settings: Settings, metrics: Metrics | None) -> None:
-        self.stop = threading.Event()
+        self.stop = StopRequest()
         self.scheduler = Scheduler(settings, self.stop, metrics)
         self.error: str | None = None  # why it ended, when retrying could not help
         self.failed_stopping = False  # it ended so after its stop was asked: not a clean stop
