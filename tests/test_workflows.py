@@ -290,6 +290,8 @@ def test_after_any_of_a_task_with_prerequisites_is_kept_like_after(db):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="task.after_any cannot change"):
                 carol.execute("UPDATE task SET after_any = false WHERE id = %s", [waiting])
             carol.execute("UPDATE task SET after_any = true WHERE id = %s", [alone])  # (no prerequisites)
+            empty = carol.execute("SELECT task_enqueue('SELECT 4', after => '{}')").fetchone()[0]
+            carol.execute("UPDATE task SET after_any = true WHERE id = %s", [empty])  # (none either: a review)
         notices = []
         with db.connect() as admin:
             admin.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary)))
@@ -398,12 +400,16 @@ def test_a_prerequisite_retried_before_the_insert_commits_hands_it_on_to_the_ret
 def test_a_prerequisite_retried_before_the_insert_commits_whose_retry_produced_nothing_releases_it(running):
     """The retry that ended DONE had produced nothing, and its row was deleted at its end: the
     dependent's commit could not follow the failed attempt to it, and stopped the dependent,
-    "prerequisite ended FAIL", after the retry had done the work.  The row is kept for it."""
+    "prerequisite ended FAIL", after the retry had done the work.  The row is kept for it.  And
+    the author is not warned that her task's `after` changed but not what it waits for (the
+    commit's change of it is the scheduler's: a review)."""
     running.sql("CREATE FUNCTION fails_first() RETURNS void LANGUAGE plpgsql AS $$ BEGIN"
                 " IF (SELECT attempt FROM task WHERE id = current_setting('pg_task.id')::bigint) = 1 THEN"
                 " PERFORM pg_advisory_lock(4246); RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; END $$")
     nothing = "SELECT FROM fails_first() AS f WHERE random() < 0"  # (no row, no command tag: nothing kept)
+    notices = []
     with running.connect() as gate, running.connect() as author:
+        author.add_notice_handler(lambda notice: notices.append((notice.severity, notice.message_primary)))
         gate.execute("SELECT pg_advisory_lock(4246)")
         prerequisite = running.value("SELECT task_enqueue(%s, retry => 1, retry_delay => '0.1 s')", [nothing])
         wait_until(lambda: running.task(prerequisite)["state"] == "WORK", 20, 0.01, "the prerequisite running")
@@ -419,6 +425,7 @@ def test_a_prerequisite_retried_before_the_insert_commits_whose_retry_produced_n
     row = running.wait_done(dependent)
     assert (row["state"], row["output"], row["error"]) == ("DONE", "42", None), row
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+    assert notices == []
 
 
 def test_done_prerequisite_deleted_at_its_end_releases_dependents(running):

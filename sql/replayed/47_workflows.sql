@@ -167,7 +167,10 @@ BEGIN
         EXIT WHEN NOT FOUND;
         PERFORM FROM @extschema@.task AS r WHERE r.id = handed.retry FOR SHARE;
         prerequisites := array_replace(prerequisites, handed.failed, handed.retry);
+        -- (keep_prerequisites warned its author that the change had not changed what it waits for)
+        PERFORM set_config('pgtaskpy.passing_dependents', 'on', true);
         UPDATE @extschema@.task AS d SET after = prerequisites WHERE d.id = NEW.id;
+        PERFORM set_config('pgtaskpy.passing_dependents', '', true);
         UPDATE pgtaskpy.pending_prerequisite AS e SET prerequisite = handed.retry
         WHERE e.dependent = NEW.id AND e.prerequisite = handed.failed AND NOT EXISTS (
             SELECT FROM pgtaskpy.pending_prerequisite AS k WHERE k.prerequisite = handed.retry AND k.dependent = NEW.id);
@@ -504,7 +507,7 @@ CREATE TRIGGER task_prerequisites_truncated
 CREATE TRIGGER task_prerequisites_update
     BEFORE UPDATE OF after, after_any ON @extschema@.task
     FOR EACH ROW WHEN (NEW.after IS DISTINCT FROM OLD.after
-                       OR NEW.after_any IS DISTINCT FROM OLD.after_any AND OLD.after IS NOT NULL)
+                       OR NEW.after_any IS DISTINCT FROM OLD.after_any AND cardinality(OLD.after) > 0)
     EXECUTE FUNCTION pgtaskpy.keep_prerequisites();
 
 -- Whether this end of a task is resolve_dependents' own (pgtaskpy.resolving, which it sets
