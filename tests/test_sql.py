@@ -1,5 +1,7 @@
 """What SQL a task can run, what it sees, and how its results are kept (README: What SQL can a task run?)."""
 
+import time
+
 import psycopg
 import pytest
 from pg_task_py_testing import wait_until
@@ -166,6 +168,12 @@ def test_task_wait_says_when_it_cannot_see_the_end(shared):
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
                                match=f"task {mine} was inserted or updated by this transaction: it cannot start"):
                 conn.execute("SELECT task_wait(%s, '5 s')", [mine])
+        with conn.transaction(force_rollback=True):
+            with conn.transaction():  # (a savepoint, released: the row stays the transaction's)
+                nested = conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match=f"task {nested} was inserted or updated by this transaction: it cannot start"):
+                conn.execute("SELECT task_wait(%s, '5 s')", [nested])
     shared.sql("DELETE FROM task WHERE id = %s", [later])
 
 
@@ -188,6 +196,39 @@ def test_task_wait_of_a_task_its_transaction_updated_says_what_it_waits_for(runn
         gate.execute("SELECT pg_advisory_unlock(4245)")
     assert running.wait_done(working)["output"] == "f"
     running.sql("DELETE FROM task WHERE id = %s", [waiting])
+
+
+def test_task_wait_of_a_task_whose_end_or_query_waits_for_its_session_says_so_at_once(running):
+    """A running task whose end waits for the caller's open transaction (its retry's INSERT for the
+    task of its key this transaction enqueued), or whose query waits for a row the transaction
+    updated: task_wait waited out its whole time, and said the task was running (a probe).  It
+    says at once what holds the task up."""
+    first = running.value("SELECT task_enqueue('SELECT pg_sleep(0.5); SELECT 1 / 0', key => 'k', retry => 1,"
+                          " retry_on => '{22012}', retry_delay => '1 h', \"group\" => 'k')")
+    wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [first]) == "WORK", 20)
+    running.sql("CREATE TABLE held_rows (n int)")
+    running.sql("INSERT INTO held_rows VALUES (0)")
+    with running.connect() as conn:
+        conn.autocommit = False
+        conn.execute("SELECT task_enqueue('SELECT 2', key => 'k', on_conflict => 'skip', \"group\" => 'k')")
+        began = time.monotonic()
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match=f"task {first} cannot end before this transaction does: its end"
+                                 r" \(worker backend \d+\) waits for a lock this session holds"):
+            conn.execute("SELECT task_wait(%s, '30 s')", [first])
+        assert time.monotonic() - began < 20
+        conn.rollback()
+        assert running.wait_done(first)["state"] == "FAIL"
+        conn.execute("UPDATE held_rows SET n = 1")
+        counting = running.insert("UPDATE held_rows SET n = n + 1", delete=False)
+        wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [counting]) == "WORK", 20)
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match=f"task {counting} cannot end before this transaction does: its query"):
+            conn.execute("SELECT task_wait(%s, '30 s')", [counting])
+        conn.rollback()
+    assert running.wait_done(counting)["state"] == "DONE"
+    assert running.value("SELECT n FROM held_rows") == 1
+    running.sql("DELETE FROM task WHERE key = 'k'")
 
 
 def test_task_wait_waits_out_a_foreign_keys_lock_of_its_own_transaction(running):

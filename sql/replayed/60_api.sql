@@ -151,6 +151,43 @@ AS $$
     FROM @extschema@.task AS t WHERE t.id = task_id
 $$;
 
+-- Whether the task's row version is the calling transaction's, a savepoint's of it included: one
+-- this session sees whose inserting transaction is still in progress can be no other's.  Its
+-- xmin, a savepoint's id or the transaction's, is at or after the transaction's own id (given
+-- first, and once it writes): made a 64-bit id from there, pg_xact_status reads it (an older
+-- row's, read as in the future, is none of this transaction's).  task_wait's: it compared xmin
+-- with the transaction's id alone, and a task inserted in a savepoint (psycopg's nested
+-- transaction(), a framework's atomic block) waited out its whole wait, the hint naming the launcher.
+CREATE FUNCTION pgtaskpy.row_written_here(task_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    own bigint := pg_current_xact_id_if_assigned()::text::bigint;
+    low bigint := (SELECT t.xmin::text::bigint FROM @extschema@.task AS t WHERE t.id = task_id);
+BEGIN
+    IF own IS NULL OR low IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN pg_xact_status((own + (low - own % 4294967296 + 4294967296) % 4294967296)::text::xid8) = 'in progress';
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN false;
+END
+$$;
+
+-- What keeps the running task `t` from ending that the calling session holds (NULL: nothing): a
+-- lock its end waits for (an INSERT of a task of its key, whose retry or next run then waits for
+-- the commit), or one its query waits for (a row of this transaction's).  Neither is let go
+-- while task_wait waits, and it waited out its whole wait, its hint "it is running" (a probe).
+-- (A remote task's pid, or a standby's, is another server's.)
+CREATE FUNCTION pgtaskpy.end_held_here(t @extschema@.task) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN pg_backend_pid() = ANY (pg_blocking_pids(t.worker))
+                THEN format('its end (worker backend %s) waits for a lock this session holds', t.worker)
+                WHEN t.remote IS NULL AND t.target IS NULL AND pg_backend_pid() = ANY (pg_blocking_pids(t.pid))
+                THEN format('its query (backend %s) waits for a lock this session holds', t.pid) END
+$$;
+
 -- Wait until a task has ended and return its row (NULL when it was deleted
 -- because it produced neither output nor error).  Polls with a growing pause:
 -- a function cannot wait for NOTIFY.
@@ -163,6 +200,7 @@ DECLARE
     pause double precision := 0.001;
     t @extschema@.task;
     locked_here boolean := false;  -- this transaction has locked the task's row
+    held_here text;  -- what of this session's keeps the running task from ending (end_held_here)
     rate_limit text;  -- its group's task_limit, for the hint of a wait that runs out
 BEGIN
     IF task_id IS NULL OR wait_for IS NULL THEN
@@ -188,11 +226,10 @@ BEGIN
                 RAISE EXCEPTION 'task_wait cannot see a task end in a % transaction',
                     upper(current_setting('transaction_isolation'))
                     USING ERRCODE = 'feature_not_supported', HINT = 'Call it in a READ COMMITTED transaction.';
-            -- The row's version is this transaction's (not a savepoint's): it inserted the row, or
+            -- The row's version is this transaction's (or a savepoint's): it inserted the row, or
             -- updated it, and so holds it until it commits (a task is inserted PLAN: one claimed or
             -- running was updated).  The claims skip a row held; an end waits for it.
-            ELSIF (SELECT i.xmin FROM @extschema@.task AS i WHERE i.id = task_id)
-                  = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text::xid THEN
+            ELSIF pgtaskpy.row_written_here(task_id) THEN
                 RAISE EXCEPTION 'task % was %: it cannot % before the transaction commits', task_id,
                     CASE WHEN t.state = 'PLAN' THEN 'inserted or updated by this transaction'
                          ELSE 'updated by this transaction' END,
@@ -217,6 +254,11 @@ BEGIN
                 RAISE EXCEPTION 'task % is locked by this transaction (task_cancel): it cannot end before the transaction commits',
                     task_id USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
             END IF;
+        END IF;
+        held_here := CASE WHEN t.state = 'WORK' THEN pgtaskpy.end_held_here(t) END;
+        IF held_here IS NOT NULL THEN
+            RAISE EXCEPTION 'task % cannot end before this transaction does: %', task_id, held_here
+                USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
         END IF;
         IF clock_timestamp() >= deadline THEN
             locked_here := pgtaskpy.row_locked_here(task_id);  -- (the row's version now)
