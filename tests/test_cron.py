@@ -230,6 +230,32 @@ def test_a_daily_repeat_in_an_abbreviations_zone_goes_on(running):
     assert run[0].time().isoformat() == "20:00:00", run
 
 
+def test_an_abbreviation_is_read_by_one_list_whoever_reads_it(db):
+    """IST is India's +05:30 by timezone_abbreviations 'India' and Israel's +02:00 by 'Default': a
+    series its author scheduled where the database's list was India's was planned by the one as
+    she checked it and inserted it, and by the other as the scheduler planned its next runs (a
+    probe).  A session with a list other than Default may not name an abbreviation; the
+    scheduler reads them by Default, whatever the database's list."""
+    db.sql(f"ALTER DATABASE {db.name} SET timezone_abbreviations = 'India'")
+    with db.connect() as conn:
+        conn.autocommit = True
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match='"IST" is an abbreviation, which this session'
+                           " reads by its timezone_abbreviations 'India'"):
+            conn.execute("SELECT task_next_runs('0 12 * * *', 'IST', 1)")
+        with pytest.raises(psycopg.errors.CheckViolation, match='"IST" is an abbreviation'):
+            conn.execute("INSERT INTO task (input, cron, tz) VALUES ('SELECT 1', '0 12 * * *', 'IST')")
+        conn.execute("SELECT task_next_runs('0 12 * * *', 'Asia/Kolkata', 1)")  # (a zone's name: any list)
+        conn.execute("SET timezone_abbreviations = 'Default'")
+        first = conn.execute("INSERT INTO task (input, cron, tz, plan, \"delete\") VALUES ('SELECT 1', '0 12 * * *',"
+                             " 'IST', now() - interval '1 s', false) RETURNING id").fetchone()[0]
+    launcher = db.launcher()
+    assert db.wait_done(first)["state"] == "DONE"
+    run = wait_until(lambda: db.sql("SELECT plan AT TIME ZONE 'UTC' FROM task WHERE parent = %s", [first]),
+                     message="the next run")[0]
+    assert run[0].time().isoformat() == "10:00:00", run  # (India's: 06:30)
+    assert launcher.stop() == 0, launcher.output()
+
+
 def test_daylight_saving_examples(db):
     """The rule in the README, north and south."""
     def utc(text: str) -> datetime:

@@ -200,7 +200,11 @@ $$;
 -- CET, EET, MET and WET, zones with daylight saving, ran an hour off for seven
 -- months of the year.  Such a name is refused unless the zone never leaves the
 -- abbreviation's offset (UTC, GMT, EST): its offsets in January and July are
--- read through the TimeZone setting, which reads names as zones.
+-- read through the TimeZone setting, which reads names as zones.  An abbreviation that names
+-- no zone (IST, PST) is read by the session's timezone_abbreviations: the scheduler's sessions
+-- read it by the Default list (dispatch.py's SCHEDULER_SETTINGS), and a session with another
+-- list (SET, ALTER ROLE or ALTER DATABASE ... SET) may not use it (IST: India's +05:30 as its
+-- author scheduled a series, Israel's +02:00 as the scheduler planned its next runs).
 CREATE FUNCTION pgtaskpy.tz_problem(tz text) RETURNS text
 LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
@@ -211,8 +215,14 @@ DECLARE
     summer interval;
 BEGIN
     PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
-    IF fixed IS NULL OR NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz)) THEN
+    IF fixed IS NULL THEN
         RETURN NULL;
+    ELSIF NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz)) THEN
+        IF current_setting('timezone_abbreviations') = 'Default' THEN
+            RETURN NULL;
+        END IF;
+        RETURN format('"%s" is an abbreviation, which this session reads by its timezone_abbreviations %L (as %s) '
+                      'and the scheduler by %L', tz, current_setting('timezone_abbreviations'), fixed, 'Default');
     END IF;
     PERFORM set_config('TimeZone', tz, true);
     winter := make_interval(secs => extract(timezone FROM timestamptz '2030-01-15 12:00+00'));
