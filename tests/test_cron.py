@@ -234,26 +234,38 @@ def test_an_abbreviation_is_read_by_one_list_whoever_reads_it(db):
     """IST is India's +05:30 by timezone_abbreviations 'India' and Israel's +02:00 by 'Default': a
     series its author scheduled where the database's list was India's was planned by the one as
     she checked it and inserted it, and by the other as the scheduler planned its next runs (a
-    probe).  A session with a list other than Default may not name an abbreviation; the
-    scheduler reads them by Default, whatever the database's list."""
+    probe).  A session with a list other than Default may not name an abbreviation; the plans
+    are made by Default whoever makes them: the scheduler, whatever the database's list, and a
+    task_cancel of the waiting run in such a session (a review), which its owner may call."""
     db.sql(f"ALTER DATABASE {db.name} SET timezone_abbreviations = 'India'")
-    with db.connect() as conn:
-        conn.autocommit = True
-        with pytest.raises(psycopg.errors.InvalidParameterValue, match='"IST" is an abbreviation, which this session'
-                           " reads by its timezone_abbreviations 'India'"):
-            conn.execute("SELECT task_next_runs('0 12 * * *', 'IST', 1)")
-        with pytest.raises(psycopg.errors.CheckViolation, match='"IST" is an abbreviation'):
-            conn.execute("INSERT INTO task (input, cron, tz) VALUES ('SELECT 1', '0 12 * * *', 'IST')")
-        conn.execute("SELECT task_next_runs('0 12 * * *', 'Asia/Kolkata', 1)")  # (a zone's name: any list)
-        conn.execute("SET timezone_abbreviations = 'Default'")
-        first = conn.execute("INSERT INTO task (input, cron, tz, plan, \"delete\") VALUES ('SELECT 1', '0 12 * * *',"
-                             " 'IST', now() - interval '1 s', false) RETURNING id").fetchone()[0]
-    launcher = db.launcher()
-    assert db.wait_done(first)["state"] == "DONE"
-    run = wait_until(lambda: db.sql("SELECT plan AT TIME ZONE 'UTC' FROM task WHERE parent = %s", [first]),
-                     message="the next run")[0]
-    assert run[0].time().isoformat() == "10:00:00", run  # (India's: 06:30)
-    assert launcher.stop() == 0, launcher.output()
+    db.sql("CREATE ROLE tz_ann LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with db.connect("tz_ann") as ann:
+            ann.autocommit = True
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match='"IST" is an abbreviation, which this'
+                               " session reads by its timezone_abbreviations 'India'"):
+                ann.execute("SELECT task_next_runs('0 12 * * *', 'IST', 1)")
+            with pytest.raises(psycopg.errors.CheckViolation, match='"IST" is an abbreviation'):
+                ann.execute("INSERT INTO task (input, cron, tz) VALUES ('SELECT 1', '0 12 * * *', 'IST')")
+            ann.execute("SELECT task_next_runs('0 12 * * *', 'Asia/Kolkata', 1)")  # (a zone's name: any list)
+            ann.execute("SET timezone_abbreviations = 'Default'")
+            first = ann.execute("INSERT INTO task (input, cron, tz, plan, \"delete\") VALUES ('SELECT 1',"
+                                " '0 12 * * *', 'IST', now() - interval '1 s', false) RETURNING id").fetchone()[0]
+        launcher = db.launcher()
+        assert db.wait_done(first)["state"] == "DONE"
+        second = wait_until(lambda: db.sql("SELECT id, plan AT TIME ZONE 'UTC' FROM task WHERE parent = %s",
+                                           [first]), message="the next run")[0]
+        assert second[1].time().isoformat() == "10:00:00", second  # (India's: 06:30)
+        assert launcher.stop() == 0, launcher.output()
+        with db.connect("tz_ann") as ann:  # (the database's list, India's)
+            ann.autocommit = True
+            ann.execute("UPDATE task SET input = 'SELECT 2' WHERE id = %s", [second[0]])  # (tz as it was)
+            assert ann.execute("SELECT task_cancel(%s)", [second[0]]).fetchone() == (True,)
+        third = db.sql("SELECT plan AT TIME ZONE 'UTC' FROM task WHERE parent = %s AND state = 'PLAN'", [second[0]])
+        assert third == [(second[1] + timedelta(days=1),)], third
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP OWNED BY tz_ann; DROP ROLE tz_ann")
 
 
 def test_daylight_saving_examples(db):

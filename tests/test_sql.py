@@ -213,7 +213,7 @@ def test_task_wait_of_a_task_whose_end_or_query_waits_for_its_session_says_so_at
         conn.execute("SELECT task_enqueue('SELECT 2', key => 'k', on_conflict => 'skip', \"group\" => 'k')")
         began = time.monotonic()
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                           match=f"task {first} cannot end before this transaction does: its end"
+                           match=f"task {first} cannot end while this session holds what it waits for: its end"
                                  r" \(worker backend \d+\) waits for a lock this session holds"):
             conn.execute("SELECT task_wait(%s, '30 s')", [first])
         assert time.monotonic() - began < 20
@@ -223,7 +223,7 @@ def test_task_wait_of_a_task_whose_end_or_query_waits_for_its_session_says_so_at
         counting = running.insert("UPDATE held_rows SET n = n + 1", delete=False)
         wait_until(lambda: running.value("SELECT state::text FROM task WHERE id = %s", [counting]) == "WORK", 20)
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                           match=f"task {counting} cannot end before this transaction does: its query"):
+                           match=f"task {counting} cannot end while this session holds what it waits for: its query"):
             conn.execute("SELECT task_wait(%s, '30 s')", [counting])
         conn.rollback()
     assert running.wait_done(counting)["state"] == "DONE"

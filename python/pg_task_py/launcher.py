@@ -30,6 +30,7 @@ LEGACY_CHANNEL = "pg_task_py"
 PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
 DRAIN_MOST = 0.05  # seconds the listener reads waiting notifications for before a turn
+STOP_LOOK_EVERY = 0.1  # seconds between an idle scheduler's looks whether it was asked to stop
 SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (with --metrics)
 # What the launcher's sessions set at login, before their first statement, whatever the database's
 # or role's defaults (dispatch() sets the rest of what a scheduler session needs itself:
@@ -392,7 +393,7 @@ class Scheduler:
     def _loop(self, conn: psycopg.Connection, wakes: WakeListener) -> None:
         while not self.stopping.is_set():
             wake_in, _ = self._dispatch(conn, self.settings.run)
-            wakes.wait(wake_in)
+            wakes.wait(wake_in, until=self.stopping)
 
     def _drain(self, conn: psycopg.Connection, wakes: WakeListener) -> bool:
         """Graceful stop: claim nothing more, let running tasks end, then cancel the rest; True
@@ -483,14 +484,17 @@ class WakeListener:
         database_log(self.name, logging.WARNING,
                      "the listening session was lost (%s); listening in a new one", first_line(lost))
 
-    def wait(self, timeout: float) -> None:
-        """Sleep until a wake arrives or `timeout` seconds pass; one that arrived during the
-        turn ends it at once.  Those that arrived with it are read too: the next turn serves them all."""
+    def wait(self, timeout: float, until: threading.Event | None = None) -> None:
+        """Sleep until a wake arrives, `timeout` seconds pass or `until` is set (looked at every
+        STOP_LOOK_EVERY: a stop's --grace under a second began after the turn's wait); one that
+        arrived during the turn ends it at once.  Those that arrived with it are read too: the
+        next turn serves them all."""
         deadline = time.monotonic() + timeout
         while not self._read_arrived():
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.poll.poll(remaining * 1000):
+            if remaining <= 0 or (until is not None and until.is_set()):
                 return
+            self.poll.poll(min(remaining, STOP_LOOK_EVERY if until is not None else remaining) * 1000)
 
     def _read_arrived(self) -> bool:
         """Whether notifications had arrived: all those in the socket now, read without blocking,

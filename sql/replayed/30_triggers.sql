@@ -62,6 +62,12 @@ BEGIN
     -- its plan does not.
     IF NEW.tz IS DISTINCT FROM 'UTC' THEN  -- (the default needs no check)
         problem := pgtaskpy.tz_problem(NEW.tz);
+        -- (an abbreviation named where the session reads it otherwise; not a next run's, nor an
+        -- UPDATE's that leaves tz as it was: a task_cancel of a series' waiting run was refused)
+        IF problem IS NULL AND (TG_OP = 'INSERT' AND current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'
+                                OR TG_OP = 'UPDATE' AND NEW.tz IS DISTINCT FROM OLD.tz) THEN
+            problem := pgtaskpy.abbreviation_read_otherwise(NEW.tz);
+        END IF;
         IF problem IS NOT NULL THEN
             violated := 'task.tz must be a time zone PostgreSQL knows';
             RAISE EXCEPTION 'invalid task.tz "%": %', NEW.tz, problem

@@ -949,7 +949,9 @@ DECLARE
     k bigint;  -- (plan and repeat are bounded, so that k * repeat stays exact)
     zone text := COALESCE(task.tz, 'UTC');
 BEGIN
-    IF task.cron IS NOT NULL THEN
+    IF current_setting('timezone_abbreviations') <> 'Default' THEN
+        RETURN pgtaskpy.next_plan_by_default_abbreviations(task);  -- (as cron_next)
+    ELSIF task.cron IS NOT NULL THEN
         -- (cron_next, as the backend computed it for an earlier end: this runs
         -- at every end of a series)
         RETURN to_timestamp(pgtaskpy.cron_next_kept(
@@ -972,6 +974,13 @@ BEGIN
     RETURN task.plan + task.repeat * k;
 END
 $$;
+
+-- next_plan in a session whose timezone_abbreviations is not the scheduler's Default: a
+-- tz that is an abbreviation is read as the scheduler reads it (a task_cancel of a series'
+-- waiting run, in such a session, planned the next run by another offset).
+CREATE FUNCTION pgtaskpy.next_plan_by_default_abbreviations(task @extschema@.task) RETURNS timestamptz
+LANGUAGE sql STABLE SET timezone_abbreviations = 'Default'
+AS $$ SELECT pgtaskpy.next_plan(task) $$;
 
 -- next_plan of a repeat of days, months or years, counted in `zone`.
 CREATE FUNCTION pgtaskpy.next_plan_in_zone(task @extschema@.task, zone text) RETURNS timestamptz

@@ -200,11 +200,7 @@ $$;
 -- CET, EET, MET and WET, zones with daylight saving, ran an hour off for seven
 -- months of the year.  Such a name is refused unless the zone never leaves the
 -- abbreviation's offset (UTC, GMT, EST): its offsets in January and July are
--- read through the TimeZone setting, which reads names as zones.  An abbreviation that names
--- no zone (IST, PST) is read by the session's timezone_abbreviations: the scheduler's sessions
--- read it by the Default list (dispatch.py's SCHEDULER_SETTINGS), and a session with another
--- list (SET, ALTER ROLE or ALTER DATABASE ... SET) may not use it (IST: India's +05:30 as its
--- author scheduled a series, Israel's +02:00 as the scheduler planned its next runs).
+-- read through the TimeZone setting, which reads names as zones.
 CREATE FUNCTION pgtaskpy.tz_problem(tz text) RETURNS text
 LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
@@ -215,14 +211,8 @@ DECLARE
     summer interval;
 BEGIN
     PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
-    IF fixed IS NULL THEN
+    IF fixed IS NULL OR NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz)) THEN
         RETURN NULL;
-    ELSIF NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz)) THEN
-        IF current_setting('timezone_abbreviations') = 'Default' THEN
-            RETURN NULL;
-        END IF;
-        RETURN format('"%s" is an abbreviation, which this session reads by its timezone_abbreviations %L (as %s) '
-                      'and the scheduler by %L', tz, current_setting('timezone_abbreviations'), fixed, 'Default');
     END IF;
     PERFORM set_config('TimeZone', tz, true);
     winter := make_interval(secs => extract(timezone FROM timestamptz '2030-01-15 12:00+00'));
@@ -236,6 +226,23 @@ BEGIN
 EXCEPTION WHEN invalid_parameter_value OR feature_not_supported THEN
     RETURN SQLERRM;
 END
+$$;
+
+-- Why a session may not name the zone abbreviation `tz` (NULL: it may).  One that names no zone
+-- (IST, PST) is read by timezone_abbreviations, and the scheduler reads it by the Default list
+-- (dispatch.py's SCHEDULER_SETTINGS; cron_next and next_plan in any session): where a session's
+-- list is another (SET, ALTER ROLE or ALTER DATABASE ... SET), its author would check and mean
+-- it by one offset and the scheduler plan it by another (IST: India's +05:30 there, Israel's
+-- +02:00 by Default; a series was planned by both, a probe).
+CREATE FUNCTION pgtaskpy.abbreviation_read_otherwise(tz text) RETURNS text
+LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('"%s" is an abbreviation, which this session reads by its timezone_abbreviations %L (as %s) '
+                  'and the scheduler by %L', tz, current_setting('timezone_abbreviations'), a.utc_offset, 'Default')
+    FROM pg_timezone_abbrevs AS a
+    WHERE current_setting('timezone_abbreviations') <> 'Default' AND lower(a.abbrev) = lower(tz)
+      AND NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz))
+    LIMIT 1
 $$;
 
 -- The first local wall-clock time at or after `start` (a whole minute) that
@@ -405,11 +412,22 @@ AS $python$
 {{ cron_matches.py }}
 $python$;
 
+-- cron_next in a session whose timezone_abbreviations is not the scheduler's Default
+-- (abbreviation_read_otherwise): an abbreviation is read as the scheduler reads it.
+CREATE FUNCTION pgtaskpy.cron_next_by_default_abbreviations(cron text, tz text, after timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE SET timezone_abbreviations = 'Default'
+AS $$ SELECT pgtaskpy.cron_next_spec(pgtaskpy.cron_parse(cron), COALESCE(tz, 'UTC'), after) $$;
+
 -- The first match of a cron expression strictly after `after`, in zone tz
 -- (NULL: UTC).  What the scheduler plans a cron task's runs by.
 CREATE FUNCTION pgtaskpy.cron_next(cron text, tz text, after timestamptz) RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE
-AS $$ SELECT pgtaskpy.cron_next_spec(pgtaskpy.cron_parse(cron), COALESCE(tz, 'UTC'), after) $$;
+AS $$
+    SELECT CASE WHEN current_setting('timezone_abbreviations') = 'Default'
+                THEN pgtaskpy.cron_next_spec(pgtaskpy.cron_parse(cron), COALESCE(tz, 'UTC'), after)
+                ELSE pgtaskpy.cron_next_by_default_abbreviations(cron, tz, after) END
+$$;
 
 -- For users: the next n runs of a cron expression, to check one before
 -- scheduling it.  tz NULL: the default a task would get (pg_task.tz, else UTC).
@@ -421,7 +439,7 @@ AS $$
 DECLARE
     spec bigint[] := pgtaskpy.cron_parse(cron);
     zone text := COALESCE(tz, pgtaskpy.setting_default('tz', 'UTC'::text));
-    problem text := pgtaskpy.tz_problem(zone);
+    problem text := COALESCE(pgtaskpy.tz_problem(zone), pgtaskpy.abbreviation_read_otherwise(zone));
     t timestamptz := after;
 BEGIN
     IF cron IS NULL OR after IS NULL THEN

@@ -164,11 +164,16 @@ AS $$
 DECLARE
     own bigint := pg_current_xact_id_if_assigned()::text::bigint;
     low bigint := (SELECT t.xmin::text::bigint FROM @extschema@.task AS t WHERE t.id = task_id);
+    id xid8;
 BEGIN
     IF own IS NULL OR low IS NULL THEN
         RETURN false;
     END IF;
-    RETURN pg_xact_status((own + (low - own % 4294967296 + 4294967296) % 4294967296)::text::xid8) = 'in progress';
+    id := (own + (low - own % 4294967296 + 4294967296) % 4294967296)::text::xid8;
+    -- (not another's that was running as the snapshot was taken: a frozen row of a database past
+    -- its first 2^32 transactions may have the low bits of one, a review)
+    RETURN pg_xact_status(id) = 'in progress'
+           AND NOT EXISTS (SELECT FROM pg_snapshot_xip(pg_current_snapshot()) AS x WHERE x = id);
 EXCEPTION WHEN invalid_parameter_value THEN
     RETURN false;
 END
@@ -257,8 +262,9 @@ BEGIN
         END IF;
         held_here := CASE WHEN t.state = 'WORK' THEN pgtaskpy.end_held_here(t) END;
         IF held_here IS NOT NULL THEN
-            RAISE EXCEPTION 'task % cannot end before this transaction does: %', task_id, held_here
-                USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Commit, then call task_wait.';
+            RAISE EXCEPTION 'task % cannot end while this session holds what it waits for: %', task_id, held_here
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Commit (or let go of the session''s advisory lock), then call task_wait.';
         END IF;
         IF clock_timestamp() >= deadline THEN
             locked_here := pgtaskpy.row_locked_here(task_id);  -- (the row's version now)
