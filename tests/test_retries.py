@@ -3,6 +3,7 @@ that doubles up to retry_max; what may have run (a lost worker) is not, unless t
 it is safe; a series never has two waiting runs and keeps its beat; task_retry redrives."""
 
 import concurrent.futures
+import time
 from datetime import timedelta
 
 import psycopg
@@ -180,6 +181,29 @@ def test_a_task_whose_session_was_terminated_is_a_lost_run(running, unsafe):
         assert len(retries) == 1 and retries[0][0] - row["stop"] >= timedelta(minutes=1)
     else:
         assert retries == []
+
+
+def test_kept_sessions_a_dba_terminates_fail_their_tasks_with_the_servers_error(running):
+    """A group's kept sessions (`count`) that a DBA's pg_terminate_backend ends between its tasks:
+    a task sent to one failed 08001, `could not open the task's session`, with pg_hba.conf's
+    hint, and was retried as a network error; one whose session broke as its query was sent
+    failed `ERROR:  FATAL:  terminating connection ...` (a probe: 30 to 40 % of the tasks).  Each
+    fails with the server's error, 57P01, as a terminate while a task runs does (not retried)."""
+    running.sql("INSERT INTO task (input, \"group\", count, retry, retry_delay, \"delete\") SELECT"
+                " 'SELECT pg_sleep(0.01)', 'kept' || i % 4, 1000, 1, '1 h', false FROM generate_series(1, 300) AS i")
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'pg_task_py task'")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE parent IS NULL"
+                                     " AND state IN ('PLAN', 'TAKE', 'WORK')") == 0, 60, 0.1, "the tasks' ends")
+    ends = running.sql("SELECT state::text, sqlstate, split_part(error, E'\\n', 1), count(*) FROM task"
+                       " WHERE parent IS NULL GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+    assert {(state, sqlstate, first_line) for state, sqlstate, first_line, _ in ends} <= {
+        ("DONE", None, None), ("FAIL", "57P01", "FATAL:  terminating connection due to administrator command")}, ends
+    assert sum(count for state, *_, count in ends if state == "FAIL") > 0, ends
+    assert running.value("SELECT count(*) FROM task WHERE parent IS NOT NULL") == 0
+    running.sql("DELETE FROM task")
 
 
 def test_retry_unsafe_retries_a_lost_run_once_after_the_crash_wait(running):

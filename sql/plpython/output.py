@@ -151,10 +151,7 @@ def format_error(result, statement, fallback=""):
     severity = result.field(PG_DIAG_SEVERITY)
     message = result.field(PG_DIAG_MESSAGE_PRIMARY, escaped=True) or fallback or "missing error text"
     if severity is None:
-        # libpq's own words of a session the server ended as its answer came (its FATAL in them
-        # already): "ERROR:  FATAL:  terminating connection ..." was written (a probe).
-        label, said, rest = message.partition(":  ")
-        severity, message = (label, rest) if said and label in FALLBACK_SEVERITIES else ("ERROR", message)
+        severity, message = labelled(message)
     first = f"{severity}:  {with_tabs(message)}"
     position = result.field(PG_DIAG_STATEMENT_POSITION) or result.field(PG_DIAG_INTERNAL_POSITION)
     if position and int(position) > 0:
@@ -189,9 +186,18 @@ def bounded_error(error, most):
     return error[:most] + "\n(the rest of the error dropped: pg_task_py.output_limit)"
 
 
+def labelled(message, severity="ERROR"):
+    """(severity, message) of libpq's own words of a session the server ended, whose FATAL they
+    begin with already: "ERROR:  FATAL:  terminating connection ..." was written (two probes,
+    the second where the session broke as its query was sent)."""
+    label, said, rest = message.partition(":  ")
+    return (label, rest) if said and label in FALLBACK_SEVERITIES else (severity, message)
+
+
 def format_message(message, statement, hint=None, detail=None, severity="ERROR"):
     """An error of the scheduler's own, or one of the server's without its PGresult (the server's
     end of a session: FATAL), in the same layout."""
+    severity, message = labelled(message, severity)
     lines = [f"{severity}:  {with_tabs(message.rstrip())}"]  # (libpq's messages end with a line break)
     if detail:
         lines.append(f"DETAIL:  {with_tabs(detail.rstrip())}")

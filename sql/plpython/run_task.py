@@ -483,6 +483,12 @@ class WorkerCall:
         elif isinstance(exc, RemoteRefused):
             # (no retry passes them, and each retry of "did not ask" logged in as someone else again)
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=exc.sqlstate)
+        elif not opening and exc.sqlstate in SHUTDOWN_SQLSTATES:
+            # A session kept or started ahead that the server ended (a DBA's pg_terminate_backend)
+            # as the task was sent: the server's error, as for a terminate while the task runs (it
+            # may be meant for the task).  It failed "could not open the task's session", 08001,
+            # with pg_hba.conf's hint, retried as a network error (a probe).
+            self.fail_unstarted(task, str(exc), None, sqlstate=exc.sqlstate, severity=exc.severity)
         elif task["remote"] is None and owner_is_gone(self.ctx, task):
             # Its owner was dropped or renamed: its series failed at every run, for ever, and a
             # role created later with the old name would have run them.
@@ -493,9 +499,10 @@ class WorkerCall:
             self.fail_unstarted(task, f"could not open the task's session: {exc}", connect_failure_hint(task),
                                 sqlstate=NO_SESSION)
 
-    def fail_unstarted(self, task, message, hint, detail=None, sqlstate=None):
-        """End a task that never started FAIL with an error of the scheduler's own."""
-        error = bounded_error(format_message(message, task["input"], hint, detail), self.limit or OUTPUT_LIMIT_DEFAULT)
+    def fail_unstarted(self, task, message, hint, detail=None, sqlstate=None, severity="ERROR"):
+        """End a task that never started FAIL with an error of the scheduler's own (or the server's)."""
+        error = bounded_error(format_message(message, task["input"], hint, detail, severity),
+                              self.limit or OUTPUT_LIMIT_DEFAULT)
         state = finish_task(self.ctx, task["id"], "FAIL", None, error, sqlstate=sqlstate,
                             table_oid=task.get("table_oid"))
         self.record_end(task, state or "FAIL", None, error, sqlstate)
