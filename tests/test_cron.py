@@ -242,10 +242,11 @@ def test_an_abbreviation_is_read_by_one_list_whoever_reads_it(db):
     try:
         with db.connect("tz_ann") as ann:
             ann.autocommit = True
-            with pytest.raises(psycopg.errors.InvalidParameterValue, match='"IST" is an abbreviation, which this'
-                               " session reads by its timezone_abbreviations 'India'"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match='this session reads "IST" by its'
+                               " timezone_abbreviations 'India' as the offset 05:30:00, and the scheduler by"
+                               " 'Default' as the offset 02:00:00"):
                 ann.execute("SELECT task_next_runs('0 12 * * *', 'IST', 1)")
-            with pytest.raises(psycopg.errors.CheckViolation, match='"IST" is an abbreviation'):
+            with pytest.raises(psycopg.errors.CheckViolation, match='this session reads "IST"'):
                 ann.execute("INSERT INTO task (input, cron, tz) VALUES ('SELECT 1', '0 12 * * *', 'IST')")
             ann.execute("SELECT task_next_runs('0 12 * * *', 'Asia/Kolkata', 1)")  # (a zone's name: any list)
             ann.execute("SET timezone_abbreviations = 'Default'")
@@ -261,6 +262,15 @@ def test_an_abbreviation_is_read_by_one_list_whoever_reads_it(db):
             ann.autocommit = True
             ann.execute("UPDATE task SET input = 'SELECT 2' WHERE id = %s", [second[0]])  # (tz as it was)
             assert ann.execute("SELECT task_cancel(%s)", [second[0]]).fetchone() == (True,)
+            failed = db.value("INSERT INTO task (input, tz, owner, state, stop) VALUES ('SELECT 1', 'IST', 'tz_ann',"
+                              " 'FAIL', now()) RETURNING id")
+            assert ann.execute("SELECT task_retry(%s) IS NOT NULL", [failed]).fetchone() == (True,)  # (a review)
+            # (EST names a zone and is Default's -05:00, and Australia's list reads it +10:00: a review)
+            ann.execute("SET timezone_abbreviations = 'Australia'")
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match='this session reads "EST" by its'
+                               " timezone_abbreviations 'Australia' as the offset 10:00:00"):
+                ann.execute("SELECT task_next_runs('0 12 * * *', 'EST', 1)")
+            ann.execute("SELECT task_next_runs('0 12 * * *', 'PST', 1)")  # (the same offset in both lists)
         third = db.sql("SELECT plan AT TIME ZONE 'UTC' FROM task WHERE parent = %s AND state = 'PLAN'", [second[0]])
         assert third == [(second[1] + timedelta(days=1),)], third
     finally:

@@ -30,7 +30,7 @@ LEGACY_CHANNEL = "pg_task_py"
 PROMOTION_LOOK_EVERY = 0.5  # seconds between a standby launcher's looks whether it was promoted
 WAITING_LOG_EVERY = 5.0  # seconds between "stopping, waiting for N running task(s)" lines
 DRAIN_MOST = 0.05  # seconds the listener reads waiting notifications for before a turn
-STOP_LOOK_EVERY = 0.1  # seconds between an idle scheduler's looks whether it was asked to stop
+STOP_LOOK_EVERY = 0.1  # seconds between an idle scheduler's looks whether it was asked to stop (a short --grace)
 SNAPSHOT_EVERY = 1.0  # seconds between reads of pgtaskpy.metrics_snapshot() (with --metrics)
 # What the launcher's sessions set at login, before their first statement, whatever the database's
 # or role's defaults (dispatch() sets the rest of what a scheduler session needs itself:
@@ -393,7 +393,8 @@ class Scheduler:
     def _loop(self, conn: psycopg.Connection, wakes: WakeListener) -> None:
         while not self.stopping.is_set():
             wake_in, _ = self._dispatch(conn, self.settings.run)
-            wakes.wait(wake_in, until=self.stopping)
+            # (a grace of a second or more counts from the stop's signal all the same: StopRequest)
+            wakes.wait(wake_in, until=self.stopping if self.settings.grace < wake_in else None)
 
     def _drain(self, conn: psycopg.Connection, wakes: WakeListener) -> bool:
         """Graceful stop: claim nothing more, let running tasks end, then cancel the rest; True

@@ -62,10 +62,13 @@ BEGIN
     -- its plan does not.
     IF NEW.tz IS DISTINCT FROM 'UTC' THEN  -- (the default needs no check)
         problem := pgtaskpy.tz_problem(NEW.tz);
-        -- (an abbreviation named where the session reads it otherwise; not a next run's, nor an
-        -- UPDATE's that leaves tz as it was: a task_cancel of a series' waiting run was refused)
-        IF problem IS NULL AND (TG_OP = 'INSERT' AND current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'
-                                OR TG_OP = 'UPDATE' AND NEW.tz IS DISTINCT FROM OLD.tz) THEN
+        -- (a name the session reads otherwise than the scheduler, where its author names it: not
+        -- in a copy of a task, as a next run, a retry or task_retry's, nor in an UPDATE that leaves
+        -- tz as it was: a task_cancel of a series' waiting run, a task_retry, were refused)
+        IF problem IS NULL AND current_setting('timezone_abbreviations') <> 'Default'
+           AND (TG_OP = 'INSERT' AND current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'
+                AND NOT EXISTS (SELECT FROM @extschema@.task AS p WHERE p.id = NEW.parent AND p.tz = NEW.tz)
+                OR TG_OP = 'UPDATE' AND NEW.tz IS DISTINCT FROM OLD.tz) THEN
             problem := pgtaskpy.abbreviation_read_otherwise(NEW.tz);
         END IF;
         IF problem IS NOT NULL THEN

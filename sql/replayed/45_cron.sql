@@ -210,6 +210,9 @@ DECLARE
     winter interval;
     summer interval;
 BEGIN
+    IF current_setting('timezone_abbreviations') <> 'Default' THEN
+        RETURN pgtaskpy.tz_problem_by_default_abbreviations(tz);  -- (read as every plan is: cron_next)
+    END IF;
     PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
     IF fixed IS NULL OR NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz)) THEN
         RETURN NULL;
@@ -228,21 +231,43 @@ EXCEPTION WHEN invalid_parameter_value OR feature_not_supported THEN
 END
 $$;
 
--- Why a session may not name the zone abbreviation `tz` (NULL: it may).  One that names no zone
--- (IST, PST) is read by timezone_abbreviations, and the scheduler reads it by the Default list
--- (dispatch.py's SCHEDULER_SETTINGS; cron_next and next_plan in any session): where a session's
--- list is another (SET, ALTER ROLE or ALTER DATABASE ... SET), its author would check and mean
--- it by one offset and the scheduler plan it by another (IST: India's +05:30 there, Israel's
--- +02:00 by Default; a series was planned by both, a probe).
+-- tz_problem in a session whose timezone_abbreviations is not the Default list.
+CREATE FUNCTION pgtaskpy.tz_problem_by_default_abbreviations(tz text) RETURNS text
+LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp SET timezone_abbreviations = 'Default'
+AS $$ SELECT pgtaskpy.tz_problem(tz) $$;
+
+-- The offset the Default list of timezone_abbreviations gives the abbreviation `tz` (NULL: none).
+CREATE FUNCTION pgtaskpy.default_abbreviation_offset(tz text) RETURNS interval
+LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp SET timezone_abbreviations = 'Default'
+AS $$ SELECT a.utc_offset FROM pg_timezone_abbrevs AS a WHERE lower(a.abbrev) = lower(tz) LIMIT 1 $$;
+
+-- Why a session may not name `tz` (NULL: it may).  A name of timezone_abbreviations' list is
+-- read as that abbreviation's offset (before a zone of the same name), and every plan is made by
+-- the Default list (the scheduler's sessions, dispatch.py's SCHEDULER_SETTINGS; cron_next and
+-- next_plan in any session).  Where a session's list is another (SET, ALTER ROLE or ALTER
+-- DATABASE ... SET) and reads the name otherwise, its author would check and mean it by one
+-- offset and the scheduler plan it by another (IST: India's +05:30 there, Israel's +02:00 by
+-- Default, a series planned by both, a probe; EST: Australia's +10:00, -05:00 by Default).
 CREATE FUNCTION pgtaskpy.abbreviation_read_otherwise(tz text) RETURNS text
-LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT format('"%s" is an abbreviation, which this session reads by its timezone_abbreviations %L (as %s) '
-                  'and the scheduler by %L', tz, current_setting('timezone_abbreviations'), a.utc_offset, 'Default')
-    FROM pg_timezone_abbrevs AS a
-    WHERE current_setting('timezone_abbreviations') <> 'Default' AND lower(a.abbrev) = lower(tz)
-      AND NOT EXISTS (SELECT FROM pg_timezone_names AS n WHERE lower(n.name) = lower(tz))
-    LIMIT 1
+DECLARE
+    here interval;
+    there interval;
+BEGIN
+    IF current_setting('timezone_abbreviations') = 'Default' THEN
+        RETURN NULL;
+    END IF;
+    here := (SELECT a.utc_offset FROM pg_timezone_abbrevs AS a WHERE lower(a.abbrev) = lower(tz) LIMIT 1);
+    there := pgtaskpy.default_abbreviation_offset(tz);
+    IF here IS NOT DISTINCT FROM there THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('this session reads "%s" by its timezone_abbreviations %L as %s, and the scheduler by %L as %s',
+                  tz, current_setting('timezone_abbreviations'),
+                  COALESCE('the offset ' || here, 'the zone of that name'), 'Default',
+                  COALESCE('the offset ' || there, 'the zone of that name'));
+END
 $$;
 
 -- The first local wall-clock time at or after `start` (a whole minute) that
