@@ -265,6 +265,8 @@ def test_an_abbreviation_is_read_by_one_list_whoever_reads_it(db):
             failed = db.value("INSERT INTO task (input, tz, owner, state, stop) VALUES ('SELECT 1', 'IST', 'tz_ann',"
                               " 'FAIL', now()) RETURNING id")
             assert ann.execute("SELECT task_retry(%s) IS NOT NULL", [failed]).fetchone() == (True,)  # (a review)
+            with pytest.raises(psycopg.errors.CheckViolation, match='this session reads "IST"'):  # (not a copy)
+                ann.execute("INSERT INTO task (input, tz, parent) VALUES ('SELECT 1', 'IST', %s)", [failed])
             # (EST names a zone and is Default's -05:00, and Australia's list reads it +10:00: a review)
             ann.execute("SET timezone_abbreviations = 'Australia'")
             with pytest.raises(psycopg.errors.InvalidParameterValue, match='this session reads "EST" by its'

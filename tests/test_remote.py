@@ -301,6 +301,31 @@ def test_a_remote_conninfo_value_libpq_cannot_use_fails_the_task_unretried(runni
     assert running.value("SELECT count(*) FROM task WHERE parent = %s", [row["id"]]) == 0
 
 
+def test_remote_kept_sessions_a_dba_terminates_fail_unsent_tasks_as_network_errors(running):
+    """A remote group's kept sessions ended between its tasks (a DBA's pg_terminate_backend there;
+    a fast restart of the remote server ends them all so): a task whose input was not sent yet
+    failed 57P01, which no retry_on retries, where a network error is retried (a review).  It
+    fails 08001, and is retried; one whose query the terminate ended fails 57P01 (it may have run)."""
+    running.sql("INSERT INTO task (input, \"group\", count, remote, retry, retry_delay, \"delete\") SELECT 'SELECT"
+                " pg_sleep(0.01)', 'far' || i %% 4, 1000, %s, 1, '1 h', false FROM generate_series(1, 300) AS i",
+                [f"dbname={running.name}"])
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'pg_task_py task'")
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE parent IS NULL"
+                                     " AND state IN ('PLAN', 'TAKE', 'WORK')") == 0, 60, 0.1, "the tasks' ends")
+    fails = running.sql("SELECT t.sqlstate, split_part(t.error, E'\\n', 1), count(*),"
+                        " count(*) FILTER (WHERE EXISTS (SELECT FROM task AS r WHERE r.parent = t.id))"
+                        " FROM task AS t WHERE t.parent IS NULL AND t.state = 'FAIL' GROUP BY 1, 2 ORDER BY 1, 2")
+    terminated = "FATAL:  terminating connection due to administrator command"
+    unsent = f"ERROR:  the task's session ended before its input was sent: {terminated}"
+    assert {(sqlstate, first) for sqlstate, first, *_ in fails} <= {("08001", unsent), ("57P01", terminated)}, fails
+    assert any(sqlstate == "08001" and count > 0 for sqlstate, _, count, _ in fails), fails
+    assert all(retried == (count if sqlstate == "08001" else 0) for sqlstate, _, count, retried in fails), fails
+    running.sql("DELETE FROM task")
+
+
 def test_remote_tasks_are_their_own_group(running, remote):
     local = running.insert("SELECT pg_sleep(1)", delete=False)
     far = running.insert("SELECT 'far'", remote=conninfo(remote), delete=False)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         RemoteRefused,
         lost_sqlstate,
     )
-    from output import OutputTooLarge, OutputWriter, bounded_error, format_error, format_message, settled
+    from output import OutputTooLarge, OutputWriter, bounded_error, format_error, format_message, labelled, settled
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
     from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
@@ -483,12 +483,18 @@ class WorkerCall:
         elif isinstance(exc, RemoteRefused):
             # (no retry passes them, and each retry of "did not ask" logged in as someone else again)
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=exc.sqlstate)
-        elif not opening and exc.sqlstate in SHUTDOWN_SQLSTATES:
+        elif not opening and exc.sqlstate in SHUTDOWN_SQLSTATES and task["remote"] is None:
             # A session kept or started ahead that the server ended (a DBA's pg_terminate_backend)
             # as the task was sent: the server's error, as for a terminate while the task runs (it
             # may be meant for the task).  It failed "could not open the task's session", 08001,
             # with pg_hba.conf's hint, retried as a network error (a probe).
             self.fail_unstarted(task, str(exc), None, sqlstate=exc.sqlstate, severity=exc.severity)
+        elif not opening and exc.sqlstate in SHUTDOWN_SQLSTATES:
+            # A remote one: its server restarting (a fast shutdown ends every session so), a network
+            # error, retried as class 08 is (it failed 57P01, never retried, though its input had
+            # not been sent: a review).
+            self.fail_unstarted(task, "the task's session ended before its input was sent: {}:  {}".format(
+                *labelled(str(exc), exc.severity)), None, sqlstate=NO_SESSION)
         elif task["remote"] is None and owner_is_gone(self.ctx, task):
             # Its owner was dropped or renamed: its series failed at every run, for ever, and a
             # role created later with the old name would have run them.

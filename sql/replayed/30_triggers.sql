@@ -63,11 +63,12 @@ BEGIN
     IF NEW.tz IS DISTINCT FROM 'UTC' THEN  -- (the default needs no check)
         problem := pgtaskpy.tz_problem(NEW.tz);
         -- (a name the session reads otherwise than the scheduler, where its author names it: not
-        -- in a copy of a task, as a next run, a retry or task_retry's, nor in an UPDATE that leaves
-        -- tz as it was: a task_cancel of a series' waiting run, a task_retry, were refused)
+        -- in a copy of a task, a next run, a retry or task_retry's, nor in an UPDATE that leaves tz
+        -- as it was: a task_cancel of a series' waiting run, a task_retry, were refused.  Not told
+        -- by `parent` alone, which an author, and pg_task.id, sets: a review)
         IF problem IS NULL AND current_setting('timezone_abbreviations') <> 'Default'
            AND (TG_OP = 'INSERT' AND current_setting('pgtaskpy.next_run', true) IS DISTINCT FROM 'on'
-                AND NOT EXISTS (SELECT FROM @extschema@.task AS p WHERE p.id = NEW.parent AND p.tz = NEW.tz)
+                AND (NEW.parent IS NULL OR current_setting('pgtaskpy.copied_task', true) IS DISTINCT FROM NEW.parent::text)
                 OR TG_OP = 'UPDATE' AND NEW.tz IS DISTINCT FROM OLD.tz) THEN
             problem := pgtaskpy.abbreviation_read_otherwise(NEW.tz);
         END IF;

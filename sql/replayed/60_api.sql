@@ -609,6 +609,8 @@ BEGIN
                   HINT = format('Wait for task %s (task_wait), or cancel it (task_cancel) first.', retry_id);
     END IF;
     BEGIN
+        -- (a copy keeps the task's tz in a session whose zone abbreviations are another list: check_task)
+        PERFORM set_config('pgtaskpy.copied_task', t.id::text, true);
         INSERT INTO @extschema@.task (
             parent, active, live, timeout, count, max, delete, drift, header, string, delimiter, escape, quote,
             data, "group", input, "null", remote, save, owner, tz, retry, retry_delay, retry_max, retry_on,
@@ -618,6 +620,7 @@ BEGIN
             t.delimiter, t.escape, t.quote, t.data, t."group", t.input, t."null", t.remote, t.save, t.owner, t.tz,
             t.retry, t.retry_delay, t.retry_max, t.retry_on, t.retry_unsafe, t.exclusive, t.target)
         RETURNING id INTO retry_id;
+        PERFORM set_config('pgtaskpy.copied_task', '', true);
         PERFORM pgtaskpy.copy_user_columns(t, retry_id);
     EXCEPTION WHEN insufficient_privilege THEN
         -- A task the caller sees (pgtaskpy_admin sees every role's) but may not insert as its owner
