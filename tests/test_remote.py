@@ -309,12 +309,8 @@ def test_remote_kept_sessions_a_dba_terminates_fail_unsent_tasks_as_network_erro
     running.sql("INSERT INTO task (input, \"group\", count, remote, retry, retry_delay, \"delete\") SELECT 'SELECT"
                 " pg_sleep(0.01)', 'far' || i %% 4, 1000, %s, 1, '1 h', false FROM generate_series(1, 300) AS i",
                 [f"dbname={running.name}"])
-    deadline = time.monotonic() + 4
-    while time.monotonic() < deadline:
-        running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name = 'pg_task_py task'")
-    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE parent IS NULL"
-                                     " AND state IN ('PLAN', 'TAKE', 'WORK')") == 0, 60, 0.1, "the tasks' ends")
+    running.terminate_task_sessions(4)
+    running.wait_first_attempts_done()
     fails = running.sql("SELECT t.sqlstate, split_part(t.error, E'\\n', 1), count(*),"
                         " count(*) FILTER (WHERE EXISTS (SELECT FROM task AS r WHERE r.parent = t.id))"
                         " FROM task AS t WHERE t.parent IS NULL AND t.state = 'FAIL' GROUP BY 1, 2 ORDER BY 1, 2")

@@ -3,7 +3,6 @@ that doubles up to retry_max; what may have run (a lost worker) is not, unless t
 it is safe; a series never has two waiting runs and keeps its beat; task_retry redrives."""
 
 import concurrent.futures
-import time
 from datetime import timedelta
 
 import psycopg
@@ -191,12 +190,8 @@ def test_kept_sessions_a_dba_terminates_fail_their_tasks_with_the_servers_error(
     fails with the server's error, 57P01, as a terminate while a task runs does (not retried)."""
     running.sql("INSERT INTO task (input, \"group\", count, retry, retry_delay, \"delete\") SELECT"
                 " 'SELECT pg_sleep(0.01)', 'kept' || i % 4, 1000, 1, '1 h', false FROM generate_series(1, 300) AS i")
-    deadline = time.monotonic() + 4
-    while time.monotonic() < deadline:
-        running.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name = 'pg_task_py task'")
-    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE parent IS NULL"
-                                     " AND state IN ('PLAN', 'TAKE', 'WORK')") == 0, 60, 0.1, "the tasks' ends")
+    running.terminate_task_sessions(4)
+    running.wait_first_attempts_done()
     ends = running.sql("SELECT state::text, sqlstate, split_part(error, E'\\n', 1), count(*) FROM task"
                        " WHERE parent IS NULL GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
     assert {(state, sqlstate, first_line) for state, sqlstate, first_line, _ in ends} <= {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -66,6 +67,20 @@ class Database:
                             " pg_blocking_pids(pid), backend_xmin"
                             " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
         return f"{tasks}\nbackends: {backends}"
+
+    def terminate_task_sessions(self, seconds: float) -> None:
+        """A DBA's pg_terminate_backend of the database's task sessions (kept, started ahead or
+        running, here or on a remote server of this cluster), again and again for `seconds`."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                     " AND application_name = 'pg_task_py task'")
+
+    def wait_first_attempts_done(self, timeout: float = 60.0) -> None:
+        """Until every task but the retries (those with a `parent`, which may be planned later) has ended."""
+        wait_until(lambda: self.value("SELECT count(*) FROM task WHERE parent IS NULL AND state::text = ANY(%s)",
+                                      [list(ACTIVE_STATES)]) == 0,
+                   timeout, interval=0.1, message=f"the tasks' ends; unfinished: {self.unfinished()}")
 
     def wait_all_done(self, timeout: float = 30.0) -> None:
         wait_until(lambda: self.value("SELECT count(*) FROM task WHERE state::text = ANY(%s)",
