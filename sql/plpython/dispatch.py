@@ -93,8 +93,8 @@ SCHEDULER_SETTINGS = {
     "session_replication_role": "origin",  # (the table's triggers fire for its rows: REPLICA_DEFAULTS)
     # (its ends resolve their dependents themselves: task_prerequisite_stopped is for hand ends)
     "pgtaskpy.scheduler": "on",
-    # (a task's tz may be an abbreviation, read by this list: the one pgtaskpy.tz_problem lets
-    # a session use; a database's or role's own list planned a series by two offsets, a probe)
+    # (a task's tz may be an abbreviation, read by this list, as every plan is: cron_next and
+    # next_plan in any session; a database's or role's own list planned a series by two offsets)
     "timezone_abbreviations": "Default",
 }
 
