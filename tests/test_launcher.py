@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from pg_task_py_testing import (
+    GATED,
     LAUNCHER,
     Launcher,
     extension_version,
@@ -588,14 +589,11 @@ def test_sighup_reloads_the_config_file_and_leaves_the_other_databases_alone(tmp
     config.write_text(json.dumps([{"dsn": db.dsn, "run": 1}]))
     # The long task runs until the test lets it go (it had 2 s, which a busy machine's reload and
     # the other database's first task took: it ended before the task beside it started).
-    db.sql("CREATE TABLE gate ()")
-    gatekeeper = db.connect()
-    gatekeeper.execute("BEGIN")
-    gatekeeper.execute("LOCK TABLE gate IN ACCESS EXCLUSIVE MODE")
+    gatekeeper = db.close_gate()
     launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
     try:
         launcher.wait_active()
-        long_task = db.insert("SELECT 'long' FROM (SELECT count(*) FROM gate) AS g", group="long", delete=False)
+        long_task = db.insert(GATED, group="long", delete=False)
         wait_until(lambda: state_of(db, long_task) == "WORK", message="the long task running")
         with new_database(cluster) as other:
             config.write_text(json.dumps([{"dsn": db.dsn, "run": 2}, {"dsn": other.dsn}]))

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import LAUNCHER, Launcher, insert_as, throwaway_cluster, wait_until
+from pg_task_py_testing import GATED, LAUNCHER, Launcher, insert_as, throwaway_cluster, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 ROLES = ("ops_alice", "ops_bob")
@@ -1052,14 +1052,11 @@ def test_a_database_handed_on_is_not_taken_back_by_its_old_conninfo(cluster, db,
                                                                  "user": "postgres"})
     config = tmp_path / "pg_task.json"
     config.write_text(json.dumps([{"dsn": db.dsn}]))
-    db.sql("CREATE TABLE gate ()")
-    gatekeeper = db.connect()
-    gatekeeper.execute("BEGIN")
-    gatekeeper.execute("LOCK TABLE gate IN ACCESS EXCLUSIVE MODE")
+    gatekeeper = db.close_gate()
     launcher = Launcher(args=("--config", str(config)), log_dir=tmp_path).start()
     try:
         launcher.wait_active()
-        long_task = db.insert("SELECT 'long' FROM (SELECT count(*) FROM gate) AS g", group="long", delete=False)
+        long_task = db.insert(GATED, group="long", delete=False)
         wait_until(lambda: db.task(long_task)["state"] == "WORK", 10, 0.02, "the long task to run")
         config.write_text(json.dumps([{"dsn": uri}]))
         launcher.signal(signal.SIGHUP)

@@ -15,6 +15,7 @@ from pg_task_py_testing.server import Cluster
 from pg_task_py_testing.waiting import wait_until
 
 ACTIVE_STATES = ("PLAN", "TAKE", "WORK")
+GATED = "SELECT 'long' FROM (SELECT count(*) FROM gate) AS g"  # a task that runs until the gate opens (close_gate)
 
 
 @dataclass
@@ -67,6 +68,15 @@ class Database:
                             " pg_blocking_pids(pid), backend_xmin"
                             " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
         return f"{tasks}\nbackends: {backends}"
+
+    def close_gate(self) -> psycopg.Connection:
+        """A session whose open transaction holds the new table `gate` locked: a task of input
+        GATED runs until that transaction ends (COMMIT on the connection returned)."""
+        self.sql("CREATE TABLE gate ()")
+        keeper = self.connect()
+        keeper.execute("BEGIN")
+        keeper.execute("LOCK TABLE gate IN ACCESS EXCLUSIVE MODE")
+        return keeper
 
     def terminate_task_sessions(self, seconds: float) -> None:
         """A DBA's pg_terminate_backend of the database's task sessions (kept, started ahead or
