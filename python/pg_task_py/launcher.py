@@ -19,7 +19,7 @@ import psycopg.sql
 
 from pg_task_py import __version__
 from pg_task_py.connection_waits import ConnectionWaits, ToldEvery
-from pg_task_py.metrics import Metrics
+from pg_task_py.metrics import GROUPS_LABELLED, Metrics
 from pg_task_py.text import first_line
 from pg_task_py.turns import TurnWatch
 
@@ -382,13 +382,15 @@ class Scheduler:
         """--metrics: what only the database knows (due tasks by group, start lags, workers, paused
         groups)."""
         self.snapshot_at = time.monotonic() + SNAPSHOT_EVERY
-        if conn.execute("SELECT to_regprocedure('pgtaskpy.metrics_snapshot(timestamptz)') IS NULL").fetchone()[0]:
+        if conn.execute("SELECT to_regprocedure('pgtaskpy.metrics_snapshot(timestamptz, integer)') IS NULL"
+                        ).fetchone()[0]:
             return  # an extension older than 1.3: dispatch()'s figures only
-        snapshot = conn.execute("SELECT pgtaskpy.metrics_snapshot(COALESCE(%s::timestamptz, now()))",
-                                [self.snapshot_since]).fetchone()[0]
+        snapshot = conn.execute("SELECT pgtaskpy.metrics_snapshot(COALESCE(%s::timestamptz, now()), %s)",
+                                [self.snapshot_since, GROUPS_LABELLED]).fetchone()[0]
         self.snapshot_since = snapshot["at"]
         self.metrics.snapshot(self.name, [tuple(group) for group in snapshot["groups"]], snapshot["lags"],
-                              snapshot["workers"], [tuple(group) for group in snapshot.get("paused", [])])
+                              snapshot["workers"], [tuple(group) for group in snapshot["paused"]],
+                              snapshot["due_groups"], snapshot["paused_groups"])
 
     def _loop(self, conn: psycopg.Connection, wakes: WakeListener) -> None:
         while not self.stopping.is_set():
