@@ -320,12 +320,16 @@ BEGIN
     -- (STOP, task_cancel, a pause) and repairs their ends, but may not change what they run,
     -- which would then run as that role (an admin made a superuser's waiting task ALTER ROLE
     -- ... SUPERUSER, and it ran), nor make them run again and again (repeat, cron: a
-    -- superuser's statement replayed every second), nor start them: set back to waiting, a
+    -- superuser's statement replayed every second; retries: a task of another role's ran four
+    -- times, a probe, and retry_unsafe ran again a lost run that may have committed), nor start
+    -- them: set back to waiting, a
     -- superuser's finished task ran again as that superuser, and with a pid of its choosing on
     -- a task set running, task_cancel signalled any backend of the owner's (a superuser's query).
     IF TG_OP = 'UPDATE' AND OLD.owner IS DISTINCT FROM current_user THEN
-        rewritten := (NEW.input, NEW.remote, NEW.target, NEW.repeat, NEW.cron)
-                     IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.repeat, OLD.cron);
+        rewritten := (NEW.input, NEW.remote, NEW.target, NEW.repeat, NEW.cron,
+                      NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on, NEW.retry_unsafe)
+                     IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.repeat, OLD.cron,
+                                       OLD.retry, OLD.retry_delay, OLD.retry_max, OLD.retry_on, OLD.retry_unsafe);
         IF (rewritten OR NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('PLAN', 'TAKE', 'WORK')
                 OR (NEW.pid, NEW.worker, NEW.start) IS DISTINCT FROM (OLD.pid, OLD.worker, OLD.start))
            AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
@@ -335,7 +339,7 @@ BEGIN
                 RAISE EXCEPTION 'permission denied to change what task % of role "%" runs', OLD.id, OLD.owner
                     USING ERRCODE = 'insufficient_privilege',
                           HINT = 'A task runs as its owner: only superusers and members of that role may change '
-                                 'its input, remote, target, repeat or cron.';
+                                 'its input, remote, target, repeat, cron or retries.';
             END IF;
             RAISE EXCEPTION 'permission denied to run task % of role "%"', OLD.id, OLD.owner
                 USING ERRCODE = 'insufficient_privilege',
