@@ -320,12 +320,36 @@ COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return 
 -- are theirs.  A running task is looked for first: its cancel updates no
 -- row of the table, so that a task holding a lock on it (LOCK TABLE task IN
 -- SHARE MODE, which an UPDATE waits for) can still be cancelled.
+-- The run that goes on from a series' run `task_id` that has ended: its next run, or a retry,
+-- which names it as parent (and so on, past those that have ended too): its id, NULL when
+-- none of the caller's waits or runs.  (Not a one-off task the run inserted, whose parent
+-- pg_task.id also makes it.)
+CREATE FUNCTION pgtaskpy.series_run_after(task_id bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    run bigint := task_id;
+    run_state @extschema@.state;
+BEGIN
+    FOR step IN 1..1000 LOOP
+        SELECT c.id, c.state INTO run, run_state FROM @extschema@.task AS c
+        WHERE c.parent = run AND (c.repeat > interval '0' OR c.cron IS NOT NULL OR c.attempt > 1)
+        ORDER BY c.state IN ('PLAN', 'TAKE', 'WORK') DESC, c.id LIMIT 1;
+        IF NOT FOUND OR run_state IN ('PLAN', 'TAKE', 'WORK') THEN
+            RETURN run;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION @extschema@.task_cancel(task_id bigint, stop_series boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     series boolean;
+    follower bigint;
 BEGIN
     IF pgtaskpy.cancel_if_running(task_id, stop_series) THEN
         RETURN pgtaskpy.note_cancelled(task_id);
@@ -344,7 +368,15 @@ BEGIN
         RETURN true;
     END IF;
     -- (claimed meanwhile: the UPDATE waited for the claim's row lock, then found it TAKE)
-    RETURN pgtaskpy.cancel_if_running(task_id, stop_series) AND pgtaskpy.note_cancelled(task_id);
+    IF pgtaskpy.cancel_if_running(task_id, stop_series) THEN
+        RETURN pgtaskpy.note_cancelled(task_id);
+    END IF;
+    -- Ended before the cancel reached it (the cancel waited for its row as its end was written),
+    -- and the series went on: stop_series is for the series, whose run that goes on is stopped or
+    -- cancelled in its place.  (A series of a tiny repeat was never caught: 25 cancels of 25
+    -- returned false, and it ran on, 100 runs a second: a probe.)
+    follower := CASE WHEN stop_series THEN pgtaskpy.series_run_after(task_id) END;
+    RETURN follower IS NOT NULL AND @extschema@.task_cancel(follower, true);
 END
 $$;
 
@@ -428,7 +460,7 @@ AS $$
 DECLARE
     t @extschema@.task;
     held_by_task boolean := false;  -- the task's own transaction holds its row
-    cancelled boolean;
+    old_level text;
 BEGIN
     -- (taken first: a proof left over would be there for the rest of the transaction)
     IF NOT pgtaskpy.take_steering_proof(task_id, NULL) THEN
@@ -499,7 +531,13 @@ BEGIN
         END LOOP;
         -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
-        cancelled := pg_cancel_backend(t.pid);
+        -- (A session that ends between the look and the signal made the signal warn the caller
+        -- "PID ... is not a PostgreSQL backend process" and the call return false: its input had
+        -- ended, and the task ends as it would have, as README's task_cancel says, true.)
+        old_level := current_setting('client_min_messages');
+        PERFORM set_config('client_min_messages', 'error', true);
+        PERFORM pg_cancel_backend(t.pid);
+        PERFORM set_config('client_min_messages', old_level, true);
         IF held_by_task THEN  -- (free once the cancel has ended the task's transaction)
             BEGIN
                 -- (A task that catches the cancel holds the row on: the end may then miss the
@@ -510,12 +548,16 @@ BEGIN
                 NULL;
             END;
         END IF;
-        RETURN cancelled;
+        RETURN true;
     ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
         INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
-    RETURN false;  -- its backend is gone: recovery ends it
+    -- Its session is gone: its input has ended, and its end waits for this transaction's lock on
+    -- the row (it ends as it would have, and the call says so, as README's task_cancel does), or
+    -- its worker is gone too, and recovery ends it.  With stop_series the series has ended
+    -- here, whichever it was: false said "nothing to stop" (a probe: 39 calls of 60).
+    RETURN stop_series IS TRUE OR pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}');
 END
 $$;
 
