@@ -1638,3 +1638,28 @@ def test_a_server_short_of_connections_gets_no_spare_worker():
             for conn in held:
                 conn.close()
             assert launcher.stop() == 0, launcher.output()
+
+
+def test_sessions_that_only_call_themselves_launchers_take_no_spare_away():
+    """Schedulers are counted by their sessions named 'pg_task_py launcher', three backends each:
+    any role could give its sessions that name, and four of them left no room for any database's
+    spare worker (a probe).  Only a superuser's session counts so."""
+    with throwaway_cluster({"max_connections": "20"}) as cluster:  # (17 for roles not superusers)
+        cluster.create_database("named")
+        with cluster.connect("named") as conn:
+            conn.execute("CREATE ROLE pretender LOGIN")
+        named = [psycopg.connect(cluster.dsn("named", "pretender"), application_name="pg_task_py launcher")
+                 for _ in range(4)]  # (counted three times each: 12, and the launcher's own, over 0.8 of 17)
+
+        def workers() -> int:
+            with cluster.connect("named") as conn:
+                return conn.execute("SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name = 'pg_task_py worker'").fetchone()[0]
+        launcher = Launcher(cluster.dsn("named")).start()
+        try:
+            launcher.wait_active()
+            wait_until(lambda: workers() > 0, 10, 0.1, "a spare worker")
+        finally:
+            for conn in named:
+                conn.close()
+            assert launcher.stop() == 0, launcher.output()

@@ -431,12 +431,15 @@ def connections_to_spare(ctx, own_spare=0):
     `own_spare`: the backends of this scheduler's spare, open already, which that counts twice
     (kept while the count without them fits: where they were not, the spare closed when idle and
     opened again, every 10 s, a review).  A task's own worker and session are opened when it is
-    due, as without a spare."""
+    due, as without a spare.  Schedulers are counted by their sessions that are a superuser's: any
+    role may give its sessions the name, and each counted three times (a probe)."""
     return ctx.run("spare_room", """
-        SELECT count(*) - $1 + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher'))
+        SELECT count(*) - $1 + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher')
+                                                     AND r.rolsuper)
                < 0.8 * (current_setting('max_connections')::integer
                         - current_setting('superuser_reserved_connections')::integer) AS room
-          FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'""",
+          FROM pg_catalog.pg_stat_activity AS a LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = a.usesysid
+         WHERE a.backend_type = 'client backend'""",
                    ["integer"], [own_spare])[0]["room"]
 
 
