@@ -1006,36 +1006,41 @@ def test_an_author_s_groups_by_the_thousand_are_counted_and_the_latest_labelled(
     """Any task author may pause groups and give tasks groups by the thousand, and each was a
     labelled series read in the scheduler's turn (50,000 pauses: a 9.6 MB scrape, 141 ms of every
     turn, every role's starts late: a probe).  The latest due groups and the groups paused longest
-    are labelled, 100 of each; all are counted.  And more than 10,000 ends in one snapshot's
-    reach are all observed (an admin's end of 10,500 tasks by hand: 500 start lags were lost)."""
+    are labelled, 100 of each and 10 of one owner (a role's groups a year late hid another's late
+    group: a review); all are counted.  And more than 10,000 ends in one snapshot's reach are all
+    observed (an admin's end of 10,500 tasks by hand: 500 start lags were lost)."""
     port = free_port()
     db.sql("CREATE ROLE metrics_author LOGIN IN ROLE pgtaskpy_user")
     try:
         with db.connect("metrics_author") as author:
             author.execute("SELECT task_pause('p' || i) FROM generate_series(1, 300) AS i")
             author.execute("SELECT task_pause('bulk')")
-            author.execute("INSERT INTO task (\"group\", plan, input)"
-                           " SELECT 'p' || i, now() - i * interval '1 s', 'SELECT 1' FROM generate_series(1, 150) AS i")
+            author.execute("INSERT INTO task (\"group\", plan, input) SELECT 'p' || i, now() - interval '10 min'"
+                           " - i * interval '1 s', 'SELECT 1' FROM generate_series(1, 150) AS i")
             author.execute("INSERT INTO task (\"group\", input)"
                            " SELECT 'bulk', 'SELECT 1' FROM generate_series(1, 10500)")
+        db.sql("SELECT task_pause('mine')")  # (the latest pause, its one task the least late)
+        db.sql("INSERT INTO task (\"group\", input) VALUES ('mine', 'SELECT 1')")
         launcher = db.launcher("--metrics", f"127.0.0.1:{port}")
-        wait_until(lambda: metric(port, "pg_task_py_paused_groups") == 301
-                   and metric(port, "pg_task_py_due_groups") == 151, 10, message="the groups counted")
+        wait_until(lambda: metric(port, "pg_task_py_paused_groups") == 302
+                   and metric(port, "pg_task_py_due_groups") == 152, 10, message="the groups counted")
         _, text = scrape(port, "/metrics")
-        labelled = {family.name: {sample.labels["group"] for sample in family.samples}
+        labelled = {family.name: {(sample.labels["owner"], sample.labels["group"]) for sample in family.samples}
                     for family in text_string_to_metric_families(text)
                     if family.name in ("pg_task_py_paused_seconds", "pg_task_py_due_tasks")}
-        assert len(labelled["pg_task_py_paused_seconds"]) == 100
-        assert labelled["pg_task_py_due_tasks"] == {f"p{i}" for i in range(51, 151)}  # (the latest: p150 most)
+        paused = labelled["pg_task_py_paused_seconds"]
+        assert len(paused) == 11 and ("postgres", "mine") in paused, paused
+        assert labelled["pg_task_py_due_tasks"] == {("postgres", "mine")} | {
+            ("metrics_author", f"p{i}") for i in range(141, 151)}  # (the latest: p150 most)
         db.sql("UPDATE task SET state = 'DONE', start = now(), stop = now() WHERE \"group\" = 'bulk'")
         wait_until(lambda: metric(port, "pg_task_py_task_start_lag_seconds_count") == 10500, 15,
                    message=f"every start lag: {metric(port, 'pg_task_py_task_start_lag_seconds_count')}")
         assert launcher.stop() == 0, launcher.output()
     finally:
         db.sql("DELETE FROM task")
+        db.sql("DELETE FROM pgtaskpy.group_pause")
         db.sql("DROP OWNED BY metrics_author")
         db.sql("DROP ROLE metrics_author")
-
 
 
 def test_one_database_given_twice_gets_one_scheduler_and_a_reload_hands_it_on(cluster, db, tmp_path):

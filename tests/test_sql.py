@@ -127,20 +127,28 @@ def test_cancel_with_stop_series_of_a_run_that_has_ended_ends_its_series(shared)
     """A run that ended before the cancel reached it (the cancel waited for its row as its end was
     written, and that end went on with the series): task_cancel(id, true) returned false and the
     series ran on; one of a tiny repeat was never caught (25 cancels of 25: a probe).  The run that
-    goes on from it, past the runs that ended since, is stopped in its place; a one-off task a run
-    inserted (its parent the run's id, from pg_task.id) is not the series'."""
-    spawn = "INSERT INTO task (input, plan) VALUES ('SELECT ''spawned''', now() + interval '1 hour')"
+    goes on from it, past the runs that ended since, is stopped in its place; not a task a run
+    inserted (its parent the run's id, from pg_task.id), a repeating one too, nor another role's
+    that names the run as its parent (a review: both were stopped, and the series ran on)."""
+    spawn = "INSERT INTO task (input, plan, repeat) VALUES ('SELECT ''spawned''', now() + interval '1 hour', '1 hour')"
     first = shared.insert(spawn, repeat="10 ms", group="ended series", delete=False)
-    series = "SELECT count(*) FROM task WHERE \"group\" = 'ended series' AND repeat > '0' AND state "
+    shared.sql("CREATE ROLE parent_namer LOGIN IN ROLE pgtaskpy_user")
+    with shared.connect("parent_namer") as other:
+        other.execute("SELECT set_config('pg_task.id', %s, false)", [str(first)])
+        other.execute("INSERT INTO task (input, plan, repeat) VALUES ('SELECT 1', now() + interval '1 hour', '1 hour')")
+    series = "SELECT count(*) FROM task WHERE \"group\" = 'ended series' AND input <> 'SELECT ''spawned''' AND state "
     wait_until(lambda: shared.value(series + "= 'DONE'") >= 3, 20, message="three runs ended")
     try:
         assert shared.value("SELECT task_cancel(%s, stop_series => true)", [first]) is True
         wait_until(lambda: shared.value(series + "IN ('PLAN', 'TAKE', 'WORK')") == 0, 10, message="the series ended")
         spawned = shared.sql("SELECT state::text, parent IS NOT NULL FROM task WHERE input = 'SELECT ''spawned'''")
         assert len(spawned) >= 3 and set(spawned) == {("PLAN", True)}, spawned
+        assert shared.sql("SELECT state::text, parent FROM task WHERE owner = 'parent_namer'") == [("PLAN", first)]
     finally:
         shared.sql("UPDATE task SET repeat = '0' WHERE \"group\" = 'ended series'")
-        shared.sql("DELETE FROM task WHERE input = 'SELECT ''spawned''' OR \"group\" = 'ended series'")
+        shared.sql("DELETE FROM task WHERE input = 'SELECT ''spawned''' OR \"group\" = 'ended series'"
+                   " OR owner = 'parent_namer'")
+        shared.sql("DROP ROLE parent_namer")
 
 
 def test_cancel_with_stop_series_of_a_run_ending_as_it_comes_says_true_without_a_warning(shared):

@@ -43,14 +43,17 @@ class Metrics:
                                    ["database"], buckets=SECONDS_BUCKETS, registry=self.registry)
         self.running = Gauge("pg_task_py_running_tasks", "Tasks this launcher's workers run", ["database"],
                              registry=self.registry)
-        self.due = Gauge("pg_task_py_due_tasks", "Waiting tasks that are due, by owner and group",
+        self.due = Gauge("pg_task_py_due_tasks", "Waiting tasks that are due, by owner and group (the"
+                         f" {GROUPS_LABELLED} latest groups, a tenth of them of one owner at most)",
                          ["database", "owner", "group"], registry=self.registry)
         self.oldest_due = Gauge("pg_task_py_oldest_due_seconds",
-                                "now() - plan of the oldest due waiting task, by owner and group",
+                                "now() - plan of the oldest due waiting task, by owner and group (those of"
+                                " pg_task_py_due_tasks)",
                                 ["database", "owner", "group"], registry=self.registry)
         self.workers = Gauge("pg_task_py_workers", "Worker backends of the database", ["database"],
                              registry=self.registry)
-        self.paused = Gauge("pg_task_py_paused_seconds", "Seconds since the group's task_pause, by owner and group",
+        self.paused = Gauge("pg_task_py_paused_seconds", "Seconds since the group's task_pause, by owner and group"
+                            f" (the {GROUPS_LABELLED} paused longest, a tenth of them of one owner at most)",
                             ["database", "owner", "group"], registry=self.registry)
         self.due_groups = Gauge("pg_task_py_due_groups", "Groups with waiting due tasks (pg_task_py_due_tasks"
                                 f" labels the {GROUPS_LABELLED} latest)", ["database"], registry=self.registry)

@@ -322,24 +322,31 @@ COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return 
 -- SHARE MODE, which an UPDATE waits for) can still be cancelled.
 -- The run that goes on from a series' run `task_id` that has ended: its next run, or a retry,
 -- which names it as parent (and so on, past those that have ended too): its id, NULL when
--- none of the caller's waits or runs.  (Not a one-off task the run inserted, whose parent
--- pg_task.id also makes it.)
+-- none of the caller's waits or runs, or the run's row is gone (deleted at its end).  The
+-- series' own rows: its owner's, of its input, repeating or retried; not a task the run
+-- inserted (whose parent pg_task.id also makes the run's, a repeating one too), nor another
+-- role's that names the run so.  Each step a later id: a parent written by hand makes no loop.
 CREATE FUNCTION pgtaskpy.series_run_after(task_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    ended @extschema@.task;
     run bigint := task_id;
     run_state @extschema@.state;
 BEGIN
-    FOR step IN 1..1000 LOOP
+    SELECT * INTO ended FROM @extschema@.task AS t WHERE t.id = task_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    LOOP
         SELECT c.id, c.state INTO run, run_state FROM @extschema@.task AS c
-        WHERE c.parent = run AND (c.repeat > interval '0' OR c.cron IS NOT NULL OR c.attempt > 1)
-        ORDER BY c.state IN ('PLAN', 'TAKE', 'WORK') DESC, c.id LIMIT 1;
+        WHERE c.parent = run AND c.id > run AND c.owner = ended.owner AND c.input = ended.input
+          AND (c.repeat > interval '0' OR c.cron IS NOT NULL OR c.attempt > 1)
+        ORDER BY c.id LIMIT 1;
         IF NOT FOUND OR run_state IN ('PLAN', 'TAKE', 'WORK') THEN
             RETURN run;
         END IF;
     END LOOP;
-    RETURN NULL;
 END
 $$;
 
@@ -555,9 +562,11 @@ BEGIN
     END IF;
     -- Its session is gone: its input has ended, and its end waits for this transaction's lock on
     -- the row (it ends as it would have, and the call says so, as README's task_cancel does), or
-    -- its worker is gone too, and recovery ends it.  With stop_series the series has ended
-    -- here, whichever it was: false said "nothing to stop" (a probe: 39 calls of 60).
-    RETURN stop_series IS TRUE OR pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}');
+    -- its worker is gone too, and recovery ends it.  With stop_series a series (or the run's
+    -- retries) has ended here, whichever it was: false said "nothing to stop" (a probe: 39
+    -- calls of 60).
+    RETURN stop_series IS TRUE AND (t.repeat > interval '0' OR t.cron IS NOT NULL OR t.attempt <= t.retry)
+           OR pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}');
 END
 $$;
 

@@ -750,8 +750,10 @@ $$;
 -- Any task author may pause groups and give tasks groups by the thousand, and each is a
 -- labelled series, read in the scheduler's turn: 50,000 pauses made a 9.6 MB scrape, 141 ms
 -- of every turn a second, and every role's starts waited (a probe).  So `most` groups of each
--- kind are labelled, the latest due and the longest paused (the pauses read from their `since`
--- index), and the groups of each kind are counted.  The ends are read 10,000 at a time at
+-- kind are labelled, the latest due and the longest paused, a tenth of them at most of one
+-- owner (a role's 100 groups a year late hid another's late group from its alert: a review),
+-- and the groups of each kind are counted.  Each role's pauses are read from their (owner,
+-- since) index, a role at a time.  The ends are read 10,000 at a time at
 -- most, in stop order, and `at` stops at the last one read (with every end of that moment), so
 -- that the next snapshot reads on where this one stopped: a cut at 10,000 dropped the rest.
 CREATE FUNCTION pgtaskpy.metrics_snapshot(since timestamptz, most integer DEFAULT 100) RETURNS json
@@ -772,7 +774,12 @@ AS $$
     )
     SELECT json_build_object(
         'groups', (SELECT COALESCE(json_agg(json_build_array(d.owner, d."group", d.due, d.oldest)), '[]')
-                   FROM (SELECT * FROM due ORDER BY due.oldest DESC, due.owner, due."group" LIMIT most) AS d),
+                   FROM (SELECT r.owner, r."group", r.due, r.oldest
+                         FROM (SELECT due.*,
+                                      row_number() OVER (PARTITION BY due.owner ORDER BY due.oldest DESC) AS rank
+                               FROM due) AS r
+                         WHERE r.rank <= greatest(most / 10, 1)
+                         ORDER BY r.oldest DESC, r.owner, r."group" LIMIT most) AS d),
         'due_groups', (SELECT count(*) FROM due),
         'lags', (SELECT COALESCE(json_agg(extract(epoch FROM f.start - f.plan)::float8), '[]')
                  FROM @extschema@.task AS f, ended_up_to AS u
@@ -783,8 +790,12 @@ AS $$
         'paused', (SELECT COALESCE(json_agg(json_build_array(p.owner, p."group",
                                                              greatest(extract(epoch FROM now() - p.since)::float8, 0))),
                             '[]')  -- (a since in the future, written by hand: 0)
-                   FROM (SELECT g.owner, g."group", g.since FROM pgtaskpy.group_pause AS g
-                         ORDER BY g.since LIMIT most) AS p),
+                   FROM (SELECT g.owner, g."group", g.since
+                         FROM pg_roles AS a
+                         CROSS JOIN LATERAL (SELECT o.owner, o."group", o.since FROM pgtaskpy.group_pause AS o
+                                             WHERE o.owner = a.rolname
+                                             ORDER BY o.since LIMIT greatest(most / 10, 1)) AS g
+                         ORDER BY g.since, g.owner, g."group" LIMIT most) AS p),
         'paused_groups', (SELECT count(*) FROM pgtaskpy.group_pause),
         'at', (SELECT u.bound FROM ended_up_to AS u))
 $$;

@@ -165,8 +165,8 @@ CREATE TABLE pgtaskpy.group_pause (
     since           timestamptz NOT NULL DEFAULT now() CHECK (isfinite(since)),
     PRIMARY KEY (owner, "group")
 );
--- (the launcher's --metrics labels the longest paused: metrics_snapshot)
-CREATE INDEX group_pause_since ON pgtaskpy.group_pause (since);
+-- (the launcher's --metrics labels each role's longest paused: metrics_snapshot)
+CREATE INDEX group_pause_owner_since ON pgtaskpy.group_pause (owner, since);
 
 -- At most `starts` starts of the group in any `per` (a sliding window).
 CREATE TABLE pgtaskpy.group_limit (
