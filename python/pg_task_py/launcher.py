@@ -88,8 +88,13 @@ FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplie
                  "could not match", "could not parse network address", "may not be used with")
 # libpq's words for a keyword's value it does not know (invalid sslmode value: "sometimes").
 INVALID_VALUE = re.compile(r'invalid "?[a-z_]+"? value: "')
-# The conninfo keywords whose values are secrets: never in the log nor in a metric's label.
-SECRET_KEYWORDS = ("password", "sslpassword")
+# The conninfo keywords whose values are secrets: never in the log nor in a metric's label.  Those
+# the libpq in use marks so (libpq 18's oauth_client_secret, shown in the clear in every line of
+# a database, /health and its labels: a probe), and the SCRAM keys libpq 18 takes in a password's
+# place, which it does not mark.
+SECRET_KEYWORDS = frozenset(
+    {option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults() if option.dispchar == b"*"}
+    | {"password", "sslpassword", "scram_client_key", "scram_server_key"})
 
 
 def is_fatal(exc: psycopg.Error) -> bool:

@@ -117,6 +117,9 @@ def test_end_line(event, line):
     ("postgresql://alice:secret@db.example/app", "user=alice dbname=app host=db.example"),
     # (the passphrase of a client certificate's key)
     ("host=db dbname=app sslkey=/k sslpassword=KeyPass42", "dbname=app host=db sslkey=/k"),
+    # (libpq 18's: an OAuth client's secret, and the SCRAM keys that stand for a password)
+    ("dbname=app oauth_client_id=id oauth_client_secret=TOPSECRET", "dbname=app oauth_client_id=id"),
+    ("dbname=app scram_client_key=S2V5 scram_server_key=S2V5", "dbname=app"),
     ("host=x port", "(a conninfo that cannot be parsed)"),
     # (libpq does not read a conninfo string's dbname as a conninfo: a database of that name)
     ("dbname=postgresql://alice:SECRETPW@127.0.0.1:1/app", "dbname='(a conninfo)'"),
