@@ -1663,3 +1663,26 @@ def test_sessions_that_only_call_themselves_launchers_take_no_spare_away():
             for conn in named:
                 conn.close()
             assert launcher.stop() == 0, launcher.output()
+
+
+def test_a_session_lost_while_stopping_makes_a_failed_stop(db):
+    """The launcher's session ended (a DBA's pg_terminate_backend, its database dropped WITH
+    (FORCE)) while a stop waited for a task: it logged "reconnecting", did not, cancelled nothing
+    at --grace and exited 0 at once (a probe).  It says its task runs on, and exits 1, as README
+    says of a database that ends so during a stop."""
+    launcher = db.launcher("--grace", "30")
+    task = db.insert("SELECT pg_sleep(20)")
+    try:
+        wait_until(lambda: db.task(task)["state"] == "WORK", 10, message="the task running")
+        launcher.signal(signal.SIGTERM)
+        wait_until(lambda: "stopping, waiting for 1 running task(s)" in launcher.output(), 10,
+                   message="the stop waiting for the task")
+        db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+               " WHERE datname = current_database() AND application_name LIKE 'pg_task_py launcher%'")
+        assert launcher.process.wait(20) == 1, launcher.output()
+        assert "its session was lost while stopping" in launcher.output()
+        assert "the 1 task(s) it ran were not cancelled" in launcher.output()
+        assert "reconnecting" not in launcher.output()
+        assert db.task(task)["state"] == "WORK"  # (its worker records its end)
+    finally:
+        db.sql("SELECT task_cancel(%s)", [task])
