@@ -4,9 +4,12 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -1095,6 +1098,11 @@ def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
     ("dbname=b password=secret sslmode=sometimes", "the conninfo has an invalid sslmode (one of disable, allow,"),
     ("dbname=b password=secret load_balance_hosts=bogus", "the conninfo has an invalid load_balance_hosts (one of"),
     ("dbname=b password=secret ssl_min_protocol_version=TLSv9", "the conninfo has an invalid ssl_min_protocol_version"),
+    # (libpq 18's and 16's: a typo exited 1, and a reload took it, stopping the database: a probe)
+    ("dbname=b password=secret sslnegotiation=drect", "the conninfo has an invalid sslnegotiation (one of postgres,"),
+    ("dbname=b password=secret max_protocol_version=3.9", "the conninfo has an invalid max_protocol_version"),
+    ("dbname=b password=secret require_auth=bogus", "the conninfo has an invalid require_auth (a list of"),
+    ("dbname=b password=secret require_auth=password,!md5", "the conninfo has an invalid require_auth"),
     ("postgresql://secret@%zz/b", "the conninfo is not a libpq conninfo or URI that can be read"),
     ("dbname=a", "the same conninfo as a database before it"),
 ])
@@ -1686,3 +1694,45 @@ def test_a_session_lost_while_stopping_makes_a_failed_stop(db):
         assert db.task(task)["state"] == "WORK"  # (its worker records its end)
     finally:
         db.sql("SELECT task_cancel(%s)", [task])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def health(port: int) -> int:
+    """The status of the launcher's /health (0 while it does not listen yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as answer:
+        return answer.code
+    except OSError:
+        return 0
+
+def test_a_database_a_reload_removes_while_its_connection_hangs_is_left(tmp_path, db):
+    """A reload removed a database whose connection attempt waited for a server that never answers
+    (a TCP port that takes connections and says nothing): nothing ended the attempt, and /health
+    named that database, 503, for good (a probe).  As after a stop, it is left STUCK_AFTER_GRACE
+    and STUCK_AFTER_CANCEL seconds past its grace."""
+    silent = socket.create_server(("127.0.0.1", 0))  # (never accepts: the kernel does, and no answer comes)
+    hung = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=postgres"
+    port = free_port()
+    config = tmp_path / "pg_task.json"
+    config.write_text(json.dumps([{"dsn": db.dsn}, {"dsn": hung, "grace": 0}]))
+    launcher = Launcher(args=("--config", str(config), "--metrics", f"127.0.0.1:{port}"), log_dir=tmp_path).start()
+    db.launchers.append(launcher)
+    try:
+        wait_until(lambda: "scheduling (active)" in launcher.output(), 15, message="the database scheduling")
+        config.write_text(json.dumps([{"dsn": db.dsn}]))
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: "not in the configuration any more: stopping" in launcher.output(), 10,
+                   message="the hung database stopping")
+        wait_until(lambda: health(port) == 200, 30, 0.2, f"/health 200: {launcher.output()}")
+        assert "removed by a reload, still not stopped" in launcher.output()
+        assert db.wait_done(db.insert("SELECT 'still here'"))["output"] == "still here"
+        assert launcher.stop() == 0, launcher.output()
+    finally:
+        silent.close()

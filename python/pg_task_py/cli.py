@@ -214,7 +214,13 @@ CONNINFO_CHOICES = {
     "load_balance_hosts": ("disable", "random"),
     "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
     "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+    # (libpq 18's: a bad value exited 1 rather than 2, and a reload took it, stopping the database)
+    "sslnegotiation": ("postgres", "direct"),
+    "min_protocol_version": ("3.0", "3.2", "latest"),
+    "max_protocol_version": ("3.0", "3.2", "latest"),
 }
+# require_auth (libpq 16): a comma-separated list of these, each with a "!" or none without.
+REQUIRE_AUTH_METHODS = ("password", "md5", "gss", "sspi", "scram-sha-256", "oauth", "none")
 CONNINFO_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
                      "tcp_user_timeout")
 # A whole number as libpq's strtol() reads it.  re.ASCII: without it, \d takes '²' and '١' and \s a
@@ -249,6 +255,13 @@ def conninfo_problem(dsn: str) -> str | None:
         value, origin = keywords.get(keyword, (None, ""))
         if value is not None and value not in choices:
             return f"has an invalid {keyword} (one of {', '.join(choices)}){origin}"
+    value, origin = keywords.get("require_auth", (None, ""))
+    if value:  # (as libpq reads it: no spaces around the commas)
+        methods = value.split(",")
+        negated = {method.startswith("!") for method in methods}
+        if len(negated) > 1 or any(method.removeprefix("!") not in REQUIRE_AUTH_METHODS for method in methods):
+            return (f"has an invalid require_auth (a list of {', '.join(REQUIRE_AUTH_METHODS)}, each with \"!\""
+                    f" before it or none){origin}")
     return None
 
 

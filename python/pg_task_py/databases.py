@@ -82,6 +82,15 @@ class Databases:
         for database in list(self.all):
             database.thread.join(timeout)
             if database.thread.is_alive():
+                if database.removed and self._stuck_for_good(database):
+                    # (A connection attempt to a server that never answers: once the reload took it
+                    # out, nothing ended it, and /health named it, 503, for good: a probe.)
+                    log.error("%s: removed by a reload, still not stopped (its turn, or its connection, has not"
+                              " returned): left (the tasks it started record their own end)", database.scheduler.name,
+                              extra={"fields": {"database": database.scheduler.name}})
+                    self.all.remove(database)
+                    if self.metrics:
+                        self.metrics.forget(database.scheduler.name)
                 continue
             if database.error is not None and self.metrics and not database.gauges_removed:
                 self.metrics.given_up(database.scheduler.name)
@@ -104,26 +113,30 @@ class Databases:
         """Whether the launcher stops waiting for the databases still running after a stop: each
         one's turn is cancelled STUCK_AFTER_GRACE seconds past its --grace, and once every one still
         running had that and STUCK_AFTER_CANCEL seconds more, the launcher exits without them."""
-        now = time.monotonic()
         alive = [d for d in self.all if d.thread.is_alive() and d.stop_asked_at is not None]
-        for database in alive:
-            past = now - database.stop_asked_at
-            if database.turn_cancelled_at is None and past > database.settings.grace + STUCK_AFTER_GRACE:
-                connected = database.scheduler.conn is not None and not database.scheduler.conn.closed
-                database_log(database.scheduler.name, logging.WARNING,
-                             "still stopping %.0fs after the stop was asked (--grace %gs): %s", past,
-                             database.settings.grace,
-                             "cancelling its scheduling turn" if connected else "its connection attempt goes on")
-                database.turn_cancelled_at = now
-                database.scheduler.cancel_turn()
-        if not alive or any(d.turn_cancelled_at is None or now - d.turn_cancelled_at < STUCK_AFTER_CANCEL
-                            for d in alive):
+        if not alive or not all([self._stuck_for_good(d) for d in alive]):  # (a list: each one's turn cancelled)
             return False
         for database in alive:
             log.error("%s: still not stopped (its turn, or its connection, has not returned): exiting without "
                       "it (the tasks it started record their own end)", database.scheduler.name,
                       extra={"fields": {"database": database.scheduler.name}})
         return True
+
+    @staticmethod
+    def _stuck_for_good(database: Database) -> bool:
+        """Whether a database asked to stop has not, its turn cancelled STUCK_AFTER_GRACE seconds past
+        its --grace (this cancels it then) and STUCK_AFTER_CANCEL seconds gone since."""
+        now = time.monotonic()
+        past = now - database.stop_asked_at
+        if database.turn_cancelled_at is None and past > database.settings.grace + STUCK_AFTER_GRACE:
+            connected = database.scheduler.conn is not None and not database.scheduler.conn.closed
+            database_log(database.scheduler.name, logging.WARNING,
+                         "still stopping %.0fs after the stop was asked (--grace %gs): %s", past,
+                         database.settings.grace,
+                         "cancelling its scheduling turn" if connected else "its connection attempt goes on")
+            database.turn_cancelled_at = now
+            database.scheduler.cancel_turn()
+        return database.turn_cancelled_at is not None and now - database.turn_cancelled_at >= STUCK_AFTER_CANCEL
 
     def reload(self, wanted: list[Settings]) -> None:
         """Make the running databases those of `wanted`, matched by conninfo: one no longer there
@@ -146,6 +159,7 @@ class Databases:
                     database_log(database.scheduler.name, logging.INFO, "not in the configuration any more: stopping")
                     database.removed = True
                     database.stop.set()
+                    database.stop_asked_at = time.monotonic()
                 continue
             unmatched.remove(entry)
             if database.removed:  # (once every scheduler this reload stops is stopping)
@@ -165,6 +179,7 @@ class Databases:
                          " scheduling on")
             database.removed = False
             database.stop.clear()
+            database.stop_asked_at = database.turn_cancelled_at = None
             self._change(database, entry)
         for entry in unmatched:
             self.all.append(Database(entry, self.metrics))
