@@ -1736,3 +1736,27 @@ def test_a_database_a_reload_removes_while_its_connection_hangs_is_left(tmp_path
         assert launcher.stop() == 0, launcher.output()
     finally:
         silent.close()
+
+
+def test_workers_warmed_ahead_leave_a_fifth_of_the_database_s_connection_limit(db):
+    """Tasks of 40 groups due in 2.5 s: each turn looked once whether the server had room, then
+    warmed 8 workers more with their sessions ahead, and a database of CONNECTION LIMIT 10 held 84
+    of the launcher's backends (a superuser's, which the limit does not hold back) before any task
+    was due; its other clients were refused (a probe).  Workers warmed ahead leave a fifth of it."""
+    db.sql(f"ALTER DATABASE {db.name} CONNECTION LIMIT 10")
+    launcher = db.launcher()
+    wait_until(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                " AND application_name = 'pg_task_py worker'") > 0, 10, message="a spare worker")
+    db.sql("INSERT INTO task (\"group\", plan, input)"
+           " SELECT 'g' || i, now() + interval '2.5 s', 'SELECT 1' FROM generate_series(1, 40) AS i")
+    most = 0
+    with db.connect() as watcher:
+        watcher.autocommit = True
+        while watcher.execute("SELECT clock_timestamp() < min(plan) - interval '0.1 s' FROM task").fetchone()[0]:
+            # (before the tasks are due; this session and the launcher's own two are counted too)
+            most = max(most, watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                             [db.name]).fetchone()[0])
+            time.sleep(0.01)
+    db.wait_all_done(60)
+    assert most <= 10, most
+    assert launcher.stop() == 0, launcher.output()

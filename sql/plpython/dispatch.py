@@ -421,26 +421,34 @@ def connections_are_full(ctx):
 
 
 def connections_to_spare(ctx, own_spare=0):
-    """Whether the server has connections to spare for workers and sessions started ahead of
-    need: a fifth of those a role that is not a superuser may use still free, once every
+    """How many backends the server and this database have to spare for workers and sessions
+    started ahead of need: those that leave a fifth of the connections a role that is not a
+    superuser may use free, of the server's and of the database's CONNECTION LIMIT, once every
     scheduler of the server (of any database, any launcher) has opened a spare worker and its
     session ahead.  An idle launcher of 30 databases held a spare and its session ahead in each,
     every connection of a server of max_connections 100, the superusers' reserved ones too (its
     own are a superuser's): nobody could log in (a probe).  Its schedulers, starting together,
     each found room before any had opened its spare: they are counted as if all had (a probe).
+    A database's limit does not hold back a superuser's backends: 40 groups due in 2.5 s warmed
+    40 workers and their sessions, 84 backends in a database of CONNECTION LIMIT 10 (a probe).
     `own_spare`: the backends of this scheduler's spare, open already, which that counts twice
     (kept while the count without them fits: where they were not, the spare closed when idle and
     opened again, every 10 s, a review).  A task's own worker and session are opened when it is
     due, as without a spare.  Schedulers are counted by their sessions that are a superuser's: any
     role may give its sessions the name, and each counted three times (a probe)."""
     return ctx.run("spare_room", """
-        SELECT count(*) - $1 + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher')
-                                                     AND r.rolsuper)
-               < 0.8 * (current_setting('max_connections')::integer
-                        - current_setting('superuser_reserved_connections')::integer) AS room
-          FROM pg_catalog.pg_stat_activity AS a LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = a.usesysid
-         WHERE a.backend_type = 'client backend'""",
-                   ["integer"], [own_spare])[0]["room"]
+        SELECT ceil(least(
+                   0.8 * (current_setting('max_connections')::integer
+                          - current_setting('superuser_reserved_connections')::integer)
+                   - (count(*) - $1 + 2 * count(*) FILTER (WHERE a.application_name = pgtaskpy.name_of('launcher')
+                                                               AND r.rolsuper)),
+                   CASE WHEN d.datconnlimit >= 0
+                        THEN 0.8 * d.datconnlimit - (count(*) FILTER (WHERE a.datid = d.oid) - $1) END))::integer
+               AS room
+          FROM pg_catalog.pg_stat_activity AS a LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = a.usesysid,
+               (SELECT oid, datconnlimit FROM pg_catalog.pg_database WHERE datname = current_database()) AS d
+         WHERE a.backend_type = 'client backend'
+         GROUP BY d.oid, d.datconnlimit""", ["integer"], [own_spare])[0]["room"]
 
 
 def housekeeping(ctx, pool, events, run_limit):
@@ -674,7 +682,7 @@ def spare_still_fits(ctx, pool):
     now = time.monotonic()
     if now >= pool.get("spare_look_at", 0.0):
         pool["spare_look_at"] = now + SPARE_LOOK_EVERY
-        pool["spare_fits"] = connections_to_spare(ctx, own_spare=2)  # (a worker and its session ahead)
+        pool["spare_fits"] = connections_to_spare(ctx, own_spare=2) > 0  # (a worker and its session ahead)
     return pool["spare_fits"]
 
 
@@ -716,8 +724,16 @@ def warm_workers(ctx, pool, events, run_limit):
                             [WARM_AHEAD, min(len(idle) + room, MOST_WARM)])[0]["n"]) - ready
     cold = [name for name, w in idle if not w["ahead"]][:max(0, wanted)]
     new = min(wanted - len(cold), new_worker_room(ctx, pool), room)
-    if (cold or new > 0) and not connections_to_spare(ctx):
-        return False
+    if cold or new > 0:
+        # A worker and its session ahead each, half of the backends to spare, less the sessions of
+        # warm-ups under way, not open yet: looked at once a turn, the room let a turn open 8 and
+        # the next 8 more (40 in a database of CONNECTION LIMIT 10, 39 of a server's 40: a probe).
+        warming = sum(1 for w in pool["workers"].values() if w["task"] == WARM_UP)
+        pairs = -(-(connections_to_spare(ctx) - warming) // 2)
+        if pairs <= 0:
+            return False
+        cold = cold[:pairs]
+        new = min(new, pairs - len(cold))
     for name in cold:
         if not warm_up(ctx, pool, name, events):
             return False
