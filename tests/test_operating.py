@@ -658,6 +658,29 @@ def test_a_rate_limit_counts_starts_that_come_late_after_their_claim(running, au
     assert rows[3][1] - rows[0][1] >= 1.999  # no 2 seconds hold the 3 late starts and a fourth
 
 
+def test_a_rate_limited_group_opens_no_sessions_ahead_that_its_limit_leaves_unused(db):
+    """A worker going on with a group started the sessions of its next due tasks ahead, though
+    the group's rate limit let it claim none: closed as they connected, they were twice the
+    group's tasks, and each left the server's log "connection to client lost" (a probe's soak:
+    25 lines a minute).  A paused or limited group gets none."""
+    db.sql("SELECT task_limit('limited', 2, '1 second')")
+    db.launcher()
+
+    def sessions() -> tuple[int, int]:
+        with db.connect() as conn:
+            return conn.execute("SELECT sessions, sessions_abandoned FROM pg_stat_database"
+                                " WHERE datname = current_database()").fetchone()
+    before = sessions()
+    for _ in range(4):  # (5 tasks a second, the limit's 2 a second started)
+        db.sql("INSERT INTO task (\"group\", input, delete) SELECT 'limited', 'SELECT 1', false"
+               " FROM generate_series(1, 5)")
+        time.sleep(1)
+    db.wait_all_done(60)
+    after = sessions()
+    assert after[1] - before[1] == 0, (before, after)
+    assert after[0] - before[0] <= 20 + 12, (before, after)  # (a session a task, and the scheduler's)
+
+
 def test_a_rate_limit_is_set_changed_and_removed(running, authors):
     alice = authors["alice"]
     for starts, per, error in ((-1, "1 s", "starts must be from 1 to 100000"),

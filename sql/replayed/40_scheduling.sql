@@ -652,6 +652,12 @@ BEGIN
     (SELECT t.id, t."group", extract(epoch FROM t.timeout)::float8, t.max FROM @extschema@.task AS t
      WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= group_hash AND t.hash <= group_hash
        AND t.plan <= now()
+       -- (none for a group paused or under a rate limit, whose claims may take none of them: a
+       -- limited group's sessions ahead, closed unused as they connected, were twice its tasks,
+       -- and each left the server's log "connection to client lost": a probe.  Probes a row.)
+       AND (NOT EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group")
+            AND NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = t.owner AND l."group" = t."group"))
+           IS TRUE
      ORDER BY t.hash, t.max DESC, t.id LIMIT most)
     UNION ALL
     (WITH RECURSIVE later (id, steps) AS (
@@ -662,6 +668,9 @@ BEGIN
      SELECT t.id, t."group", extract(epoch FROM t.timeout)::float8, t.max FROM later AS l
      JOIN @extschema@.task AS t ON t.id = l.id
      WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = group_hash AND t.plan <= now()
+       AND (NOT EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group")
+            AND NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = t.owner AND l."group" = t."group"))
+           IS TRUE
      ORDER BY l.steps, t.id)
     LIMIT most;
 END
