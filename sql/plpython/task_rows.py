@@ -298,8 +298,9 @@ def upcoming_in_group(ctx, task, most):
     """The tasks of the running task's group whose sessions are worth starting ahead for a worker
     going on with the group, up to `most` (pgtaskpy.upcoming_in_group), with what their sessions
     start with (id, group, timeout_s) and their max."""
-    return ctx.run("upcoming_in_group", "SELECT * FROM pgtaskpy.upcoming_in_group($1, $2, $3)",
-                   ["integer", "integer", "bigint"], [task["hash"], most, task["id"]])
+    return ctx.run("upcoming_in_group", "SELECT * FROM pgtaskpy.upcoming_in_group($1, $2, $3, $4, $5)",
+                   ["integer", "integer", "bigint", "name", "text"],
+                   [task["hash"], most, task["id"], task["owner"], task["group"]])
 
 
 def unclaim_task(ctx, task_id):

@@ -642,22 +642,24 @@ $$;
 -- group's due tasks were read whole by plan and sorted, a read of every due
 -- task of the group for each task it ran (0.44 ms a task of 1,000 in one
 -- group), where the priority index gives the first `most` at once.
-CREATE FUNCTION pgtaskpy.upcoming_in_group(group_hash integer, most integer, running_task bigint)
+CREATE FUNCTION pgtaskpy.upcoming_in_group(group_hash integer, most integer, running_task bigint,
+                                           group_owner name, group_name text)
 RETURNS TABLE (id bigint, "group" text, timeout_s float8, max integer)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_sort = off SET enable_incremental_sort = off
     SET jit = off
 AS $$
 BEGIN
+    -- None for a group paused or under a rate limit, whose next claims may take none of them: a
+    -- limited group's sessions ahead, closed unused as they connected, were two a task, and each
+    -- left the server's log "connection to client lost" (a probe).  The group's own keys, probed.
+    IF EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = group_owner AND p."group" = group_name)
+       OR EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = group_owner AND l."group" = group_name) THEN
+        RETURN;
+    END IF;
     RETURN QUERY
     (SELECT t.id, t."group", extract(epoch FROM t.timeout)::float8, t.max FROM @extschema@.task AS t
      WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.hash >= group_hash AND t.hash <= group_hash
        AND t.plan <= now()
-       -- (none for a group paused or under a rate limit, whose claims may take none of them: a
-       -- limited group's sessions ahead, closed unused as they connected, were twice its tasks,
-       -- and each left the server's log "connection to client lost": a probe.  Probes a row.)
-       AND (NOT EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group")
-            AND NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = t.owner AND l."group" = t."group"))
-           IS TRUE
      ORDER BY t.hash, t.max DESC, t.id LIMIT most)
     UNION ALL
     (WITH RECURSIVE later (id, steps) AS (
@@ -668,9 +670,6 @@ BEGIN
      SELECT t.id, t."group", extract(epoch FROM t.timeout)::float8, t.max FROM later AS l
      JOIN @extschema@.task AS t ON t.id = l.id
      WHERE t.state = 'PLAN' AND t.waiting_for = 1 AND t.hash = group_hash AND t.plan <= now()
-       AND (NOT EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group")
-            AND NOT EXISTS (SELECT FROM pgtaskpy.group_limit AS l WHERE l.owner = t.owner AND l."group" = t."group"))
-           IS TRUE
      ORDER BY l.steps, t.id)
     LIMIT most;
 END
@@ -1935,7 +1934,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.launcher_accepts(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_task(integer, integer, integer, name, text, integer, interval, bigint)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.claim_next_in_group(integer, integer, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.upcoming_in_group(integer, integer, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.upcoming_in_group(integer, integer, bigint, name, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.unclaim_tasks(bigint[], integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.start_task(bigint, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.move_task_to_session(bigint, integer) FROM PUBLIC;
