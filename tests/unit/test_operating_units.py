@@ -37,7 +37,8 @@ def test_metrics_from_dispatch_events():
               {"event": "end", "id": 2, "state": "FAIL", "seconds": None}, {"event": "recovered", "count": 1},
               {"event": "standby_fallback", "id": 3, "why": "unreachable", "reason": "the standby could not be used"}]
     metrics.turn("app", events, running=3)
-    metrics.snapshot("app", [("alice", "mail", 4, 90.0)], [0.5, 0.25], workers=2, paused=[("alice", "mail", 30.0)])
+    metrics.snapshot("app", [("alice", "mail", 4, 90.0)], [0.5, 0.25], workers=2, paused=[("alice", "mail", 30.0)],
+                     due_groups=3, paused_groups=150)
     text = generate_latest(metrics.registry).decode()
     for line in ('pg_task_py_tasks_started_total{database="app"} 1.0',
                  'pg_task_py_tasks_ended_total{database="app",state="DONE"} 1.0',
@@ -49,10 +50,12 @@ def test_metrics_from_dispatch_events():
                  'pg_task_py_due_tasks{database="app",group="mail",owner="alice"} 4.0',
                  'pg_task_py_oldest_due_seconds{database="app",group="mail",owner="alice"} 90.0',
                  'pg_task_py_workers{database="app"} 2.0',
-                 'pg_task_py_paused_seconds{database="app",group="mail",owner="alice"} 30.0'):
+                 'pg_task_py_paused_seconds{database="app",group="mail",owner="alice"} 30.0',
+                 'pg_task_py_due_groups{database="app"} 3.0', 'pg_task_py_paused_groups{database="app"} 150.0'):
         assert line in text, line
     assert metrics.stale() == []
-    metrics.snapshot("app", [], [], workers=0, paused=[])  # nothing due, resumed: its series go
+    assert 'state="STOP"' not in text  # (never counted: a user's end)
+    metrics.snapshot("app", [], [], workers=0, paused=[], due_groups=0, paused_groups=0)  # nothing due, resumed
     assert 'group="mail"' not in generate_latest(metrics.registry).decode()
     metrics.turns["app"] = time.monotonic() - HEALTHY_WITHIN - 1
     assert metrics.stale() == ["app"]
@@ -63,7 +66,8 @@ def test_a_databases_gauges_go_when_its_name_changes():
     name's gauges stayed at their last values for good (a late group alerted for ever)."""
     metrics = Metrics()
     metrics.turn("app@/run:5432", [{"event": "end", "id": 1, "state": "DONE", "seconds": 0.1}], running=1)
-    metrics.snapshot("app@/run:5432", [("alice", "mail", 4, 900.0)], [], workers=2, paused=[("alice", "mail", 1.0)])
+    metrics.snapshot("app@/run:5432", [("alice", "mail", 4, 900.0)], [], workers=2, paused=[("alice", "mail", 1.0)],
+                     due_groups=1, paused_groups=1)
     metrics.rename("app@/run:5432", "app@/run:5433")
     text = generate_latest(metrics.registry).decode()
     for gauge in ("running_tasks", "workers", "last_turn_timestamp_seconds", "due_tasks", "oldest_due_seconds",
@@ -106,7 +110,8 @@ def test_a_database_the_launcher_forgets_leaves_its_gauges_and_health():
     metrics = Metrics()
     metrics.expect("gone@/run:5432")
     metrics.turn("gone@/run:5432", [{"event": "end", "id": 1, "state": "DONE", "seconds": 0.1}], running=1)
-    metrics.snapshot("gone@/run:5432", [("alice", "mail", 4, 9.0)], [], workers=1, paused=[("alice", "mail", 1.0)])
+    metrics.snapshot("gone@/run:5432", [("alice", "mail", 4, 9.0)], [], workers=1, paused=[("alice", "mail", 1.0)],
+                     due_groups=1, paused_groups=1)
     metrics.turns["gone@/run:5432"] = time.monotonic() - HEALTHY_WITHIN - 1
     metrics.forget("gone@/run:5432")
     text = generate_latest(metrics.registry).decode()
