@@ -1760,3 +1760,25 @@ def test_workers_warmed_ahead_leave_a_fifth_of_the_database_s_connection_limit(d
     db.wait_all_done(60)
     assert most <= 10, most
     assert launcher.stop() == 0, launcher.output()
+
+
+def test_a_burst_in_a_database_at_its_connection_limit_is_handed_out_a_few_at_a_time(db):
+    """40 tasks of 40 groups in a database of CONNECTION LIMIT 10: the sessions refused for the
+    database's limit were gone when the launcher looked whether connections were short, so it
+    took them for a role's limit, learnt no cap, and handed the whole burst out again each turn:
+    3 tasks started every 2 s, none ran every other second, 24 s in all (a probe).  The worker
+    says which limit refused them, and the launcher hands out fewer at once."""
+    db.sql("CREATE ROLE limited_app LOGIN IN ROLE pgtaskpy_user")
+    try:
+        db.sql(f"ALTER DATABASE {db.name} CONNECTION LIMIT 10")
+        launcher = db.launcher("--log-level", "DEBUG")
+        with db.connect("limited_app") as app:
+            app.execute("INSERT INTO task (\"group\", input, delete)"
+                        " SELECT 'g' || i, 'SELECT pg_sleep(0.2)', false FROM generate_series(1, 40) AS i")
+        db.wait_all_done(120)
+        assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 40
+        handed = len(re.findall(r"task \d+ started", launcher.output()))
+        assert handed <= 80, handed  # (each task handed out, and refused, once or twice)
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DROP ROLE limited_app")

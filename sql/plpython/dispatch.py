@@ -230,7 +230,7 @@ def collect(ctx, pool, name, worker, events):
             pool.setdefault("held", {})[task_id] = time.monotonic() + HOLD_POSTPONED
             events.append({"event": "postponed", "id": task_id, "server_down": task_id in down})
         if report["postponed"]:  # (once for the call: a burst's worker may report a hundred)
-            limit_concurrency(ctx, pool)
+            limit_concurrency(ctx, pool, known_short=report.get("short_of_connections", False))
         for unended in report.get("unended", ()):
             events.append({"event": "unended", **unended})
         for fallback in report.get("standby_fallbacks", ()):  # a task of target 'standby' run here
@@ -386,15 +386,18 @@ def given_tasks(pool):
     return [t for w in pool["workers"].values() if w["task"] not in (None, WARM_UP) for t in w["tasks"]]
 
 
-def limit_concurrency(ctx, pool):
+def limit_concurrency(ctx, pool, known_short=False):
     """The server or this database has no connection to spare: run no more tasks at once than now.
 
     Every running task holds two backends (its worker and its session), and
     max_connections (or the database's CONNECTION LIMIT) is shared with everyone
     else, so the limit is learnt rather than configured; housekeeping relaxes it
-    by one a second.
+    by one a second.  `known_short`: a worker's session was refused for the server's or the
+    database's limit, not its role's; by the time the launcher collects the worker, the refused
+    sessions are gone and the count may look short of full (a burst of 40 in a database of
+    CONNECTION LIMIT 10 was handed out whole turn after turn, 3 tasks started every 2 s: a probe).
     """
-    if not connections_are_full(ctx):
+    if not known_short and not connections_are_full(ctx):
         return  # a role's CONNECTION LIMIT: that task waits, the others run on
     busy = running_tasks(pool)
     pool["cap"] = max(1, min(pool.get("cap") or busy, busy))

@@ -474,6 +474,8 @@ class WorkerCall:
             wake_launchers(self.ctx)
             self.ctx.commit()
             self.report["postponed"].append(task["id"])
+            if "too many connections for role" not in str(exc):  # (the server's or the database's)
+                self.report["short_of_connections"] = True
             if is_server_going_down(exc):  # (the launcher's log line says so, not "no free connection")
                 self.report["server_down"].append(task["id"])
         elif isinstance(exc, MalformedConninfo):  # pg_task's words
