@@ -1103,6 +1103,7 @@ def test_bad_value_in_config_file_is_a_clear_error(tmp_path, entry, says):
     ("dbname=b password=secret max_protocol_version=3.9", "the conninfo has an invalid max_protocol_version"),
     ("dbname=b password=secret require_auth=bogus", "the conninfo has an invalid require_auth (a list of"),
     ("dbname=b password=secret require_auth=password,!md5", "the conninfo has an invalid require_auth"),
+    ("dbname=b password=secret require_auth=md5,md5", "the conninfo has an invalid require_auth"),
     ("postgresql://secret@%zz/b", "the conninfo is not a libpq conninfo or URI that can be read"),
     ("dbname=a", "the same conninfo as a database before it"),
 ])
@@ -1689,7 +1690,7 @@ def test_a_session_lost_while_stopping_makes_a_failed_stop(db):
                " WHERE datname = current_database() AND application_name LIKE 'pg_task_py launcher%'")
         assert launcher.process.wait(20) == 1, launcher.output()
         assert "its session was lost while stopping" in launcher.output()
-        assert "the 1 task(s) it ran were not cancelled" in launcher.output()
+        assert "the 1 task(s) it ran were not cancelled by it" in launcher.output()
         assert "reconnecting" not in launcher.output()
         assert db.task(task)["state"] == "WORK"  # (its worker records its end)
     finally:

@@ -681,6 +681,34 @@ def test_a_rate_limited_group_opens_no_sessions_ahead_that_its_limit_leaves_unus
     assert after[0] - before[0] <= 20 + 12, (before, after)  # (a session a task, and the scheduler's)
 
 
+def test_no_session_ahead_for_another_owner_s_tasks_of_a_group_of_the_same_name(db):
+    """A group's hash is of its name and remote, not its owner: a worker going on with alice's
+    group g started sessions ahead, as alice, for bob's due tasks of his paused group g, which
+    neither alice's sessions nor the pause would let run (a review: 33 sessions for 10 tasks)."""
+    for role in ("ahead_alice", "ahead_bob"):
+        db.sql(f"CREATE ROLE {role} LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with db.connect("ahead_bob") as bob:
+            bob.execute("SELECT task_pause('g')")
+            bob.execute("INSERT INTO task (\"group\", input) SELECT 'g', 'SELECT 1' FROM generate_series(1, 3)")
+        with db.connect("ahead_alice") as alice:
+            running = alice.execute("INSERT INTO task (\"group\", input, plan) VALUES ('g', 'SELECT 1', now() + '1 h')"
+                                    " RETURNING id, hash").fetchone()
+            alice.execute("INSERT INTO task (\"group\", input) SELECT 'g', 'SELECT 2' FROM generate_series(1, 3)")
+        upcoming = db.sql("SELECT t.owner::text FROM pgtaskpy.upcoming_in_group(%s, 2, %s, 'ahead_alice', 'g') AS u"
+                          " JOIN task AS t ON t.id = u.id", [running[1], running[0]])
+        assert upcoming == [("ahead_alice",), ("ahead_alice",)], upcoming
+        with db.connect("ahead_alice") as alice:
+            alice.execute("SELECT task_pause('g')")
+        assert db.sql("SELECT * FROM pgtaskpy.upcoming_in_group(%s, 2, %s, 'ahead_alice', 'g')",
+                      [running[1], running[0]]) == []
+    finally:
+        db.sql("DELETE FROM task")
+        db.sql("DELETE FROM pgtaskpy.group_pause")
+        for role in ("ahead_alice", "ahead_bob"):
+            db.sql(f"DROP ROLE {role}")
+
+
 def test_a_rate_limit_is_set_changed_and_removed(running, authors):
     alice = authors["alice"]
     for starts, per, error in ((-1, "1 s", "starts must be from 1 to 100000"),

@@ -151,6 +151,25 @@ def test_cancel_with_stop_series_of_a_run_that_has_ended_ends_its_series(shared)
         shared.sql("DROP ROLE parent_namer")
 
 
+def test_cancel_with_stop_series_of_an_ended_run_follows_a_series_whose_input_changed(shared):
+    """A waiting run given another input (an UPDATE of it, as README shows, or task_schedule's
+    replace) is still the series' run that goes on: the first follower matched the ended run's
+    input, returned false, and the series ran on (a review)."""
+    first = shared.insert("SELECT 1", repeat="1 hour", group="changed series", delete=False)
+    shared.wait_done(first)
+    waiting = "SELECT id FROM task WHERE parent = %s AND state = 'PLAN'"
+    wait_until(lambda: shared.value(waiting, [first]) is not None, 10, message="the next run waiting")
+    following = shared.value(waiting, [first])
+    try:
+        shared.sql("UPDATE task SET input = 'SELECT 2' WHERE id = %s", [following])
+        assert shared.value("SELECT task_cancel(%s, stop_series => true)", [first]) is True
+        assert shared.value("SELECT state::text FROM task WHERE id = %s", [following]) == "STOP"
+        assert shared.value("SELECT count(*) FROM task WHERE \"group\" = 'changed series'"
+                            " AND state IN ('PLAN', 'TAKE', 'WORK')") == 0
+    finally:
+        shared.sql("DELETE FROM task WHERE \"group\" = 'changed series'")
+
+
 def test_cancel_with_stop_series_of_a_run_ending_as_it_comes_says_true_without_a_warning(shared):
     """A run whose input ended as the cancel came (its session gone, its end waiting for the
     cancel's lock on its row): the series ended, yet the call returned false, "nothing to stop"

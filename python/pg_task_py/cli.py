@@ -259,9 +259,10 @@ def conninfo_problem(dsn: str) -> str | None:
     if value:  # (as libpq reads it: no spaces around the commas)
         methods = value.split(",")
         negated = {method.startswith("!") for method in methods}
-        if len(negated) > 1 or any(method.removeprefix("!") not in REQUIRE_AUTH_METHODS for method in methods):
-            return (f"has an invalid require_auth (a list of {', '.join(REQUIRE_AUTH_METHODS)}, each with \"!\""
-                    f" before it or none){origin}")
+        if (len(negated) > 1 or len(set(methods)) < len(methods)
+                or any(method.removeprefix("!") not in REQUIRE_AUTH_METHODS for method in methods)):
+            return (f"has an invalid require_auth (a list of {', '.join(REQUIRE_AUTH_METHODS)}, each once, each"
+                    f" with \"!\" before it or none){origin}")
     return None
 
 

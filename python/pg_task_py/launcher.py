@@ -265,11 +265,11 @@ class Scheduler:
                 # The role lost SUPERUSER (or EXECUTE) while running: retrying cannot fix it.
                 raise SetupError(f"{self.name}: {first_line(exc)}: {NEEDS_SUPERUSER}") from None
             except psycopg.Error as exc:
-                # (stopping: its running tasks were not cancelled, as their rows could not be read:
-                # they run on, and their workers write their ends)
-                left = (f"; the {self.running} task(s) it ran were not cancelled: they go on, and record their"
-                        " own end") if self.running else ""
                 if self.stopping.is_set() and isinstance(exc, psycopg.errors.QueryCanceled):
+                    # (its running tasks were not cancelled, as their rows could not be read: they
+                    # run on, and their workers write their ends)
+                    left = (f"; the {self.running} task(s) it ran were not cancelled: they go on, and record their"
+                            " own end") if self.running else ""
                     database_log(self.name, logging.WARNING, "stopped, its scheduling turn cancelled (%s)%s",
                                  first_line(exc), left)
                     return  # (Databases.left_stuck: a stop that outlasted its grace)
@@ -277,7 +277,10 @@ class Scheduler:
                     # Not reconnected, as it said it would: the stop went on at once, no task was
                     # cancelled at --grace, and the launcher exited 0 (a probe: its session ended by
                     # a DBA, its database dropped, as it waited for a task).  A stop that failed.
-                    raise SetupError(f"{self.name}: its session was lost while stopping ({first_line(exc)}){left}"
+                    # (Its tasks may have ended with the session: a server restart ends them too.)
+                    unknown = (f"; the {self.running} task(s) it ran were not cancelled by it: their workers record"
+                               " their end, or a launcher's recovery does") if self.running else ""
+                    raise SetupError(f"{self.name}: its session was lost while stopping ({first_line(exc)}){unknown}"
                                      ) from None
                 what = "connection lost" if conn.broken or isinstance(exc, ListenerLost) else "scheduler error"
                 database_log(self.name, logging.WARNING,

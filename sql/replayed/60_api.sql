@@ -323,9 +323,11 @@ COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return 
 -- The run that goes on from a series' run `task_id` that has ended: its next run, or a retry,
 -- which names it as parent (and so on, past those that have ended too): its id, NULL when
 -- none of the caller's waits or runs, or the run's row is gone (deleted at its end).  The
--- series' own rows: its owner's, of its input, repeating or retried; not a task the run
--- inserted (whose parent pg_task.id also makes the run's, a repeating one too), nor another
--- role's that names the run so.  Each step a later id: a parent written by hand makes no loop.
+-- series' own rows: its owner's, repeating or retried, the last that names the run (its end
+-- inserts it; a task the run inserted, whose parent pg_task.id also makes the run's, a
+-- repeating one too, came before), not another role's that names the run so.  Not by input:
+-- task_schedule or an UPDATE may give the waiting run another (a review).  Each step a later
+-- id: a parent written by hand makes no loop.
 CREATE FUNCTION pgtaskpy.series_run_after(task_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -340,9 +342,9 @@ BEGIN
     END IF;
     LOOP
         SELECT c.id, c.state INTO run, run_state FROM @extschema@.task AS c
-        WHERE c.parent = run AND c.id > run AND c.owner = ended.owner AND c.input = ended.input
+        WHERE c.parent = run AND c.id > run AND c.owner = ended.owner
           AND (c.repeat > interval '0' OR c.cron IS NOT NULL OR c.attempt > 1)
-        ORDER BY c.id LIMIT 1;
+        ORDER BY c.id DESC LIMIT 1;
         IF NOT FOUND OR run_state IN ('PLAN', 'TAKE', 'WORK') THEN
             RETURN run;
         END IF;
