@@ -97,7 +97,8 @@ def test_the_sessions_worth_starting_ahead_are_read_in_claim_order_without_readi
                " WHERE relid = 'task'::regclass")
     with db.conn.transaction(force_rollback=True):
         before = db.value(fetched)
-        upcoming = db.sql("SELECT id, \"group\", max FROM pgtaskpy.upcoming_in_group(%s, 2, 0)", [group_hash])
+        upcoming = db.sql("SELECT id, \"group\", max FROM pgtaskpy.upcoming_in_group(%s, 2, 0, 'postgres', 'upcoming')",
+                          [group_hash])
         read = db.value(fetched) - before
     assert upcoming == [(late, "upcoming", 3), (first, "upcoming", 0)]
     assert read <= 10, f"{read} rows of the task table read for 2 upcoming tasks"

@@ -194,7 +194,7 @@ def test_a_claim_with_nothing_due_reads_a_few_pages_however_many_tasks_are_plann
 @pytest.mark.parametrize("scan", [
     "SELECT id FROM pgtaskpy.claim_due_tasks(5, 0)",
     "SELECT id FROM pgtaskpy.claim_next_task(%(hash)s, NULL) WHERE id IS NOT NULL",
-    "SELECT id FROM pgtaskpy.upcoming_in_group(%(hash)s, 2, 0)",
+    "SELECT id FROM pgtaskpy.upcoming_in_group(%(hash)s, 2, 0, 'postgres', 'group')",
 ], ids=["claim_due_tasks", "claim_next_task", "upcoming_in_group"])
 def test_a_group_scan_reads_past_its_own_tasks_planned_ahead_in_the_index(db, scan):
     """A group's scans for due tasks read it in priority order, where tasks planned ahead (here

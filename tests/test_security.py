@@ -78,7 +78,7 @@ def test_roles_see_and_change_only_their_own_tasks(running, roles):
 @pytest.mark.parametrize("call", [
     "pgtaskpy.claim_due_tasks(10, 1)",
     "pgtaskpy.claim_next_task(1, NULL)",
-    "pgtaskpy.upcoming_in_group(1, 2, 0)",  # (reads every owner's waiting tasks)
+    "pgtaskpy.upcoming_in_group(1, 2, 0, 'postgres', 'g')",  # (reads every owner's waiting tasks)
     "pgtaskpy.start_task(1, 1, 1)",
     "pgtaskpy.move_task_to_session(1, 1)",
     "pgtaskpy.finish_task(1, 'DONE', NULL, NULL)",
