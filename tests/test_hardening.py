@@ -660,9 +660,11 @@ def test_an_end_a_trigger_refuses_holds_back_that_task_alone_in_a_burst(running)
     running.sql("CREATE TRIGGER refuse_end BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse_end()")
     try:
         with running.conn.transaction():
+            # (first: in the burst's first batch, whose sessions open before the server is full;
+            # the tasks refused a session wait, and run later, a few at a time)
+            refused = running.insert("SELECT 'refuse-end'", group="refused", delete=False)
             running.sql("INSERT INTO task (input, \"group\", delete)"
                         " SELECT 'SELECT pg_sleep(0.2)', 'e' || g, false FROM generate_series(1, 150) AS g")
-            refused = running.insert("SELECT 'refuse-end'", group="refused", delete=False)
         wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id <> %s"
                                          " AND state IN ('PLAN', 'TAKE', 'WORK')", [refused]) == 0,
                    60, 0.1, "the other tasks to end")
