@@ -8,13 +8,19 @@ from __future__ import annotations
 import re
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pg_task_py_testing import Launcher, ReplicatedPair, multi_host_dsn, replicated_pair, wait_until
+from pg_task_py_testing import (
+    Launcher,
+    ReplicatedPair,
+    free_port,
+    multi_host_dsn,
+    replicated_pair,
+    scrape,
+    wait_until,
+)
 
 pytestmark = pytest.mark.failover
 
@@ -104,13 +110,7 @@ def test_a_standby_launcher_runs_nothing_and_writes_nothing(pair):
 
 
 def health(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-            return answer.status
-    except urllib.error.HTTPError as answer:
-        return answer.code
-    except OSError:
-        return 0  # not listening yet
+    return scrape(port, "/health")[0]
 
 
 def test_a_standby_launcher_is_healthy_while_it_waits(pair):
@@ -161,18 +161,8 @@ def test_a_launcher_on_a_standby_with_hot_standby_off_says_so_once_and_takes_ove
             launcher.kill()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def metrics(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            return answer.read().decode()
-    except OSError:
-        return ""  # not listening yet
+    return scrape(port, "/metrics")[1]
 
 
 def test_a_launcher_whose_primary_comes_back_as_a_standby_exports_none_of_its_groups(pair):

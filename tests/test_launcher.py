@@ -8,8 +8,6 @@ import socket
 import statistics
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -20,9 +18,11 @@ from pg_task_py_testing import (
     LAUNCHER,
     Launcher,
     extension_version,
+    free_port,
     insert_as,
     most_at_once,
     new_database,
+    scrape,
     throwaway_cluster,
     wait_until,
 )
@@ -1697,22 +1697,6 @@ def test_a_session_lost_while_stopping_makes_a_failed_stop(db):
         db.sql("SELECT task_cancel(%s)", [task])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def health(port: int) -> int:
-    """The status of the launcher's /health (0 while it does not listen yet)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-            return answer.status
-    except urllib.error.HTTPError as answer:
-        return answer.code
-    except OSError:
-        return 0
-
 def test_a_database_a_reload_removes_while_its_connection_hangs_is_left(tmp_path, db):
     """A reload removed a database whose connection attempt waited for a server that never answers
     (a TCP port that takes connections and says nothing): nothing ended the attempt, and /health
@@ -1731,7 +1715,7 @@ def test_a_database_a_reload_removes_while_its_connection_hangs_is_left(tmp_path
         launcher.signal(signal.SIGHUP)
         wait_until(lambda: "not in the configuration any more: stopping" in launcher.output(), 10,
                    message="the hung database stopping")
-        wait_until(lambda: health(port) == 200, 30, 0.2, f"/health 200: {launcher.output()}")
+        wait_until(lambda: scrape(port, "/health")[0] == 200, 30, 0.2, f"/health 200: {launcher.output()}")
         assert "removed by a reload, still not stopped" in launcher.output()
         assert db.wait_done(db.insert("SELECT 'still here'"))["output"] == "still here"
         assert launcher.stop() == 0, launcher.output()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -17,7 +16,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from pg_task_py_testing import GATED, LAUNCHER, Launcher, insert_as, throwaway_cluster, wait_until
+from pg_task_py_testing import GATED, LAUNCHER, Launcher, free_port, insert_as, scrape, throwaway_cluster, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 ROLES = ("ops_alice", "ops_bob")
@@ -1015,22 +1014,6 @@ def test_bad_retention_settings_keep_rows_and_say_why(db):
 
 
 # --- The launcher's metrics ---------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def scrape(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as answer:
-        return answer.code, answer.read().decode()
-    except OSError:
-        return 0, ""  # not listening yet
-
 
 def metric(port: int, name: str, **labels: str) -> float:
     """The sum of a metric's samples that carry these labels (0 when there are none)."""
