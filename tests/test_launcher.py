@@ -1621,6 +1621,12 @@ def test_a_spare_worker_that_fits_is_kept_not_opened_again_every_ten_seconds():
             assert launcher.stop() == 0, launcher.output()
 
 
+def worker_backends(cluster, dbname: str) -> int:
+    """The launcher's worker backends in the database, busy or idle (a spare among them)."""
+    with cluster.connect(dbname) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity"
+                            " WHERE application_name = 'pg_task_py worker'").fetchone()[0]
+
 def test_a_server_short_of_connections_gets_no_spare_worker():
     """An idle launcher keeps a spare worker, with a session started ahead, in each database it
     schedules: one of 30 databases held every connection of a server of max_connections 100, the
@@ -1632,9 +1638,7 @@ def test_a_server_short_of_connections_gets_no_spare_worker():
         held = [cluster.connect("spare") for _ in range(12)]  # (12 and the launcher's 2: over 0.8 of 17)
 
         def workers() -> int:
-            with cluster.connect("spare") as conn:
-                return conn.execute("SELECT count(*) FROM pg_stat_activity"
-                                    " WHERE application_name = 'pg_task_py worker'").fetchone()[0]
+            return worker_backends(cluster, "spare")
         launcher = Launcher(cluster.dsn("spare")).start()
         try:
             launcher.wait_active()
@@ -1661,9 +1665,7 @@ def test_sessions_that_only_call_themselves_launchers_take_no_spare_away():
                  for _ in range(4)]  # (counted three times each: 12, and the launcher's own, over 0.8 of 17)
 
         def workers() -> int:
-            with cluster.connect("named") as conn:
-                return conn.execute("SELECT count(*) FROM pg_stat_activity"
-                                    " WHERE application_name = 'pg_task_py worker'").fetchone()[0]
+            return worker_backends(cluster, "named")
         launcher = Launcher(cluster.dsn("named")).start()
         try:
             launcher.wait_active()
