@@ -661,6 +661,34 @@ def test_sighup_without_a_config_file_changes_nothing(db):
     assert launcher.stop() == 0
 
 
+def caught_signals(pid: int) -> int:
+    """The signals a process has handlers for (SigCgt of /proc/PID/status), as a bit mask."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)
+
+
+def test_signals_before_the_launcher_is_ready_are_heard_not_fatal(tmp_path, db):
+    """A supervisor's reload or stop as the launcher starts (its imports take a few hundred ms):
+    SIGHUP ended it unheard, SIGINT printed a traceback.  Here both come while the launcher waits
+    to read its --config (a FIFO, written after them): it hears them once it runs, and stops cleanly."""
+    config = tmp_path / "config.fifo"
+    os.mkfifo(config)
+    launcher = Launcher(args=("--config", str(config))).start()
+    try:
+        wanted = (1 << (signal.SIGHUP - 1)) | (1 << (signal.SIGTERM - 1))
+        wait_until(lambda: launcher.process.poll() is not None or caught_signals(launcher.process.pid) & wanted
+                   == wanted, 10, 0.01, "the launcher to catch SIGHUP and SIGTERM as it starts")
+        launcher.signal(signal.SIGHUP)
+        launcher.signal(signal.SIGTERM)
+        config.write_text(json.dumps([{"dsn": db.dsn}]))
+        assert launcher.process.wait(30) == 0, launcher.output()
+    finally:
+        launcher.kill()
+    log = launcher.output()
+    assert "received SIGTERM: stopping" in log and "received SIGHUP while stopping: ignored" in log, log
+    assert log.index("starting") < log.index("received SIGTERM"), log
+
+
 def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     launcher = db.launcher("--grace", "0.5")
     task_id = db.insert("SELECT pg_sleep(60)", delete=False)

@@ -1,3 +1,3 @@
-from pg_task_py.cli import main
+from pg_task_py.command import main
 
 raise SystemExit(main())

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -363,9 +363,10 @@ def setup_logging(level: str, as_json: bool) -> None:
 
 
 def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
-            reload: Callable[[], list[Settings]] | None = None) -> int:
+            reload: Callable[[], list[Settings]] | None = None, held_signals: Sequence[int] = ()) -> int:
     """Run one scheduler thread per database; return the exit status.  `reload` gives the
-    databases and settings anew (flags and config file), on SIGHUP."""
+    databases and settings anew (flags and config file), on SIGHUP; `held_signals` came before
+    these handlers (pg_task_py.command)."""
     # Handlers first: the "starting" line tells a supervisor that SIGTERM now stops cleanly.
     stopping = threading.Event()
     reload_wanted = threading.Event()
@@ -390,6 +391,8 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
     signal.signal(signal.SIGHUP, on_hangup)
     logging.getLogger("pg_task_py").info("pg_task_py %s starting: %d database(s)", __version__, len(settings),
                                          extra={"always": True})
+    for signum in held_signals:
+        (on_hangup if signum == signal.SIGHUP else on_signal)(signum, None)
     metrics = None
     if metrics_at is not None:
         metrics = Metrics()
@@ -437,7 +440,7 @@ def reload_configuration(databases: Databases, reload: Callable[[], list[Setting
     databases.reload(wanted)
 
 
-def status(args: argparse.Namespace) -> int:
+def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     """`pg_task_py status`: 0, or 1 with one line on stderr when the database cannot be read, or 2
     for a --dsn that libpq would refuse (told as `run` tells it: libpq's message quotes the
     conninfo, password and all)."""
@@ -446,8 +449,10 @@ def status(args: argparse.Namespace) -> int:
         print(f"pg_task_py status: {'--dsn' if args.dsn else 'the libpq environment'} {problem}", file=sys.stderr)
         return 2
     stopping = threading.Event()
-    signal.signal(signal.SIGINT, lambda _signum, _frame: stopping.set())
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):  # (SIGHUP: its terminal closed)
+        signal.signal(signum, lambda _signum, _frame: stopping.set())
+    if held_signals:
+        stopping.set()
     try:
         show_status(args.dsn, args.watch, stopping)
     except StatusError as exc:
@@ -460,14 +465,14 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, held_signals: Sequence[int] = ()) -> int:
     args = parse_args(argv)
     if args.command == "status":
-        return status(args)
+        return status(args, held_signals)
     setup_logging(args.log_level, args.log_json)
     try:
         settings = load_settings(args)
     except SetupError as exc:
         logging.getLogger("pg_task_py").error("%s", exc)
         return 2
-    return run_all(settings, args.metrics, reload=lambda: load_settings(args))
+    return run_all(settings, args.metrics, reload=lambda: load_settings(args), held_signals=held_signals)
