@@ -384,7 +384,8 @@ def test_an_admin_steers_another_roles_tasks_but_cannot_change_what_they_run(run
     waiting task (a superuser's: ALTER ROLE ... SUPERUSER), which then ran as that role (a probe).
     It may still stop, plan and repair such a task; not change its input, remote or target, nor
     its retries (a probe's admin gave another role's task three retries of any error: it ran four
-    times as that role, and with retry_unsafe a lost run that may have committed ran again)."""
+    times as that role, and with retry_unsafe a lost run that may have committed ran again), nor
+    its attempt (written back to 1, a failed task's retry ran again and again)."""
     running.sql("CREATE ROLE ops LOGIN IN ROLE pgtaskpy_admin")
     try:
         waiting = running.insert("SELECT 'mine'", plan=running.value("SELECT now() + interval '1 hour'"),
@@ -392,7 +393,7 @@ def test_an_admin_steers_another_roles_tasks_but_cannot_change_what_they_run(run
         with running.connect("ops") as ops:
             for change in ("input = 'ALTER ROLE ops SUPERUSER'", "remote = 'dbname=postgres'",
                            "target = 'standby'", "retry = 3", "retry_on = '{*}'", "retry_unsafe = true",
-                           "retry_delay = '0'", "retry_max = '1 s'"):
+                           "retry_delay = '0'", "retry_max = '1 s'", "attempt = 2"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege, match="change what task .* runs"):
                     ops.execute(f"UPDATE task SET {change} WHERE id = %s", [waiting])
             ops.execute("UPDATE task SET plan = now() WHERE id = %s", [waiting])

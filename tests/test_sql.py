@@ -151,6 +151,21 @@ def test_cancel_with_stop_series_of_a_run_that_has_ended_ends_its_series(shared)
         shared.sql("DROP ROLE parent_namer")
 
 
+def test_cancel_with_stop_series_of_an_ended_one_off_stops_no_series_it_inserted(shared):
+    """A one-off that had inserted a repeating task (its parent the one-off's id, from pg_task.id):
+    task_cancel(one-off, true) took that task for the one-off's next run, ended its series and
+    returned true (a review).  A one-off has no run that goes on: nothing to stop, false."""
+    spawn = "INSERT INTO task (input, plan, repeat) VALUES ('SELECT ''spawned''', now() + interval '1 hour', '1 hour')"
+    one_off = shared.insert(spawn, group="spawning one-off", delete=False)
+    try:
+        assert shared.wait_done(one_off)["state"] == "DONE"
+        assert shared.value("SELECT task_cancel(%s, stop_series => true)", [one_off]) is False
+        assert shared.sql("SELECT state::text, parent FROM task WHERE input = 'SELECT ''spawned'''") == [
+            ("PLAN", one_off)]
+    finally:
+        shared.sql("DELETE FROM task WHERE input = 'SELECT ''spawned''' OR \"group\" = 'spawning one-off'")
+
+
 def test_cancel_with_stop_series_of_an_ended_run_follows_a_series_whose_input_changed(shared):
     """A waiting run given another input (an UPDATE of it, as README shows, or task_schedule's
     replace) is still the series' run that goes on: the first follower matched the ended run's

@@ -326,10 +326,13 @@ BEGIN
     -- superuser's finished task ran again as that superuser, and with a pid of its choosing on
     -- a task set running, task_cancel signalled any backend of the owner's (a superuser's query).
     IF TG_OP = 'UPDATE' AND OLD.owner IS DISTINCT FROM current_user THEN
+        -- (attempt too: the retry of attempt n runs while n <= retry, and an attempt written back
+        -- to 1 ran a failed task again and again, a review's probe)
         rewritten := (NEW.input, NEW.remote, NEW.target, NEW.repeat, NEW.cron,
-                      NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on, NEW.retry_unsafe)
+                      NEW.retry, NEW.retry_delay, NEW.retry_max, NEW.retry_on, NEW.retry_unsafe, NEW.attempt)
                      IS DISTINCT FROM (OLD.input, OLD.remote, OLD.target, OLD.repeat, OLD.cron,
-                                       OLD.retry, OLD.retry_delay, OLD.retry_max, OLD.retry_on, OLD.retry_unsafe);
+                                       OLD.retry, OLD.retry_delay, OLD.retry_max, OLD.retry_on, OLD.retry_unsafe,
+                                       OLD.attempt);
         IF (rewritten OR NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('PLAN', 'TAKE', 'WORK')
                 OR (NEW.pid, NEW.worker, NEW.start) IS DISTINCT FROM (OLD.pid, OLD.worker, OLD.start))
            AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
@@ -339,7 +342,7 @@ BEGIN
                 RAISE EXCEPTION 'permission denied to change what task % of role "%" runs', OLD.id, OLD.owner
                     USING ERRCODE = 'insufficient_privilege',
                           HINT = 'A task runs as its owner: only superusers and members of that role may change '
-                                 'its input, remote, target, repeat, cron or retries.';
+                                 'its input, remote, target, repeat, cron, retries or attempt.';
             END IF;
             RAISE EXCEPTION 'permission denied to run task % of role "%"', OLD.id, OLD.owner
                 USING ERRCODE = 'insufficient_privilege',

@@ -323,32 +323,31 @@ COMMENT ON FUNCTION @extschema@.task_wait IS 'wait for a task to end and return 
 -- The run that goes on from a series' run `task_id` that has ended: its next run, or a retry,
 -- which names it as parent (and so on, past those that have ended too): its id, NULL when
 -- none of the caller's waits or runs, or the run's row is gone (deleted at its end).  The
--- series' own rows: its owner's, repeating or retried, the last that names the run (its end
--- inserts it; a task the run inserted, whose parent pg_task.id also makes the run's, a
--- repeating one too, came before), not another role's that names the run so.  Not by input:
--- task_schedule or an UPDATE may give the waiting run another (a review).  Each step a later
--- id: a parent written by hand makes no loop.
+-- series' own rows: its owner's, the last that names the run (its end inserts it; a task the
+-- run inserted, whose parent pg_task.id also makes the run's, came before), a next run when
+-- the run repeats, or its retry (attempt + 1); not a task that a one-off or an ended series
+-- inserted, a repeating one too (a review: one-off 1 had inserted series 2, and
+-- task_cancel(1, true) ended series 2), nor another role's that names the run so.  Not by
+-- input: task_schedule or an UPDATE may give the waiting run another (a review).  Each step a
+-- later id: a parent written by hand makes no loop.
 CREATE FUNCTION pgtaskpy.series_run_after(task_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    ended @extschema@.task;
-    run bigint := task_id;
-    run_state @extschema@.state;
+    run @extschema@.task;
 BEGIN
-    SELECT * INTO ended FROM @extschema@.task AS t WHERE t.id = task_id;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    LOOP
-        SELECT c.id, c.state INTO run, run_state FROM @extschema@.task AS c
-        WHERE c.parent = run AND c.id > run AND c.owner = ended.owner
-          AND (c.repeat > interval '0' OR c.cron IS NOT NULL OR c.attempt > 1)
+    SELECT * INTO run FROM @extschema@.task AS t WHERE t.id = task_id;
+    WHILE FOUND LOOP
+        SELECT * INTO run FROM @extschema@.task AS c
+        WHERE c.parent = run.id AND c.id > run.id AND c.owner = run.owner
+          AND ((run.repeat > interval '0' OR run.cron IS NOT NULL) AND (c.repeat > interval '0' OR c.cron IS NOT NULL)
+               OR c.attempt = run.attempt + 1)
         ORDER BY c.id DESC LIMIT 1;
-        IF NOT FOUND OR run_state IN ('PLAN', 'TAKE', 'WORK') THEN
-            RETURN run;
+        IF FOUND AND run.state IN ('PLAN', 'TAKE', 'WORK') THEN
+            RETURN run.id;
         END IF;
     END LOOP;
+    RETURN NULL;
 END
 $$;
 
