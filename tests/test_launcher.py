@@ -1547,6 +1547,29 @@ def test_a_database_that_allows_no_connections_holds_its_tasks_until_it_does(run
     assert (row["state"], row["output"]) == ("DONE", "ran"), row
 
 
+def test_a_remote_server_that_refuses_sessions_holds_back_no_local_task(db):
+    """A remote task whose server refuses its session (here a database that allows no connections)
+    waits, as for a full server; the launcher also ran no more at once in its own database, for a
+    server it does not share: 30 tasks of 1 s in 30 groups ran 5 at once, in 18 s (a review)."""
+    with db.cluster.connect() as admin:
+        admin.execute("CREATE DATABASE closed_remote ALLOW_CONNECTIONS false")
+    try:
+        launcher = db.launcher()
+        remote = db.insert("SELECT 1", remote=db.cluster.dsn("closed_remote"), delete=False)
+        wait_until(lambda: f"task {remote} waits" in launcher.output(), 20, 0.05, "its session refused")
+        db.sql("INSERT INTO task (\"group\", input, delete)"
+               " SELECT 'g' || i, 'SELECT pg_sleep(1)', false FROM generate_series(1, 30) AS i")
+        wait_until(lambda: db.value("SELECT count(*) FROM task WHERE remote IS NULL AND state = 'DONE'") == 30,
+                   60, 0.1, "the local tasks done")
+        local = db.sql("SELECT start, stop FROM task WHERE remote IS NULL")
+        assert most_at_once(local) >= 20, most_at_once(local)
+        assert state_of(db, remote) in ("PLAN", "TAKE")
+    finally:
+        db.sql("DELETE FROM task")
+        with db.cluster.connect() as admin:
+            admin.execute("DROP DATABASE closed_remote")
+
+
 def test_a_database_whose_limit_the_launchers_own_backends_fill_still_runs_its_tasks(running, task_role):
     """A database's CONNECTION LIMIT counts the launcher's backends, which (a superuser's) it does
     not refuse: with the limit at what they and the test hold, every task of another role was

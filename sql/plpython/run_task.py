@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         move_task_to_session,
         owner_is_gone,
         owner_to_start_ahead,
+        refused_for_its_role,
         retry_of,
         start_task,
         still_claimed,
@@ -474,7 +475,11 @@ class WorkerCall:
             wake_launchers(self.ctx)
             self.ctx.commit()
             self.report["postponed"].append(task["id"])
-            if "too many connections for role" not in str(exc):  # (the server's or the database's)
+            if (task["remote"] is None and task["target"] is None
+                    and not refused_for_its_role(self.ctx, task, str(exc))):
+                # This server's or this database's limit: the launcher runs no more at once.
+                # (Not a remote server's, nor a standby's: a task to a full server held every
+                # other task of the database back, 5 at once of 30: a review.)
                 self.report["short_of_connections"] = True
             if is_server_going_down(exc):  # (the launcher's log line says so, not "no free connection")
                 self.report["server_down"].append(task["id"])

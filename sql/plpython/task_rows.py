@@ -250,6 +250,21 @@ def owner_is_gone(ctx, task):
                    ["name"], [task["owner"]])[0]["gone"]
 
 
+def refused_for_its_role(ctx, task, message):
+    """Whether a session of the task's owner was refused for the role's own CONNECTION LIMIT (the
+    other roles' tasks run on), not the server's or the database's, which share the SQLSTATE: by
+    the server's words when they are English, else by the role's backends at its limit as they
+    are now (the refused one is gone, and one of theirs may have ended since: one less counts)."""
+    if "too many connections for role" in message:
+        return True
+    rows = ctx.run("refused_for_role", """
+        SELECT count(a.pid) + 1 >= r.rolconnlimit AS at_limit
+          FROM pg_catalog.pg_roles AS r LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.usesysid = r.oid
+         WHERE r.rolname = $1 AND r.rolconnlimit >= 0 AND NOT r.rolsuper
+         GROUP BY r.rolconnlimit""", ["name"], [task["owner"]])
+    return bool(rows) and rows[0]["at_limit"]
+
+
 def end_series(ctx, task_id):
     """No next run nor retry follows the task's end (its series ends with it)."""
     ctx.run("end_series", "SELECT pgtaskpy.end_series($1)", ["bigint"], [task_id])
