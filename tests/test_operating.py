@@ -1077,6 +1077,21 @@ def test_an_author_s_groups_by_the_thousand_are_counted_and_the_latest_labelled(
         db.sql("DROP ROLE metrics_author")
 
 
+def test_the_pauses_of_a_renamed_or_dropped_role_are_labelled(shared):
+    """The labelled pauses were read by each role of pg_roles: those of a role renamed or dropped
+    since (their rows keep the old name) were counted and never labelled (a review)."""
+    shared.sql("CREATE ROLE pausing_author LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with shared.connect("pausing_author") as author:
+            author.execute("SELECT task_pause('kept paused')")
+        shared.sql("ALTER ROLE pausing_author RENAME TO renamed_author")
+        snapshot = shared.value("SELECT pgtaskpy.metrics_snapshot(now(), 100)")
+        assert ["pausing_author", "kept paused"] in [pause[:2] for pause in snapshot["paused"]], snapshot["paused"]
+    finally:
+        shared.sql("DELETE FROM pgtaskpy.group_pause WHERE owner = 'pausing_author'")
+        shared.sql("DROP ROLE renamed_author")
+
+
 def test_one_database_given_twice_gets_one_scheduler_and_a_reload_hands_it_on(cluster, db, tmp_path):
     """Keywords and a URI of one database: the second scheduler to connect stops, saying so, and
     the first schedules on, /health 200.  Two of one name ran, and their metrics overwrote each

@@ -791,9 +791,16 @@ AS $$
                                                              greatest(extract(epoch FROM now() - p.since)::float8, 0))),
                             '[]')  -- (a since in the future, written by hand: 0)
                    FROM (SELECT g.owner, g."group", g.since
-                         FROM pg_roles AS a
+                         FROM (WITH RECURSIVE owners AS (  -- (each owner of a pause once, read from the
+                                   -- index: not pg_roles, which a renamed or dropped owner has left)
+                                   (SELECT o.owner FROM pgtaskpy.group_pause AS o ORDER BY o.owner LIMIT 1)
+                                   UNION ALL
+                                   SELECT (SELECT o.owner FROM pgtaskpy.group_pause AS o
+                                           WHERE o.owner > w.owner ORDER BY o.owner LIMIT 1)
+                                   FROM owners AS w WHERE w.owner IS NOT NULL)
+                               SELECT w.owner FROM owners AS w WHERE w.owner IS NOT NULL) AS a
                          CROSS JOIN LATERAL (SELECT o.owner, o."group", o.since FROM pgtaskpy.group_pause AS o
-                                             WHERE o.owner = a.rolname
+                                             WHERE o.owner = a.owner
                                              ORDER BY o.since LIMIT greatest(most / 10, 1)) AS g
                          ORDER BY g.since, g.owner, g."group" LIMIT most) AS p),
         'paused_groups', (SELECT count(*) FROM pgtaskpy.group_pause),
