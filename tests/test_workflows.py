@@ -373,6 +373,24 @@ def test_a_prerequisite_that_ends_before_the_insert_commits_counts_at_the_commit
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_dependent_inserted_while_a_failed_prerequisite_waits_for_its_retry_waits_for_the_retry(running):
+    """A dependent inserted after its prerequisite's first attempt failed, while the retry waited,
+    was inserted STOP ("prerequisite ended FAIL"), though the retry then ended DONE and the
+    dependents inserted a moment earlier ran (a probe): it waits for the retry, as they do."""
+    flaky = ("DO $$ BEGIN IF (SELECT attempt FROM task WHERE id = current_setting('pg_task.id')::bigint) = 1"
+             " THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; END $$")
+    prerequisite = running.insert(flaky, retry=2, retry_delay="2 s", delete=False)
+    retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2 AND state = 'PLAN'",
+                                             [prerequisite]), 20, 0.02, "the failure and its retry waiting")
+    dependent = running.insert("SELECT 'after the retry'", after=[prerequisite], delete=False)
+    assert running.task(dependent)["state"] == "PLAN" and running.task(dependent)["after"] == [retry]
+    retried = running.wait_done(retry)
+    row = running.wait_done(dependent)
+    assert (row["state"], row["output"]) == ("DONE", "after the retry"), row
+    assert retried["state"] == "DONE" and row["start"] >= retried["stop"], (row, retried)
+    assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
+
+
 def test_a_prerequisite_retried_before_the_insert_commits_hands_it_on_to_the_retry(running):
     """A prerequisite that fails, and is retried, while the dependents' INSERT is open: they wait
     for the retry, as those committed before the failure do (they were stopped, and one with

@@ -14,6 +14,9 @@ CREATE TABLE pgtaskpy.pending_prerequisite (
 );
 COMMENT ON TABLE pgtaskpy.pending_prerequisite IS 'edges prerequisite -> dependent of tasks that wait for prerequisites';
 REVOKE ALL ON pgtaskpy.pending_prerequisite FROM PUBLIC;
+-- A dependent's edges, by dependent: its insert, stop or deletion looks them up (each a scan of
+-- every edge without it: 2,000 dependents inserted beside 300,000 waiting edges took 20 s).
+CREATE INDEX pending_prerequisite_dependent ON pgtaskpy.pending_prerequisite (dependent);
 
 -- pg_dump keeps the edges with the tasks they belong to.
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.pending_prerequisite', '');

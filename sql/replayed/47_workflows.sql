@@ -51,6 +51,7 @@ AS $$
 DECLARE
     missing bigint;
     ended record;
+    handed record;
 BEGIN
     NEW.waiting_for := 0;
     IF NEW.after IS NULL THEN
@@ -80,6 +81,24 @@ BEGIN
                               ELSE 'Insert the prerequisites first (task_chain, or one transaction), under the same role.'
                          END;
     END IF;
+    -- A prerequisite that failed and is tried again is waited for in its retry (attempt + 1, its
+    -- owner's, naming it as parent), and so on, as the dependents inserted before the failure
+    -- are (pass_dependents_on): one inserted a moment after it was stopped, though the retry
+    -- ended DONE and the dependents inserted before it ran (a probe).
+    LOOP
+        SELECT p.id AS failed, r.id AS retry INTO handed
+        FROM @extschema@.task AS p
+        JOIN @extschema@.task AS r ON r.parent = p.id AND r.attempt = p.attempt + 1 AND r.owner = p.owner
+        WHERE p.id = ANY (NEW.after) AND p.state = 'FAIL'
+        ORDER BY p.id LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        IF current_setting('transaction_isolation') = 'read committed' THEN
+            PERFORM FROM @extschema@.task AS r WHERE r.id = handed.retry FOR KEY SHARE;
+        ELSE
+            PERFORM FROM @extschema@.task AS r WHERE r.id = handed.retry FOR SHARE;
+        END IF;
+        NEW.after := array_replace(NEW.after, handed.failed, handed.retry);
+    END LOOP;
     -- The first prerequisite that ended otherwise than DONE, and those still to end, in one
     -- statement: one snapshot.  The locks above do not hold a state (FOR KEY SHARE lets a
     -- task_cancel's STOP through), and a STOP committed between two statements was neither

@@ -110,6 +110,7 @@ CREATE TABLE pgtaskpy.pending_prerequisite (
 );
 COMMENT ON TABLE pgtaskpy.pending_prerequisite IS 'edges prerequisite -> dependent of tasks that wait for prerequisites';
 REVOKE ALL ON pgtaskpy.pending_prerequisite FROM PUBLIC;
+CREATE INDEX pending_prerequisite_dependent ON pgtaskpy.pending_prerequisite (dependent);
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.pending_prerequisite', '');
 -- task_enqueue gains after, after_any, exclusive, key and on_conflict.
 DROP FUNCTION @extschema@.task_enqueue(text, timestamptz, text, integer, interval, interval, text, text);
