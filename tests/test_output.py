@@ -374,6 +374,22 @@ def test_a_task_that_sets_its_own_client_encoding_reads_and_writes_what_it_says(
     assert "has no equivalent in the session's client_encoding" in row["error"], row
 
 
+def test_text_that_is_valid_in_two_encodings_is_read_in_the_one_the_input_ended_with(shared):
+    """The lines read in the session's encoding as the input was sent were kept as read when
+    their bytes were text in it too, whatever the encoding the input ended with: a LATIN1 'Ã©'
+    was stored 'é', GB18030's '通知' '֪ͨ' (valid UTF-8 both), and a kept LATIN1 session's next
+    task, which RESET it, had UTF-8's 'é' stored 'Ã©' (a probe)."""
+    row = run(shared, "SET client_encoding = 'LATIN1'; SELECT 'Ã©' AS x, length('Ã©') AS n")
+    assert (row["state"], row["output"]) == ("DONE", "SET\nx\tn\nÃ©\t2"), row
+    row = run(shared, "SET client_encoding = 'GB18030'; DO $$BEGIN RAISE NOTICE '通知'; END$$; SELECT '通知'")
+    assert (row["output"], row["notice"]) == ("SET\nDO\n通知", "NOTICE:  通知"), row
+    kept = {"group": "latin1 then reset", "count": 2, "save": True}
+    first = shared.insert("SET client_encoding = 'LATIN1'", delete=False, **kept)
+    second = shared.insert("RESET client_encoding; SELECT 'é'", delete=False, **kept)
+    assert shared.wait_done(first)["state"] == "DONE"
+    assert shared.wait_done(second)["output"] == "RESET\né"
+
+
 def test_notices_are_bounded_by_the_output_limit(running):
     """A task's notices count against pg_task_py.output_limit too: past it they are dropped, and
     the column says so, so that RAISE NOTICE in a loop fills neither the worker nor the row."""

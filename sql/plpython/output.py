@@ -113,17 +113,30 @@ class OutputWriter:
         return "\n".join(self.lines) if self.lines else None
 
 
-def settled(text, decode):
+def settled(text, decode, read_as="utf-8", every_line=False):
     """Text read with its undecodable bytes kept (Result's `escaped`), made plain: the lines that
     hold such bytes are read again by `decode` (bytes to str), in the session's client_encoding
     once the input has ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
     that encoding at once, but libpq learns of the change only as the input ends: its results
-    were read as UTF-8, and 'caf\u00e9' was stored 'caf\ufffd'.  Bytes that are not text in `codec`
+    were read in the encoding the session had before (`read_as`), and 'caf\u00e9' was stored
+    'caf\ufffd'.  When that encoding was another, `every_line` is read again: a line whose bytes
+    happened to be text in it too was kept as read (LATIN1 reads any bytes: UTF-8's e-acute was
+    stored as two letters; much of GB18030's Chinese is valid UTF-8).  Bytes that are not text in the session's encoding
     either are replaced (U+FFFD).  None stays None."""
-    if text is None or _is_plain(text):
+    if text is None or not every_line and _is_plain(text):
         return text
-    return "\n".join(line if _is_plain(line) else decode(line.encode("utf-8", "surrogateescape"))
+    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as)
                       for line in text.split("\n"))
+
+
+def _read_again(line, decode, read_as):
+    """The line's bytes, as they came, read by `decode`; the line as it is when it cannot be
+    made bytes of `read_as` again (a character of the worker's own words that it lacks)."""
+    try:
+        raw = line.encode(read_as, "surrogateescape")
+    except UnicodeEncodeError:
+        return line
+    return decode(raw)
 
 
 def _is_plain(text):

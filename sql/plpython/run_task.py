@@ -422,7 +422,7 @@ class WorkerCall:
 
     def send_query(self, session, task):
         """Send the task's input to its session; the InputResults that reads what it returns."""
-        reader = InputResults(self.ctx, task, OutputWriter(task, self.limit))
+        reader = InputResults(self.ctx, task, OutputWriter(task, self.limit), session.codec)
         session.limit_notices(self.limit)
         session.send(task["input"])
         return reader
@@ -541,10 +541,14 @@ class InputResults:
     """What a task's input returns, result by result: the output, written as it comes, and
     the error and SQLSTATE it ended with."""
 
-    def __init__(self, ctx, task, writer):
+    def __init__(self, ctx, task, writer, read_as):
         self.ctx = ctx
         self.task = task
         self.writer = writer
+        self.read_as = read_as  # the codec the input's results are read in: the session's as it was sent
+        # What the input returned before the COMMIT added (close_transaction), whose results are
+        # read in the session's encoding as the input left it: lines, notices, and its error.
+        self.input_returned = None
         self.error = self.sqlstate = None
         self.copy_undecodable = False  # a COPY ... TO STDOUT wrote rows that are not text in the session's codec
         self.closing = False  # the input has returned everything: its transaction is being ended
@@ -634,6 +638,7 @@ class InputResults:
         to be read as the input's were: when it fails (a deferred constraint), the task keeps its
         output and the error its DETAIL, as with a COMMIT of its own."""
         self.closing = True
+        self.input_returned = (len(self.writer.lines), len(session.notices), self.error is not None)
         if session.transaction_status == PQTRANS_INTRANS and self.error is None:
             session.send("COMMIT")
             return True
@@ -654,8 +659,19 @@ class InputResults:
         """(output, error, sqlstate, notices) of an input that has ended, in the session's encoding."""
         undecodable = []
         decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
-        output, error, notices = (settled(self.writer.text(), decode), settled(self.error, decode),
-                                  settled("\n".join(session.notices) or None, decode))
+        lines, notices_before, error_before = self.input_returned or (len(self.writer.lines), len(session.notices),
+                                                                      self.error is not None)
+        changed = self.read_as != session.codec
+
+        def settle(parts, before):
+            """The parts of a text (lines, notices) as one, those the input returned read again."""
+            texts = [settled("\n".join(part), decode, *codec)
+                     for part, codec in ((parts[:before], (self.read_as, changed)), (parts[before:], (session.codec,)))
+                     if part]
+            return "\n".join(texts) if texts else None
+
+        output, notices = settle(self.writer.lines, lines), settle(session.notices, notices_before)
+        error = settled(self.error, decode, *((self.read_as, changed) if error_before else (session.codec,)))
         if undecodable and not holds_replacement_character(self.ctx):
             # (U+FFFD, this code's for bytes that are not text, in a LATIN1 database: the end could
             # not be written, and the task failed 22P05 without its own error, SQLSTATE and output.

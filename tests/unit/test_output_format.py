@@ -173,3 +173,17 @@ def test_settled_reads_the_bytes_that_were_not_utf8_again_in_the_sessions_encodi
     assert output.settled(latin1, lambda raw: raw.decode("utf-8", "replace")) == "caf\ufffd"
     assert output.settled("plain", read_latin1) == "plain"
     assert output.settled(None, read_latin1) is None
+
+
+def test_settled_reads_every_line_again_when_the_session_ended_in_another_encoding(output):
+    """Lines read in the encoding the session had as the input was sent, whose bytes happened to
+    be text in it too, were kept as read: UTF-8's 'é' read as LATIN1 stayed 'Ã©', GB18030's '通知'
+    read as UTF-8 stayed '֪ͨ'.  When the session ended in another encoding, each line is read again."""
+    read_latin1 = lambda raw: raw.decode("latin-1")  # noqa: E731
+    # (a LATIN1 session sent 'Ã©' as the bytes of UTF-8's 'é')
+    assert output.settled("SET\nx\tn\né\t2", read_latin1, "utf-8", every_line=True) == "SET\nx\tn\nÃ©\t2"
+    assert output.settled("RESET\nÃ©", lambda raw: raw.decode("utf-8"), "latin-1", every_line=True) == "RESET\né"
+    gb18030 = "通知".encode("gb18030").decode("utf-8", "surrogateescape")
+    assert output.settled(f"SET\n{gb18030}", lambda raw: raw.decode("gb18030"), "utf-8", every_line=True) == \
+        "SET\n通知"
+    assert output.settled("SET\nÃ©", read_latin1, "utf-8") == "SET\nÃ©"  # (the same encoding: kept)
