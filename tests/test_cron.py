@@ -316,6 +316,9 @@ def test_tz_default_from_setting(db):
     db.sql("SET pg_task.tz = 'Mars/Olympus_Mons'")
     with pytest.raises(psycopg.errors.CheckViolation, match='invalid task.tz "Mars/Olympus_Mons"'):
         db.insert("SELECT 1")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as raised:  # (no tz given: the setting's, said so)
+        next_runs(db, "0 9 * * *", None, 1, row["plan"])
+    assert "it is the setting pg_task.tz = 'Mars/Olympus_Mons'" in raised.value.diag.message_hint
 
 
 def test_insert_plans_the_first_match_unless_a_plan_is_given(db):
@@ -336,6 +339,9 @@ def test_insert_plans_the_first_match_unless_a_plan_is_given(db):
     assert db.task(first["id"])["plan"] == explicit
 
 
+# (an error quotes the token as written: "l" for L was the lower-cased copy's; and the day forms
+# of Quartz and croniter, which a user coming from them writes, are named)
+QUARTZ = '; L, W, # and ? are not read here: "$" is the last day of the month'
 BAD = [
     ("0 25 * * *", 'cron field "hour": 25 is out of range 0-23'),
     ("60 * * * *", 'cron field "minute": 60 is out of range 0-59'),
@@ -344,12 +350,17 @@ BAD = [
     ("0 0 * * 8", 'cron field "day of week": 8 is out of range 0-7'),
     ("0 0 * foo *", 'cron field "month": "foo" is not a number or a month name (jan-dec)'),
     ("0 0 * * funday", 'cron field "day of week": "funday" is not a number or a day name (sun-sat)'),
-    ("0 0 L * *", 'cron field "day of month": "l" is not a number or $ (the last day of the month)'),
+    ("0 0 L * *", 'cron field "day of month": "L" is not a number or $ (the last day of the month)' + QUARTZ),
+    ("0 0 15W * *", 'cron field "day of month": "15W" is not a number or $ (the last day of the month)' + QUARTZ),
+    ("0 0 ? * MON", 'cron field "day of month": "?" is not a value, a range or a step' + QUARTZ),
+    ("0 0 * * 5L", 'cron field "day of week": "5L" is not a number or a day name (sun-sat)' + QUARTZ),
+    ("0 0 * * MONDAY", 'cron field "day of week": "MONDAY" is not a number or a day name (sun-sat)'),
+    ("0 0 * Dec-Jan *", 'cron field "month": range Dec-Jan runs backwards'),
     ("5/10 * * * *", 'cron field "minute": "5/10": a step needs a range or "*" (5-59/10)'),
     ("*/0 * * * *", 'cron field "minute": step 0 is out of range 1-60'),
     ("0 5-2 * * *", 'cron field "hour": range 5-2 runs backwards'),
     ("0 0 1,,2 * *", 'cron field "day of month": "" is not a value, a range or a step'),
-    ("0 0 * * 1#2", 'cron field "day of week": "1#2" is not a value, a range or a step'),
+    ("0 0 * * 1#2", 'cron field "day of week": "1#2" is not a value, a range or a step' + QUARTZ),
     ("$ * * * *", 'cron field "minute": "$" (the last day of the month) belongs in the day-of-month field'),
     ("0 0 $-3 * *", 'cron field "day of month": "$-3": "$" takes no range or step'),
     ("0 0 1-$ * *", 'cron field "day of month": "1-$" is not a value, a range or a step'),
@@ -467,6 +478,25 @@ def test_a_zone_postgresql_reads_as_a_fixed_abbreviation_is_refused(db, zone):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="as the abbreviation of the fixed offset"):
         next_runs(db, "0 3 * * *", zone, 1, "2027-04-01 00:00+00")
     assert db.value("SELECT count(*) FROM task") == 0
+
+
+@pytest.mark.parametrize("zone", ["CEST", "BST", "edt", "AEDT"])
+def test_a_summer_times_abbreviation_is_refused(db, zone):
+    """CEST, BST, EDT and the like are read as the summer's fixed offset all year: a daily job in
+    BST ran at 11:00 UTC all winter, an hour off, where CET was refused (a probe)."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="as the summer time's fixed offset"):
+        db.insert("SELECT 1", cron="0 3 * * *", tz=zone)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="as the summer time's fixed offset"):
+        next_runs(db, "0 3 * * *", zone, 1, "2027-01-15 00:00+00")
+    assert db.value("SELECT count(*) FROM task") == 0
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules"])
+def test_the_hosts_own_zone_is_refused(db, zone):
+    """`localtime` is whatever zone the server's host is set to: another server of a failover, or a
+    restore, may run the series at other hours.  A zone's name says which."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="is the zone of the server's host"):
+        db.insert("SELECT 1", cron="0 3 * * *", tz=zone)
 
 
 def test_zones_that_match_their_abbreviation_are_accepted(db):

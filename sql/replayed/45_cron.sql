@@ -58,6 +58,8 @@ DECLARE
     e integer;
     mask bigint;
     problem text;
+    at_field integer;  -- the field and the part read last: the one a problem is of
+    at_part text;
 BEGIN
     <<parse>>
     BEGIN
@@ -81,7 +83,9 @@ BEGIN
                 EXIT parse;
             END IF;
         END IF;
-        fields := regexp_split_to_array(cron, E'\\s+');
+        -- (the fields as written, each token matched without regard to case: an error quotes
+        -- what its author wrote, not "monday" for MONDAY)
+        fields := regexp_split_to_array(CASE WHEN left(source, 1) = '@' THEN cron ELSE source END, E'\\s+');
         IF cardinality(fields) <> 5 OR cron = '' THEN
             problem := format('cron expression "%s" has %s fields: expected 5 (minute hour day-of-month month '
                               'day-of-week), a macro such as @daily, or ''N seconds''',
@@ -91,7 +95,9 @@ BEGIN
         FOR f IN 1..5 LOOP
             mask := 0;
             FOREACH part IN ARRAY string_to_array(fields[f], ',') LOOP
-                m := regexp_match(part, E'^(?:(\\*)|([a-z0-9]+|\\$)(?:-([a-z0-9]+))?)(?:/([0-9]+))?$');
+                at_field := f;
+                at_part := part;
+                m := regexp_match(part, E'^(?:(\\*)|([a-z0-9]+|\\$)(?:-([a-z0-9]+))?)(?:/([0-9]+))?$', 'i');
                 IF m IS NULL THEN
                     problem := format('cron field "%s": "%s" is not a value, a range or a step', field_names[f], part);
                     EXIT parse;
@@ -112,7 +118,7 @@ BEGIN
                 ELSE
                     FOREACH e IN ARRAY ARRAY[2, 3] LOOP  -- the range's two ends, m[2] and m[3]
                         CONTINUE WHEN m[e] IS NULL;
-                        hi := pgtaskpy.cron_value(m[e], f);
+                        hi := pgtaskpy.cron_value(lower(m[e]), f);
                         IF hi IS NULL THEN
                             problem := format('cron field "%s": "%s" is not a number%s', field_names[f], m[e],
                                               CASE f WHEN 3 THEN ' or $ (the last day of the month)'
@@ -126,7 +132,7 @@ BEGIN
                         END IF;
                         IF e = 2 THEN
                             lo := hi;
-                        ELSIF f = 5 AND m[e] = 'sun' AND lo > 0 THEN
+                        ELSIF f = 5 AND lower(m[e]) = 'sun' AND lo > 0 THEN
                             hi := 7;  -- (sat-sun, mon-sun: the week's end, as 6-7 and 1-7 are)
                         END IF;
                     END LOOP;
@@ -173,7 +179,12 @@ BEGIN
     END;
     IF problem IS NULL THEN
         RETURN spec;
-    ELSIF raise_error THEN
+    END IF;
+    IF at_field = 3 AND at_part ~* '[lw?#]' OR at_field = 5 AND at_part ~* '[#?]|^[0-7]?l$' THEN
+        -- (Quartz's and croniter's day forms, which pg_cron's syntax has not)
+        problem := problem || '; L, W, # and ? are not read here: "$" is the last day of the month';
+    END IF;
+    IF raise_error THEN
         RAISE EXCEPTION '%', problem USING ERRCODE = 'invalid_parameter_value',
             HINT = 'A cron expression is five fields (minute hour day-of-month month day-of-week), a macro such '
                    'as @daily, or ''N seconds''; try one with task_next_runs(cron).';
@@ -200,12 +211,16 @@ $$;
 -- CET, EET, MET and WET, zones with daylight saving, ran an hour off for seven
 -- months of the year.  Such a name is refused unless the zone never leaves the
 -- abbreviation's offset (UTC, GMT, EST): its offsets in January and July are
--- read through the TimeZone setting, which reads names as zones.
+-- read through the TimeZone setting, which reads names as zones.  A summer
+-- time's abbreviation (CEST, BST, EDT) is a summer's offset all year: an hour
+-- off for the other months.  And `localtime` (and `posixrules`) is whatever
+-- zone the server's host has, which the other server of a failover may not.
 CREATE FUNCTION pgtaskpy.tz_problem(tz text) RETURNS text
 LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    fixed interval := (SELECT a.utc_offset FROM pg_timezone_abbrevs AS a WHERE lower(a.abbrev) = lower(tz) LIMIT 1);
+    fixed interval;
+    summer_time boolean;
     session_zone text := current_setting('TimeZone');
     winter interval;
     summer interval;
@@ -214,6 +229,12 @@ BEGIN
         RETURN pgtaskpy.tz_problem_by_default_abbreviations(tz);  -- (read as every plan is: cron_next)
     END IF;
     PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
+    IF lower(tz) IN ('localtime', 'posixrules') THEN
+        RETURN format('"%s" is the zone of the server''s host as it is set there, which another server (a '
+                      'standby promoted, a restore) may not share: name that zone', tz);
+    END IF;
+    SELECT a.utc_offset, a.is_dst INTO fixed, summer_time
+    FROM pg_timezone_abbrevs AS a WHERE lower(a.abbrev) = lower(tz) LIMIT 1;
     IF fixed IS NULL THEN
         RETURN NULL;
     END IF;
@@ -223,6 +244,10 @@ BEGIN
         -- GMT or EST took 20-40 ms.)
         PERFORM set_config('TimeZone', tz, true);
     EXCEPTION WHEN invalid_parameter_value THEN
+        IF summer_time THEN
+            RETURN format('PostgreSQL reads "%s" as the summer time''s fixed offset %s all year, not as the '
+                          'zone that keeps it in summer only', tz, fixed);
+        END IF;
         RETURN NULL;
     END;
     winter := make_interval(secs => extract(timezone FROM timestamptz '2030-01-15 12:00+00'));
@@ -478,7 +503,11 @@ BEGIN
         RAISE EXCEPTION 'task_next_runs needs a cron expression and a time to start after'
             USING ERRCODE = 'null_value_not_allowed';
     ELSIF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'tz "%": %', zone, problem USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'tz "%": %', zone, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = concat_ws(' ', 'Use a region''s name of pg_timezone_names, such as ''Europe/Berlin'', or ''UTC''.',
+                                   CASE WHEN tz IS NULL THEN format('No tz was given: it is the setting pg_task.tz = %L '
+                                       '(SET, ALTER ROLE ... SET, ALTER DATABASE ... SET or postgresql.conf).', zone) END);
     ELSIF NOT isfinite(after) THEN
         RAISE EXCEPTION 'task_next_runs: after must be a finite time, not %', after
             USING ERRCODE = 'invalid_parameter_value';
