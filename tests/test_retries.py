@@ -3,6 +3,7 @@ that doubles up to retry_max; what may have run (a lost worker) is not, unless t
 it is safe; a series never has two waiting runs and keeps its beat; task_retry redrives."""
 
 import concurrent.futures
+import signal
 from datetime import timedelta
 
 import psycopg
@@ -102,6 +103,29 @@ def test_a_cancelled_task_is_not_retried(running):
     assert running.wait_done(task_id)["sqlstate"] == "57014"
     running.wait_all_done()
     assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
+def test_a_run_a_launchers_stop_cancels_is_retried_as_an_error(db):
+    """A launcher stopped past its --grace (a deploy, a restart) cancels its running tasks: that
+    was taken for a user's cancel, never retried, and a workflow's step with retry_on '{*}' failed
+    for good, its workflow stopped (a probe), where a SIGKILL of the launcher let the step finish.
+    Nobody asked the task to end: it is retried as any error, when retry_on names 57014, its class
+    or *; not by the default retry_on."""
+    slow_first = ("SELECT pg_sleep(CASE WHEN (SELECT attempt FROM task"
+                  " WHERE id = current_setting('pg_task.id')::bigint) = 1 THEN 60 ELSE 0 END), 'step'")
+    launcher = db.launcher("--grace", "0.5")
+    retried = db.insert(slow_first, retry=2, retry_delay="0 s", retry_on="{*}", group="a", delete=False)
+    not_named = db.insert(slow_first, retry=2, retry_delay="0 s", group="b", delete=False)
+    after = db.insert("SELECT 'next step'", after=[retried], delete=False)
+    wait_until(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 2, 20, message="both running")
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0, launcher.output()
+    assert [row["sqlstate"] for row in attempts(db, retried)] == ["57014", None]  # (the retry, waiting)
+    assert [row["sqlstate"] for row in attempts(db, not_named)] == ["57014"]
+    db.launcher()
+    assert [(row["state"], row["sqlstate"]) for row in wait_attempts(db, retried, 2)] == [
+        ("FAIL", "57014"), ("DONE", None)]
+    assert db.wait_done(after)["output"] == "next step"
 
 
 def test_a_task_writing_its_progress_to_its_row_is_cancelled_at_once_and_not_retried(running):

@@ -103,10 +103,12 @@ SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_limit', '');
 
 -- Running tasks task_cancel has cancelled (cancel_running_task): their end,
--- FAIL 57014 as a timeout's is, is not retried (retry_plan).  Rows of ended
+-- FAIL 57014 as a timeout's is, is not retried (retry_plan), unless the
+-- cancel was a launcher's stop (by_stop), which nobody asked of the task.  Rows of ended
 -- tasks go with housekeeping (recover_orphaned_tasks).  The scheduler's only.
 CREATE TABLE pgtaskpy.cancelled_run (
-    task_id bigint PRIMARY KEY
+    task_id bigint PRIMARY KEY,
+    by_stop boolean NOT NULL DEFAULT false  -- a launcher's stop past its --grace: retried as an error
 );
 REVOKE ALL ON pgtaskpy.cancelled_run FROM PUBLIC;
 

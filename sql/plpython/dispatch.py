@@ -802,6 +802,10 @@ def cancel_running_tasks(ctx, pool, events):
         if row["cancelled"] or row["id"] not in tried:
             events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
         tried[row["id"]] = row["cancelled"]
+    # The cancels this turn made are a stop's, not a user's: retried as errors (retry_plan).  Read
+    # by their ends, which wait for this turn's locks on their rows.
+    ctx.run("cancelled_by_stop", "UPDATE pgtaskpy.cancelled_run SET by_stop = true WHERE task_id = ANY($1)",
+            ["bigint[]"], [[task_id for task_id, cancelled in tried.items() if cancelled]])
 
 
 def in_recovery(ctx):

@@ -1201,6 +1201,14 @@ BEGIN
         END IF;
     ELSIF done_perhaps AND NOT t.retry_unsafe THEN
         RETURN NULL;
+    ELSIF t.sqlstate = '57014' AND EXISTS (SELECT FROM pgtaskpy.cancelled_run AS c WHERE c.task_id = t.id AND c.by_stop) THEN
+        -- A launcher's stop past its --grace (a deploy, a restart): nobody asked the task to end,
+        -- and its transaction was rolled back.  Retried as any error (a probe: a workflow's step
+        -- with retry_on '{*}' failed for good, and the workflow stopped, where a SIGKILL of the
+        -- launcher let the step finish).
+        IF NOT (t.retry_on && ARRAY['*', '57014', '57']) THEN
+            RETURN NULL;
+        END IF;
     ELSIF t.sqlstate = '57014' THEN  -- query_canceled: a timeout of its own, or a cancel
         -- (task_cancel's is marked; a DBA's pg_cancel_backend is told by the time only)
         IF NOT ('57014' = ANY (t.retry_on) AND t.timeout > interval '0' AND t.stop - t.start >= t.timeout)
