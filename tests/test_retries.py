@@ -185,6 +185,7 @@ def test_a_task_whose_worker_died_is_not_retried_by_default(running):
     task_id = running.insert("SELECT pg_sleep(30)", retry=3, retry_delay="0 s", retry_on="{*}")
     row = kill_worker_mid_run(running, task_id)
     assert (row["state"], row["sqlstate"]) == ("FAIL", "08006")
+    assert "the task is not run again" in row["error"], row
     running.wait_all_done()
     assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
 
@@ -228,6 +229,8 @@ def test_kept_sessions_a_dba_terminates_fail_their_tasks_with_the_servers_error(
 def test_retry_unsafe_retries_a_lost_run_once_after_the_crash_wait(running):
     task_id = running.insert("SELECT pg_sleep(30)", retry=1, retry_delay="0 s", retry_unsafe=True)
     row = kill_worker_mid_run(running, task_id)
+    # (its hint said "the task is not run again", with the retry planned: a probe)
+    assert "its retry_unsafe runs it again, a minute from now at the earliest" in row["error"], row
     retries = running.sql("SELECT attempt, state::text, plan FROM task WHERE parent = %s", [task_id])
     assert len(retries) == 1
     attempt, state, plan = retries[0]

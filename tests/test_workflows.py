@@ -795,6 +795,9 @@ def test_task_chain_with_ignore_errors_runs_every_step(running):
         running.value("SELECT task_chain(ARRAY['SELECT 1'], ignore_errors => NULL)")
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="task_chain: step 2 of the inputs is NULL"):
         running.value("SELECT task_chain(ARRAY['SELECT 1', NULL])")
+    # (the table's check named no step, and showed task_enqueue's INSERT: a probe)
+    with pytest.raises(psycopg.errors.CheckViolation, match="task_chain: step 2 of the inputs is empty"):
+        running.value("SELECT task_chain(ARRAY['SELECT 1', '  ;  '])")
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="one-dimensional"):
         running.value("SELECT task_chain(ARRAY[['SELECT 1'], ['SELECT 2']])")
 

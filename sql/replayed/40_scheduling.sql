@@ -1571,7 +1571,9 @@ BEGIN
             E'ERROR:  task worker ended before the task finished\n'
             || E'HINT:  its backend was terminated, the server restarted, or the worker could not write the end'
             || E' (a launcher''s role that lost SUPERUSER, a trigger on task that failed it: see the launcher''s log);'
-            || E' the task is not run again\n'
+            || CASE WHEN orphan.retry_unsafe AND orphan.attempt <= orphan.retry
+                    THEN E' its retry_unsafe runs it again, a minute from now at the earliest\n'
+                    ELSE E' the task is not run again\n' END
             || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}', pgtaskpy.lost_run_sqlstate()) THEN
             recovered := recovered + 1;
         END IF;

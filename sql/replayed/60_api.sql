@@ -129,6 +129,16 @@ BEGIN
     IF ignore_errors IS NULL THEN
         RAISE EXCEPTION 'task_chain: ignore_errors must be true or false' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- (an empty step failed the table's check, which named no step and showed the INSERT of
+    -- task_enqueue: a probe.  The check's own test, check_task's.)
+    FOR n IN 1..cardinality(inputs) LOOP
+        step := inputs[array_lower(inputs, 1) + n - 1];
+        IF NOT (btrim(left(step, 100), E' \t\r\n;') <> ''
+                OR btrim(convert_to(step, current_setting('server_encoding')), E'\\x090a0d203b'::bytea) <> ''::bytea) THEN
+            RAISE EXCEPTION 'task_chain: step % of the inputs is empty', n
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'task.input must not be empty';
+        END IF;
+    END LOOP;
     FOREACH step IN ARRAY inputs LOOP
         ids := ids || @extschema@.task_enqueue(
             step, "group" => task_chain."group",
