@@ -390,6 +390,25 @@ def test_text_that_is_valid_in_two_encodings_is_read_in_the_one_the_input_ended_
     assert shared.wait_done(second)["output"] == "RESET\né"
 
 
+def test_a_task_whose_only_result_is_a_warning_keeps_its_row(running):
+    """`delete` (true by default) took the row of a task that returned no output and no error,
+    and its WARNING with it: nothing was left of it (a probe).  A row whose notices hold a
+    WARNING is kept; one with plain NOTICEs goes, as before."""
+    running.sql("CREATE FUNCTION warns_only(level text) RETURNS SETOF int LANGUAGE plpgsql AS $$ BEGIN"
+                " IF level = 'warning' THEN RAISE WARNING 'disk almost full'; ELSE RAISE NOTICE 'all well'; END IF;"
+                " END $$")
+    try:
+        warned = running.insert("SELECT * FROM warns_only('warning')")
+        noticed = running.insert("SELECT * FROM warns_only('notice')")
+        row = running.wait_done(warned)
+        assert (row["state"], row["output"], row["notice"]) == ("DONE", None, "WARNING:  disk almost full"), row
+        wait_until(lambda: running.value("SELECT count(*) FROM task WHERE id = %s", [noticed]) == 0, 20, 0.05,
+                   "the row of the task with a NOTICE only deleted")
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP FUNCTION warns_only(text)")
+
+
 def test_notices_are_bounded_by_the_output_limit(running):
     """A task's notices count against pg_task_py.output_limit too: past it they are dropped, and
     the column says so, so that RAISE NOTICE in a loop fills neither the worker nor the row."""

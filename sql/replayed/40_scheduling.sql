@@ -1105,7 +1105,9 @@ BEGIN
     END IF;
     PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
 
-    IF t.delete AND t.output IS NULL AND t.error IS NULL
+    -- (nor a row whose notices hold a WARNING: a task whose only result was one left no trace, a
+    -- probe; plain NOTICEs, "table ... does not exist, skipping", go with the row)
+    IF t.delete AND t.output IS NULL AND t.error IS NULL AND (t.notice IS NULL OR t.notice !~ '(^|\n)WARNING:  ')
        AND NOT (t.attempt > 1 AND pgtaskpy.earlier_attempt_held(t)) THEN  -- (47_workflows.sql)
         -- (not while an open transaction locks the row FOR KEY SHARE, as a foreign key does or an
         -- INSERT of a task `after` it: the end would wait for it; retention deletes the row later)
