@@ -162,6 +162,16 @@ def test_negative_max_keeps_its_pause_in_a_group_running_late(running):
         assert (later[0] - first_plan) % timedelta(seconds=1) == timedelta(0), rows  # (on the group's beat)
 
 
+def test_negative_max_pauses_before_a_dependent_its_task_released(running):
+    """A task of a paused group (max < 0) that released a dependent of the same group: the
+    dependent ran 10 ms after it, the pause applied only to the group's tasks already due (a
+    probe).  It waits the pause too."""
+    root = running.insert("SELECT 'root'", group="paused chain", max=-1500, delete=False)
+    child = running.insert("SELECT 'child'", group="paused chain", max=-1500, after=[root], delete=False)
+    first, second = running.wait_done(root), running.wait_done(child)
+    assert second["start"] - first["start"] >= timedelta(seconds=1.4), (first, second)
+
+
 def test_higher_max_starts_beside_the_running_ones(running):
     # The six run until the test lets them end (a fixed sleep of theirs could end first on a busy machine).
     with running.connect() as gate:

@@ -1073,7 +1073,7 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    IF t.repeat > interval '0' OR t.cron IS NOT NULL OR t.max < 0 OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
+    IF t.repeat > interval '0' OR t.cron IS NOT NULL OR (t.state = 'FAIL' AND t.attempt <= t.retry) THEN
         BEGIN
             retry_id := pgtaskpy.follow_task(t, quiet => NOT wake);
         EXCEPTION WHEN deadlock_detected OR lock_not_available THEN
@@ -1102,6 +1102,9 @@ BEGIN
         PERFORM pgtaskpy.pass_dependents_on(t.id, retry_id);
     ELSE
         PERFORM pgtaskpy.resolve_dependents(t.id, t.state, CASE WHEN NOT wake THEN t.hash END);
+    END IF;
+    IF t.max < 0 THEN
+        PERFORM pgtaskpy.pause_group(t);
     END IF;
     PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
 
@@ -1333,8 +1336,7 @@ $$;
 -- What follows the end of task t: its retry, when it failed and retry_plan
 -- says so; else the next run of its series (repeat or cron), when the retry
 -- would not come before that run (a series never has two waiting runs; its
--- runs keep their plan); and the pause of its group when max is negative.
--- Returns the id of the retry, if one was inserted.  quiet: the caller wakes
+-- runs keep their plan).  Returns the id of the retry, if one was inserted.  quiet: the caller wakes
 -- the launchers itself when it does not go on with the group (a worker), so
 -- the row it inserts sends no NOTIFY (see task_notify_insert).
 CREATE FUNCTION pgtaskpy.follow_task(t @extschema@.task, quiet boolean DEFAULT false) RETURNS bigint
@@ -1346,8 +1348,6 @@ DECLARE
     retry_at timestamptz := CASE WHEN t.state = 'FAIL' AND t.attempt <= t.retry THEN pgtaskpy.retry_plan(t) END;
     next_at timestamptz;
     next_id bigint;
-    pause interval;  -- max < 0: the group's pause, and until when its waiting tasks keep it
-    paused_until timestamptz;
 BEGIN
     IF t.key IS NOT NULL AND (series OR retry_at IS NOT NULL) THEN
         -- A named series that got a waiting run while this one ran (the
@@ -1399,31 +1399,41 @@ BEGIN
         END IF;
     END IF;
 
-    IF t.max < 0 THEN
-        PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
-        -- pg_task's pause: the group's waiting tasks wait -max ms after this
-        -- one's stop (drift) or until the first multiple of it after this one's
-        -- plan that is in the future (no drift, as a repeat's next run: plan +
-        -- the pause alone was past for a group running late, and its tasks ran
-        -- with no pause at all); the first of them to run pushes the rest on
-        -- again when it ends.  Only the owner's own tasks: groups are shared by
-        -- roles, and one role's task must not hold back another's for up to 24 days.
-        pause := make_interval(secs => -t.max / 1000.0);
-        IF t.drift THEN
-            paused_until := t.stop + pause;
-        ELSE
-            paused_until := t.plan + pause * greatest(ceil(extract(epoch FROM clock_timestamp() - t.plan)
-                                                          / extract(epoch FROM pause)), 1);
-            IF paused_until <= clock_timestamp() THEN
-                paused_until := paused_until + pause;
-            END IF;
-        END IF;
-        UPDATE @extschema@.task AS task
-        SET plan = paused_until
-        WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
-          AND task.plan < paused_until;
-    END IF;
     RETURN CASE WHEN retry_at IS NOT NULL THEN next_id END;
+END
+$$;
+
+-- pg_task's pause of a group whose task ended with a negative max: its waiting
+-- tasks wait -max ms.  After the task's dependents are resolved, so that one
+-- it released into its group waits too (it ran 10 ms after the task: a probe).
+CREATE FUNCTION pgtaskpy.pause_group(t @extschema@.task) RETURNS void
+LANGUAGE plpgsql  -- (no SET clause: it runs with finish_task's search_path, as follow_task does)
+AS $$
+DECLARE
+    pause interval := make_interval(secs => -t.max / 1000.0);
+    paused_until timestamptz;
+BEGIN
+    PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
+    -- pg_task's pause: the group's waiting tasks wait -max ms after this
+    -- one's stop (drift) or until the first multiple of it after this one's
+    -- plan that is in the future (no drift, as a repeat's next run: plan +
+    -- the pause alone was past for a group running late, and its tasks ran
+    -- with no pause at all); the first of them to run pushes the rest on
+    -- again when it ends.  Only the owner's own tasks: groups are shared by
+    -- roles, and one role's task must not hold back another's for up to 24 days.
+    IF t.drift THEN
+        paused_until := t.stop + pause;
+    ELSE
+        paused_until := t.plan + pause * greatest(ceil(extract(epoch FROM clock_timestamp() - t.plan)
+                                                      / extract(epoch FROM pause)), 1);
+        IF paused_until <= clock_timestamp() THEN
+            paused_until := paused_until + pause;
+        END IF;
+    END IF;
+    UPDATE @extschema@.task AS task
+    SET plan = paused_until
+    WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
+      AND task.plan < paused_until;
 END
 $$;
 
@@ -1958,6 +1968,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
                                          timestamptz)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.pause_group(@extschema@.task) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.waiting_run_goes_on(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;
