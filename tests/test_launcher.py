@@ -667,26 +667,62 @@ def caught_signals(pid: int) -> int:
     return int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)
 
 
-def test_signals_before_the_launcher_is_ready_are_heard_not_fatal(tmp_path, db):
-    """A supervisor's reload or stop as the launcher starts (its imports take a few hundred ms):
-    SIGHUP ended it unheard, SIGINT printed a traceback.  Here both come while the launcher waits
-    to read its --config (a FIFO, written after them): it hears them once it runs, and stops cleanly."""
+def launcher_reading_a_fifo_config(tmp_path: Path) -> tuple[Launcher, Path]:
+    """A launcher that waits to read its --config, a FIFO nobody writes yet, with its handlers of
+    SIGHUP and SIGTERM in place (its imports done)."""
     config = tmp_path / "config.fifo"
     os.mkfifo(config)
     launcher = Launcher(args=("--config", str(config))).start()
+    wanted = (1 << (signal.SIGHUP - 1)) | (1 << (signal.SIGTERM - 1))
+    wait_until(lambda: launcher.process.poll() is not None or caught_signals(launcher.process.pid) & wanted
+               == wanted, 10, 0.01, "the launcher to catch SIGHUP and SIGTERM as it starts")
+    return launcher, config
+
+
+def write_fifo(path: Path, text: str, timeout: float = 20.0) -> None:
+    """Write `text` to the FIFO once a reader has it open (never blocking for one that never comes)."""
+    def opened() -> int | None:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # (ENXIO: no reader yet)
+            return None
+    descriptor = wait_until(opened, timeout, 0.01, f"a reader of {path}")
     try:
-        wanted = (1 << (signal.SIGHUP - 1)) | (1 << (signal.SIGTERM - 1))
-        wait_until(lambda: launcher.process.poll() is not None or caught_signals(launcher.process.pid) & wanted
-                   == wanted, 10, 0.01, "the launcher to catch SIGHUP and SIGTERM as it starts")
+        os.set_blocking(descriptor, True)
+        os.write(descriptor, text.encode())
+    finally:
+        os.close(descriptor)
+
+
+def test_a_reload_before_the_launcher_is_ready_is_heard_not_fatal(tmp_path, db):
+    """A supervisor's reload as the launcher starts (its imports take a few hundred ms): SIGHUP
+    ended it unheard.  Here it comes while the launcher waits to read its --config: it reloads
+    once it runs (reading the file again), and schedules on."""
+    launcher, config = launcher_reading_a_fifo_config(tmp_path)
+    try:
         launcher.signal(signal.SIGHUP)
-        launcher.signal(signal.SIGTERM)
-        config.write_text(json.dumps([{"dsn": db.dsn}]))
-        assert launcher.process.wait(30) == 0, launcher.output()
+        write_fifo(config, json.dumps([{"dsn": db.dsn}]))
+        wait_until(lambda: "received SIGHUP: reloading the configuration" in launcher.output(), 20, 0.05,
+                   "the reload")
+        write_fifo(config, json.dumps([{"dsn": db.dsn}]))  # (the reload's reading)
+        launcher.wait_active()
+        assert db.wait_done(db.insert("SELECT 'scheduled'", delete=False))["output"] == "scheduled"
+        assert launcher.stop() == 0, launcher.output()
     finally:
         launcher.kill()
-    log = launcher.output()
-    assert "received SIGTERM: stopping" in log and "received SIGHUP while stopping: ignored" in log, log
-    assert log.index("starting") < log.index("received SIGTERM"), log
+
+
+def test_a_stop_while_the_launcher_reads_its_config_ends_it(tmp_path):
+    """SIGTERM as the launcher starts killed it outright (-15); held until it ran, it then waited
+    for a --config that never came (a pipe whose writer hangs) until SIGKILL (a review).  A stop
+    before the launcher runs ends it there, exit 0."""
+    launcher, _ = launcher_reading_a_fifo_config(tmp_path)
+    try:
+        launcher.signal(signal.SIGTERM)
+        assert launcher.process.wait(10) == 0, launcher.output()
+    finally:
+        launcher.kill()
+    assert "received SIGTERM while starting: stopped" in launcher.output()
 
 
 def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):

@@ -383,6 +383,15 @@ def test_text_that_is_valid_in_two_encodings_is_read_in_the_one_the_input_ended_
     assert (row["state"], row["output"]) == ("DONE", "SET\nx\tn\nÃ©\t2"), row
     row = run(shared, "SET client_encoding = 'GB18030'; DO $$BEGIN RAISE NOTICE '通知'; END$$; SELECT '通知'")
     assert (row["output"], row["notice"]) == ("SET\nDO\n通知", "NOTICE:  通知"), row
+    # The worker's own text in those lines is kept as it is: a task's null, delimiter and quote,
+    # and its input in the error's STATEMENT line (read again, they were stored as mojibake: a review).
+    latin1 = "SET client_encoding = 'LATIN1'; "
+    assert run(shared, latin1 + "SELECT NULL::text AS x, 'é' AS y", null="∅", delimiter="│")["output"] == \
+        "SET\nx│y\n∅│é"
+    assert run(shared, latin1 + "SELECT 'x' AS a, 'é' AS b", quote="«")["output"] == "SET\n«a«\t«b«\n«x«\t«é«"
+    row = run(shared, "BEGIN; " + latin1 + "COMMIT; SELECT 1/0 AS café")
+    assert row["error"].startswith("ERROR:  division by zero") and row["error"].endswith(
+        "STATEMENT:  BEGIN; " + latin1 + "COMMIT; SELECT 1/0 AS café"), row
     kept = {"group": "latin1 then reset", "count": 2, "save": True}
     first = shared.insert("SET client_encoding = 'LATIN1'", delete=False, **kept)
     second = shared.insert("RESET client_encoding; SELECT 'é'", delete=False, **kept)

@@ -391,6 +391,27 @@ def test_a_dependent_inserted_while_a_failed_prerequisite_waits_for_its_retry_wa
     assert running.value("SELECT count(*) FROM pgtaskpy.pending_prerequisite") == 0
 
 
+def test_a_dependent_inserted_after_a_failed_prerequisites_retry_did_the_work_runs(running):
+    """A dependent of a failed attempt inserted once its retry had ended DONE, having produced
+    nothing: the retry's row was deleted at its end, the dependent could not follow the attempt to
+    it, and was inserted STOP, "prerequisite ended FAIL" (a review).  A retry's row is kept."""
+    running.sql("CREATE FUNCTION fails_at_first() RETURNS void LANGUAGE plpgsql AS $$ BEGIN"
+                " IF (SELECT attempt FROM task WHERE id = current_setting('pg_task.id')::bigint) = 1 THEN"
+                " RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; END $$")
+    try:
+        nothing = "SELECT FROM fails_at_first() AS f WHERE random() < 0"  # (no row, no command tag)
+        prerequisite = running.insert(nothing, retry=1, retry_delay="0.2 s")
+        retry = wait_until(lambda: running.value("SELECT id FROM task WHERE parent = %s AND attempt = 2"
+                                                 " AND state = 'DONE'", [prerequisite]), 20, 0.05, "the retry done")
+        assert running.task(retry)["output"] is None
+        dependent = running.insert("SELECT 'after the retry'", after=[prerequisite], delete=False)
+        row = running.wait_done(dependent)
+        assert (row["state"], row["output"], row["after"]) == ("DONE", "after the retry", [retry]), row
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP FUNCTION fails_at_first()")
+
+
 def test_a_prerequisite_retried_before_the_insert_commits_hands_it_on_to_the_retry(running):
     """A prerequisite that fails, and is retried, while the dependents' INSERT is open: they wait
     for the retry, as those committed before the failure do (they were stopped, and one with

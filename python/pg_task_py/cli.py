@@ -465,14 +465,36 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     return 0
 
 
+class StoppedWhileStarting(Exception):
+    """SIGINT or SIGTERM before the launcher ran: it stops there (its --config may never come)."""
+
+
+def stopped_while_starting(signum: int, _frame: object) -> None:
+    raise StoppedWhileStarting(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None, held_signals: Sequence[int] = ()) -> int:
     args = parse_args(argv)
     if args.command == "status":
         return status(args, held_signals)
     setup_logging(args.log_level, args.log_json)
+    # A stop while the settings are read ends the start: a --config whose reading blocks (a
+    # pipe whose writer hangs, a stalled network file system) held SIGTERM until SIGKILL (a
+    # review).  SIGHUP stays held, for run_all: the file is read anyway.
+    stop_handlers = {signum: signal.signal(signum, stopped_while_starting)
+                     for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
+        for signum in held_signals:
+            if signum in stop_handlers:
+                stopped_while_starting(signum, None)
         settings = load_settings(args)
+    except StoppedWhileStarting as exc:
+        logging.getLogger("pg_task_py").info("received %s while starting: stopped", exc)
+        return 0
     except SetupError as exc:
         logging.getLogger("pg_task_py").error("%s", exc)
         return 2
+    finally:
+        for signum, handler in stop_handlers.items():
+            signal.signal(signum, handler)
     return run_all(settings, args.metrics, reload=lambda: load_settings(args), held_signals=held_signals)

@@ -113,7 +113,7 @@ class OutputWriter:
         return "\n".join(self.lines) if self.lines else None
 
 
-def settled(text, decode, read_as="utf-8", every_line=False):
+def settled(text, decode, read_as="utf-8", every_line=False, own=()):
     """Text read with its undecodable bytes kept (Result's `escaped`), made plain: the lines that
     hold such bytes are read again by `decode` (bytes to str), in the session's client_encoding
     once the input has ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
@@ -122,16 +122,23 @@ def settled(text, decode, read_as="utf-8", every_line=False):
     'caf\ufffd'.  When that encoding was another, `every_line` is read again: a line whose bytes
     happened to be text in it too was kept as read (LATIN1 reads any bytes: UTF-8's e-acute was
     stored as two letters; much of GB18030's Chinese is valid UTF-8).  Bytes that are not text in the session's encoding
-    either are replaced (U+FFFD).  None stays None."""
+    either are replaced (U+FFFD).  `own`: the text the worker wrote into the lines itself (a
+    task's `null`, `delimiter`, `quote`), which is kept as it is: read again, an empty-set sign was
+    stored as its UTF-8 bytes read in LATIN1 (a review).  None stays None."""
     if text is None or not every_line and _is_plain(text):
         return text
-    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as)
+    own = tuple(piece for piece in own if piece and not piece.isascii())  # (ASCII reads the same in both)
+    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as, own)
                       for line in text.split("\n"))
 
 
-def _read_again(line, decode, read_as):
-    """The line's bytes, as they came, read by `decode`; the line as it is when it cannot be
-    made bytes of `read_as` again (a character of the worker's own words that it lacks)."""
+def _read_again(line, decode, read_as, own=()):
+    """The line's bytes, as they came, read by `decode`, but for the pieces `own`; the line as it
+    is when it cannot be made bytes of `read_as` again (a character of the worker's own words
+    that it lacks)."""
+    for piece in own:
+        if piece in line:
+            return piece.join(_read_again(part, decode, read_as, own) for part in line.split(piece))
     try:
         raw = line.encode(read_as, "surrogateescape")
     except UnicodeEncodeError:

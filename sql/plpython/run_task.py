@@ -40,7 +40,16 @@ if TYPE_CHECKING:  # assembled with the files before it by sql/build.py
         RemoteRefused,
         lost_sqlstate,
     )
-    from output import OutputTooLarge, OutputWriter, bounded_error, format_error, format_message, labelled, settled
+    from output import (
+        OutputTooLarge,
+        OutputWriter,
+        bounded_error,
+        format_error,
+        format_message,
+        labelled,
+        settled,
+        with_tabs,
+    )
     from plans import WARM_AHEAD, Context, replan_after_growth, to_json
     from sessions import SessionChoice, TaskSessions, reuses_sessions, send_prepare
     from task_rows import (
@@ -663,15 +672,23 @@ class InputResults:
                                                                       self.error is not None)
         changed = self.read_as != session.codec
 
-        def settle(parts, before):
+        writer = self.writer
+
+        def settle(parts, before, own=()):
             """The parts of a text (lines, notices) as one, those the input returned read again."""
-            texts = [settled("\n".join(part), decode, *codec)
+            texts = [settled("\n".join(part), decode, *codec, own=own)
                      for part, codec in ((parts[:before], (self.read_as, changed)), (parts[before:], (session.codec,)))
                      if part]
             return "\n".join(texts) if texts else None
 
-        output, notices = settle(self.writer.lines, lines), settle(session.notices, notices_before)
-        error = settled(self.error, decode, *((self.read_as, changed) if error_before else (session.codec,)))
+        output = settle(writer.lines, lines, own=(writer.null, writer.delimiter, writer.quote, writer.escape))
+        notices = settle(session.notices, notices_before)
+        error = self.error
+        # (its STATEMENT line is the task's input, text of the worker's: kept as it is)
+        statement = "\nSTATEMENT:  " + with_tabs(self.task["input"] or "")
+        head, tail = (error[:-len(statement)], statement) if error and error.endswith(statement) else (error, "")
+        error = settled(head, decode, *((self.read_as, changed) if error_before else (session.codec,)))
+        error = error + tail if error is not None else None
         if undecodable and not holds_replacement_character(self.ctx):
             # (U+FFFD, this code's for bytes that are not text, in a LATIN1 database: the end could
             # not be written, and the task failed 22P05 without its own error, SQLSTATE and output.

@@ -1109,9 +1109,13 @@ BEGIN
     PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
 
     -- (nor a row whose notices hold a WARNING: a task whose only result was one left no trace, a
-    -- probe; plain NOTICEs, "table ... does not exist, skipping", go with the row)
+    -- probe; plain NOTICEs, "table ... does not exist, skipping", go with the row.  Nor a
+    -- retry's: beside its failed attempt, which is kept, it tells that the task did its work in
+    -- the end, and a dependent of that attempt follows it there, one inserted later too: deleted,
+    -- it could not be followed, and the dependent stopped, "prerequisite ended FAIL", after the
+    -- retry had done the work (a review).  Retention takes it later.)
     IF t.delete AND t.output IS NULL AND t.error IS NULL AND (t.notice IS NULL OR t.notice !~ '(^|\n)WARNING:  ')
-       AND NOT (t.attempt > 1 AND pgtaskpy.earlier_attempt_held(t)) THEN  -- (47_workflows.sql)
+       AND t.attempt = 1 THEN
         -- (not while an open transaction locks the row FOR KEY SHARE, as a foreign key does or an
         -- INSERT of a task `after` it: the end would wait for it; retention deletes the row later)
         DELETE FROM @extschema@.task AS task

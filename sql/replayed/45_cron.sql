@@ -180,7 +180,7 @@ BEGIN
     IF problem IS NULL THEN
         RETURN spec;
     END IF;
-    IF at_field = 3 AND at_part ~* '[lw?#]' OR at_field = 5 AND at_part ~* '[#?]|^[0-7]?l$' THEN
+    IF at_field = 3 AND at_part ~* '^(l(w|-[0-9]+)?|[0-9]+w|\?)$' OR at_field = 5 AND at_part ~* '#|^\?$|^[0-7]?l$' THEN
         -- (Quartz's and croniter's day forms, which pg_cron's syntax has not)
         problem := problem || '; L, W, # and ? are not read here: "$" is the last day of the month';
     END IF;
@@ -213,8 +213,8 @@ $$;
 -- abbreviation's offset (UTC, GMT, EST): its offsets in January and July are
 -- read through the TimeZone setting, which reads names as zones.  A summer
 -- time's abbreviation (CEST, BST, EDT) is a summer's offset all year: an hour
--- off for the other months.  And `localtime` (and `posixrules`) is whatever
--- zone the server's host has, which the other server of a failover may not.
+-- off for the other months.  And `localtime` and `posixrules` are links the
+-- server's zone files set, which the other server of a failover may not share.
 CREATE FUNCTION pgtaskpy.tz_problem(tz text) RETURNS text
 LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
@@ -230,8 +230,9 @@ BEGIN
     END IF;
     PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE tz;
     IF lower(tz) IN ('localtime', 'posixrules') THEN
-        RETURN format('"%s" is the zone of the server''s host as it is set there, which another server (a '
-                      'standby promoted, a restore) may not share: name that zone', tz);
+        RETURN format('"%s" is a link that the server''s time zone files set (the host''s zone, the rules of '
+                      'POSIX zone strings), which another server (a standby promoted, a restore) may not '
+                      'share: name the zone', tz);
     END IF;
     SELECT a.utc_offset, a.is_dst INTO fixed, summer_time
     FROM pg_timezone_abbrevs AS a WHERE lower(a.abbrev) = lower(tz) LIMIT 1;

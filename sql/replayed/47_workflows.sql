@@ -479,34 +479,6 @@ BEGIN
 END
 $$;
 
--- Whether an earlier attempt of the retry `t` is locked by another
--- transaction: an open INSERT of a dependent of the first attempt holds that
--- row FOR KEY SHARE until it commits, and then follows the failed attempt to
--- its retry (settle_prerequisites).  finish_task keeps such a retry's row,
--- though it produced nothing: deleted at its end, it could not be followed,
--- and the dependent stopped, "prerequisite ended FAIL", after the retry had
--- done the work.  Retention deletes the row later.  (The earlier attempts are
--- locked FOR UPDATE to tell, until the end's commit: ended rows, which only
--- task_retry and such an INSERT's commit lock.)
-CREATE FUNCTION pgtaskpy.earlier_attempt_held(t @extschema@.task) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
-AS $$
-DECLARE
-    earlier bigint[];
-BEGIN
-    WITH RECURSIVE attempts AS (
-        SELECT p.id, p.attempt, p.parent FROM @extschema@.task AS p
-        WHERE p.id = t.parent AND t.attempt > 1 AND p.owner = t.owner
-        UNION ALL
-        SELECT p.id, p.attempt, p.parent FROM attempts AS a JOIN @extschema@.task AS p ON p.id = a.parent
-        WHERE a.attempt > 1 AND p.owner = t.owner)
-    SELECT array_agg(a.id) INTO earlier FROM attempts AS a;
-    RETURN coalesce(cardinality(earlier) > (SELECT count(*) FROM (SELECT l.id FROM @extschema@.task AS l
-                                                                  WHERE l.id = ANY (earlier) ORDER BY l.id
-                                                                  FOR UPDATE SKIP LOCKED) AS free), false);
-END
-$$;
-
 -- Triggers named after task_guard_insert, so that they fire after it (BEFORE
 -- triggers fire in order of names) and may set state, stop and error.
 CREATE TRIGGER task_prerequisites_insert
