@@ -924,6 +924,20 @@ def test_wrong_dsn_is_one_clear_line_and_non_zero_exit(cluster):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("options", "says"), [
+    ("-c no_such_setting=1", 'unrecognized configuration parameter "no_such_setting"'),
+    ("-c work_mem=lots", 'invalid value for parameter "work_mem"'),
+    ("-c wal_level=minimal", '"wal_level" cannot be changed without restarting the server'),
+])
+def test_options_the_server_refuses_are_one_clear_line_and_non_zero_exit(cluster, db, options, says):
+    """A conninfo's `options`, or PGOPTIONS, that the server refuses at every login was retried
+    with backoff for good (a probe): retrying cannot mend it."""
+    result = run_launcher("run", "--dsn", f"{db.dsn} options='{options}'")
+    assert result.returncode == 1 and says in result.stderr, result.stderr
+    result = run_launcher("run", "--dsn", db.dsn, env={"PGOPTIONS": options})
+    assert result.returncode == 1 and says in result.stderr, result.stderr
+
+
 def test_database_without_extension_says_what_to_do(cluster, db):
     cluster.create_database(f"{db.name}_plain", extension=False)
     try:

@@ -85,7 +85,11 @@ FATAL_PHRASES = ("does not exist", "authentication failed", "no password supplie
                  "is not permitted to log in", "pg_hba.conf rejects connection", "definition of service",
                  "service file", "certificate verify failed", "but SSL was required",
                  # (libpq's refusals of the conninfo itself, before any server is asked)
-                 "could not match", "could not parse network address", "may not be used with")
+                 "could not match", "could not parse network address", "may not be used with",
+                 # (the server's refusals of its `options` or PGOPTIONS, retried forever: a probe)
+                 "unrecognized configuration parameter", "invalid value for parameter",
+                 "cannot be changed without restarting", "cannot be changed now", "permission denied to set parameter",
+                 "invalid command-line argument")
 # libpq's words for a keyword's value it does not know (invalid sslmode value: "sometimes").
 INVALID_VALUE = re.compile(r'invalid "?[a-z_]+"? value: "')
 # The conninfo keywords whose values are secrets: never in the log nor in a metric's label.  Those
