@@ -30,7 +30,7 @@ LOOK_EVERY = 1.0  # seconds between the watcher's looks at the clock
 # would not help: `holds` tells them apart).
 BLOCKERS = """
 WITH wanted AS (SELECT * FROM pg_catalog.pg_locks WHERE pid = %(pid)s AND NOT granted)
-SELECT b.pid, b.usename, b.application_name, b.state,
+SELECT b.pid, b.usename, b.application_name, b.state, b.wait_event_type, b.wait_event,
        extract(epoch FROM now() - coalesce(b.xact_start, b.backend_start))::integer AS seconds,
        left(regexp_replace(b.query, '[[:space:]]+', ' ', 'g'), 120) AS query,
        EXISTS (SELECT FROM pg_catalog.pg_locks AS h JOIN wanted AS w
@@ -115,18 +115,28 @@ class TurnWatch:
             log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it%s)", self.name, waited,
                         waits_on(wait), extra={"fields": {**fields, "wait_event": event}})
             return
-        for pid, role, application, state, seconds, query, holds in blockers:
+        for pid, role, application, state, wait_type, wait_name, seconds, query, holds in blockers:
             about = {**fields, "backend": pid, "holds": holds, "role": role, "application": application,
                      "state": state, "query": query}
             if holds:
                 log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
-                            ' application "%s", %s for %ss: %s); nothing starts until it lets go',
+                            ' application "%s", %s for %ss: %s); nothing starts until it lets go%s',
                             self.name, waited, pid, role, application, state, seconds, query,
-                            extra={"fields": about})
+                            holder_waits((wait_type, wait_name)), extra={"fields": about})
             else:  # (ending it would not help: it waits for the same holder)
                 log.warning('%s: the scheduling turn has waited %.0fs behind backend %s (role "%s", application'
                             ' "%s": %s), which waits for the same lock', self.name, waited, pid, role,
                             application, query, extra={"fields": about})
+
+
+def holder_waits(wait: tuple[str | None, str | None]) -> str:
+    """What a lock's holder itself waits for, when ending it would not be the cure: a commit
+    waiting for a synchronous standby held the turn, and the line named the client or launcher
+    that committed (a probe, while a standby was being rejoined)."""
+    if wait == ("IPC", "SyncRep"):
+        return (", which waits itself for a synchronous standby to confirm its commit (IPC:SyncRep):"
+                " none that synchronous_standby_names names has")
+    return ""
 
 
 def waits_on(wait: tuple[str | None, str | None] | None) -> str:

@@ -209,3 +209,11 @@ def test_a_task_waiting_for_a_free_connection_is_told_once_a_minute_not_at_every
 def test_a_slow_turn_no_session_blocks_says_what_its_backend_waits_on(wait, words):
     from pg_task_py.turns import waits_on
     assert waits_on(wait) == words
+
+
+def test_a_lock_holder_that_waits_for_a_synchronous_standby_is_said_so():
+    """The holder of the lock a turn waits for may itself wait for a synchronous standby: ending
+    it, as the line suggested, would not be the cure."""
+    from pg_task_py.turns import holder_waits
+    assert "waits itself for a synchronous standby" in holder_waits(("IPC", "SyncRep"))
+    assert holder_waits(("Lock", "transactionid")) == holder_waits((None, None)) == ""
