@@ -249,6 +249,33 @@ def test_a_remote_without_user_or_host_logs_in_as_the_owner_on_this_server(runni
         running.sql("DROP ROLE cron_admin")
 
 
+def test_a_remote_session_on_this_server_ends_before_its_lost_run_does(running):
+    """A remote task's worker terminated: its session on this server (another database of it)
+    ran on, the run was written FAIL at once, and the series' next run started beside it, two
+    runs of one key at once (a probe).  The session is terminated as a local one is, and the run
+    ends once it is gone."""
+    with running.cluster.connect() as admin:
+        admin.execute(f"CREATE DATABASE {running.name}_other")
+    try:
+        remote = f"dbname={running.name}_other"
+        task_id = running.value("INSERT INTO task (input, remote, key, repeat, delete) VALUES"
+                                " ('SELECT pg_sleep(20)', %s, 'one at a time', '1 s', false) RETURNING id", [remote])
+        wait_until(lambda: running.task(task_id)["state"] == "WORK" and running.task(task_id)["pid"], 20, 0.02,
+                   "the remote run under way")
+        session = running.task(task_id)["pid"]
+        assert running.value("SELECT pg_terminate_backend(worker) FROM task WHERE id = %s", [task_id]) is True
+        row = running.wait_done(task_id, 30)
+        assert (row["state"], row["sqlstate"]) == ("FAIL", "08006"), row
+        assert running.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [session]) == 0
+    finally:
+        running.sql("UPDATE task SET repeat = '0' WHERE key = 'one at a time'")
+        running.sql("SELECT task_cancel(id) FROM task WHERE key = 'one at a time' AND state IN ('PLAN', 'WORK')")
+        running.wait_all_done()
+        running.sql("DELETE FROM task")
+        with running.cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {running.name}_other WITH (FORCE)")
+
+
 def test_a_remote_without_user_logs_in_as_the_owner_with_its_password(running, remote):
     """A role's remote conninfo with a password and no user logs in as the role (the remote's role
     of that name), not as the server's OS user."""
@@ -270,6 +297,12 @@ def test_malformed_remote_conninfo_fails_the_task(running):
     assert row["state"] == "FAIL" and row["error"] == (
         'ERROR:  PQconninfoParse failed\nDETAIL:  missing "=" after "port" in connection info string\n'
         "STATEMENT:  SELECT 1")
+    # A misspelt keyword is named (its place, left of "=", holds no password): it was "...".
+    row = run(running, "SELECT 1", remote="hots=x password='pw secret' dbname=y")
+    assert row["error"] == ('ERROR:  PQconninfoParse failed\nDETAIL:  invalid connection option "hots"\n'
+                            "STATEMENT:  SELECT 1"), row
+    row = run(running, "SELECT 1", remote="postgresql://u:secret@localhost/db?hots=x")
+    assert 'invalid URI query parameter: "hots"' in row["error"] and "secret" not in row["error"], row
 
 
 @pytest.mark.parametrize("uri", ["postgresql://remote_user:Se@cretPW@localhost/remotedb",
@@ -291,6 +324,9 @@ def test_a_uri_whose_password_is_not_percent_encoded_fails_saying_so_and_not_wha
     ("connect_timeout=soon", 'invalid integer value "soon" for connection option "connect_timeout"'),
     ("port=abc", 'invalid integer value "abc" for connection option "port"'),
     ("sslmode=sometimes", 'invalid sslmode value: "sometimes"'),
+    # (retried as network errors, 08001: a probe)
+    ("service=no_such_service", 'definition of service "no_such_service" not found'),
+    ("hostaddr=notanip", 'could not parse network address "notanip"'),
 ])
 def test_a_remote_conninfo_value_libpq_cannot_use_fails_the_task_unretried(running, remote, option, words):
     """22023, as a conninfo that does not parse: 08001, a connection failure, was retried by the

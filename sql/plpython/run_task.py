@@ -119,7 +119,10 @@ SHUTDOWN_SQLSTATES = ("57P01", "57P02")
 CLOSED_UNSAID = "server closed the connection unexpectedly"
 # libpq's (English) words for a conninfo value it cannot use (port=abc, sslmode=sometimes), which it
 # finds only as it connects: the conninfo's mistake, like one that does not parse, not the network's.
-BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not match")
+# (And a service that is not defined, a hostaddr that is no address: retried as network errors,
+# 08001, three attempts of `definition of service "nosuch" not found`: a probe.)
+BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not match", "definition of service",
+                      "could not parse network address")
 
 
 def main(plpy, GD, SD, task_id, claimer):

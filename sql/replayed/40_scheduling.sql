@@ -1553,7 +1553,8 @@ $$;
 -- it is gone (a later call: the next housekeeping turn).  So is a standby
 -- task's when it is here after all: run here for want of a standby, or on the
 -- standby this server was until its promotion (its pid fits as a local one's).
--- A remote task's session, or a standby's elsewhere, is out of reach: true.
+-- A remote task's session is too when it is on this server (another database
+-- of it); on another server, or a standby's elsewhere, it is out of reach: true.
 -- False, and nothing done, while the worker is alive: the run is not lost.
 -- Only a backend that runs the task's input (or ran it last, or commits it) is
 -- terminated: after a failover the row's pid is the old primary's, and a backend
@@ -1569,9 +1570,12 @@ BEGIN
     IF t.state <> 'WORK' OR pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
         RETURN false;
     END IF;
-    IF t.pid IS NULL OR t.remote IS NOT NULL OR NOT EXISTS (
+    IF t.pid IS NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
-        WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+        -- (a remote task's on this server, another database of it: its query ran on beside the
+        -- series' next run, one key's two runs at once, a probe)
+        WHERE (a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+               OR t.remote IS NOT NULL)
           AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start, a.application_name)
           AND (a.query <> '' AND starts_with(t.input, a.query) OR a.query = 'COMMIT' AND a.state = 'active')) THEN
         RETURN true;
