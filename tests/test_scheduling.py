@@ -172,18 +172,6 @@ def test_negative_max_pauses_before_a_dependent_its_task_released(running):
     assert second["start"] - first["start"] >= timedelta(seconds=1.4), (first, second)
 
 
-def test_negative_max_holds_back_a_task_inserted_during_the_pause(running):
-    """A task of a paused group (max < 0) inserted while the pause ran was due at once: it ran
-    152 ms after the task before it, and before the task the pause had moved (a probe).  It waits
-    for the pause's end too, after the tasks already waiting."""
-    first, second = [running.insert(f"SELECT {n}", group="paused late", max=-2000, delete=False) for n in (1, 2)]
-    wait_until(lambda: running.task(first)["state"] == "DONE", 20, 0.02, "the first task done")
-    third = running.insert("SELECT 3", group="paused late", max=-2000, delete=False)
-    rows = [running.wait_done(task_id) for task_id in (first, second, third)]
-    assert rows[1]["start"] - rows[0]["stop"] >= timedelta(seconds=1.9), rows
-    assert rows[2]["start"] - rows[1]["stop"] >= timedelta(seconds=1.9), rows  # (second first: it waited longer)
-
-
 def test_higher_max_starts_beside_the_running_ones(running):
     # The six run until the test lets them end (a fixed sleep of theirs could end first on a busy machine).
     with running.connect() as gate:

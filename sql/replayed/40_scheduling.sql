@@ -1438,32 +1438,8 @@ BEGIN
     SET plan = paused_until
     WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
       AND task.plan < paused_until;
-    INSERT INTO pgtaskpy.group_paused_until AS p (owner, hash, until) VALUES (t.owner, t.hash, paused_until)
-    ON CONFLICT (owner, hash) DO UPDATE SET until = excluded.until;
 END
 $$;
-
--- BEFORE INSERT of a task of a negative max: a group paused by its task's end
--- (pause_group) holds it back to the pause's end, as the tasks already waiting
--- are.  (The group's hash as the column computes it: a BEFORE trigger sees a
--- generated column before it is.)  SECURITY DEFINER: task authors cannot read
--- the pauses' table.
-CREATE FUNCTION pgtaskpy.keep_group_pause() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    NEW.plan := greatest(NEW.plan, (SELECT p.until FROM pgtaskpy.group_paused_until AS p
-                                    WHERE p.owner = NEW.owner
-                                      AND p.hash = hashtext(NEW."group" || E'\x1f' || COALESCE(NEW.remote, ''))));
-    RETURN NEW;
-END
-$$;
-
--- After task_check (a cron task's first match), named so: BEFORE triggers fire in name order.
-CREATE TRIGGER task_pause_insert
-    BEFORE INSERT ON @extschema@.task
-    FOR EACH ROW WHEN (NEW.max < 0)
-    EXECUTE FUNCTION pgtaskpy.keep_group_pause();
 
 -- End waiting tasks FAIL with the same error (a bad setting, say) and SQLSTATE, each in its
 -- own subtransaction so that one that cannot end does not hold back the rest
@@ -1622,7 +1598,6 @@ BEGIN
             recovered := recovered + 1;
         END IF;
     END LOOP;
-    DELETE FROM pgtaskpy.group_paused_until AS p WHERE p.until < now();
     -- (the marks of cancels whose tasks have ended: read by their ends already)
     DELETE FROM pgtaskpy.cancelled_run AS c
     WHERE NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = c.task_id AND t.state IN ('TAKE', 'WORK'));

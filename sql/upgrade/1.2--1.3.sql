@@ -223,18 +223,6 @@ CREATE TABLE pgtaskpy.cancelled_run (
 );
 REVOKE ALL ON pgtaskpy.cancelled_run FROM PUBLIC;
 
--- Until when a group is paused (max < 0: pgtaskpy.pause_group): a task of the
--- group inserted during the pause waits for its end too (it ran at once, before
--- the tasks the pause had moved: a probe).  Expired rows go with housekeeping
--- (recover_orphaned_tasks).  The scheduler's only.
-CREATE TABLE pgtaskpy.group_paused_until (
-    owner name NOT NULL,
-    hash  integer NOT NULL,
-    until timestamptz NOT NULL,
-    PRIMARY KEY (owner, hash)
-);
-REVOKE ALL ON pgtaskpy.group_paused_until FROM PUBLIC;
-
 -- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
 -- one state in stop order, never reading those another state keeps longer.
 CREATE INDEX task_state_stop_finished ON @extschema@.task (state, stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
