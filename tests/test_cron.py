@@ -357,6 +357,8 @@ BAD = [
     ("0 0 * * MONDAY", 'cron field "day of week": "MONDAY" is not a number or a day name (sun-sat)'),
     ("0 0 * Dec-Jan *", 'cron field "month": range Dec-Jan runs backwards'),
     ("0 0 jul * *", 'cron field "day of month": "jul" is not a number or $ (the last day of the month)'),
+    ("0 0 1-L * *", 'cron field "day of month": "L" is not a number or $ (the last day of the month)' + QUARTZ),
+    ("0 0 * * SUN-L", 'cron field "day of week": "L" is not a number or a day name (sun-sat)' + QUARTZ),
     ("5/10 * * * *", 'cron field "minute": "5/10": a step needs a range or "*" (5-59/10)'),
     ("*/0 * * * *", 'cron field "minute": step 0 is out of range 1-60'),
     ("0 5-2 * * *", 'cron field "hour": range 5-2 runs backwards'),

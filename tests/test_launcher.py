@@ -724,6 +724,24 @@ def test_a_stop_while_the_launcher_reads_its_config_ends_it(tmp_path):
         launcher.kill()
     assert "received SIGTERM while starting: stopped" in launcher.output()
 
+def test_a_stop_during_a_reload_that_waits_for_its_config_ends_the_launcher(tmp_path, db):
+    """A reload whose --config reading blocks (a pipe whose writer hangs) held the main thread: a
+    SIGTERM stopped the databases and the launcher never exited, but for SIGKILL (a review).  The
+    stop abandons the reload."""
+    launcher, config = launcher_reading_a_fifo_config(tmp_path)
+    try:
+        write_fifo(config, json.dumps([{"dsn": db.dsn}]))
+        launcher.wait_active()
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: "received SIGHUP: reloading the configuration" in launcher.output(), 20, 0.05,
+                   "the reload, waiting for its config")
+        launcher.signal(signal.SIGTERM)
+        assert launcher.process.wait(20) == 0, launcher.output()
+    finally:
+        launcher.kill()
+    assert "the reload was abandoned: stopping" in launcher.output()
+
+
 
 def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     launcher = db.launcher("--grace", "0.5")

@@ -417,8 +417,31 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
             if stopping.is_set():
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
-                reload_configuration(databases, reload)
+                reload_stoppably(databases, reload, on_signal)
     return databases.exit_status(stop_asked=stopping.is_set())
+
+
+class ReloadAbandoned(BaseException):
+    """A stop during a reload (BaseException: reload_configuration's guard lets it through)."""
+
+
+def reload_stoppably(databases: Databases, reload: Callable[[], list[Settings]] | None,
+                     on_signal: Callable[[int, object], None]) -> None:
+    """reload_configuration, which a SIGINT or SIGTERM abandons: the stop goes on.  A --config
+    whose reading blocks (a pipe whose writer hangs) held the main thread, and the launcher
+    logged its stop, stopped its databases and never exited (a review)."""
+    def stop_and_abandon(signum: int, frame: object) -> None:
+        on_signal(signum, frame)
+        raise ReloadAbandoned
+
+    handlers = {signum: signal.signal(signum, stop_and_abandon) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        reload_configuration(databases, reload)
+    except ReloadAbandoned:
+        logging.getLogger("pg_task_py").info("the reload was abandoned: stopping")
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None) -> None:

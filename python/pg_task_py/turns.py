@@ -120,7 +120,7 @@ class TurnWatch:
                      "state": state, "query": query}
             if holds:
                 log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
-                            ' application "%s", %s for %ss: %s); nothing starts until it lets go%s',
+                            ' application "%s", %s for %ss: %s%s); nothing starts until it lets go',
                             self.name, waited, pid, role, application, state, seconds, query,
                             holder_waits((wait_type, wait_name)), extra={"fields": about})
             else:  # (ending it would not help: it waits for the same holder)
@@ -134,8 +134,8 @@ def holder_waits(wait: tuple[str | None, str | None]) -> str:
     waiting for a synchronous standby held the turn, and the line named the client or launcher
     that committed (a probe, while a standby was being rejoined)."""
     if wait == ("IPC", "SyncRep"):
-        return (", which waits itself for a synchronous standby to confirm its commit (IPC:SyncRep):"
-                " none that synchronous_standby_names names has")
+        return ("; its commit waits for a synchronous standby (IPC:SyncRep): none that"
+                " synchronous_standby_names names has confirmed it")
     return ""
 
 

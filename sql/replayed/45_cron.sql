@@ -180,7 +180,8 @@ BEGIN
     IF problem IS NULL THEN
         RETURN spec;
     END IF;
-    IF at_field = 3 AND at_part ~* '^(l(w|-[0-9]+)?|[0-9]+w|\?)$' OR at_field = 5 AND at_part ~* '#|^\?$|^[0-7]?l$' THEN
+    IF at_field = 3 AND at_part ~* '(^|[-/])(lw?|[0-9]+w|\?)($|[-/])'
+       OR at_field = 5 AND at_part ~* '#|(^|[-/])([0-7]?l|\?)($|[-/])' THEN
         -- (Quartz's and croniter's day forms, which pg_cron's syntax has not)
         problem := problem || '; L, W, # and ? are not read here: "$" is the last day of the month';
     END IF;

@@ -215,5 +215,6 @@ def test_a_lock_holder_that_waits_for_a_synchronous_standby_is_said_so():
     """The holder of the lock a turn waits for may itself wait for a synchronous standby: ending
     it, as the line suggested, would not be the cure."""
     from pg_task_py.turns import holder_waits
-    assert "waits itself for a synchronous standby" in holder_waits(("IPC", "SyncRep"))
+    assert holder_waits(("IPC", "SyncRep")) == ("; its commit waits for a synchronous standby (IPC:SyncRep): none that"
+                                                " synchronous_standby_names names has confirmed it")
     assert holder_waits(("Lock", "transactionid")) == holder_waits((None, None)) == ""
