@@ -504,9 +504,10 @@ def main(argv: list[str] | None = None, held_signals: Sequence[int] = ()) -> int
     # A stop while the settings are read ends the start: a --config whose reading blocks (a
     # pipe whose writer hangs, a stalled network file system) held SIGTERM until SIGKILL (a
     # review).  SIGHUP stays held, for run_all: the file is read anyway.
-    stop_handlers = {signum: signal.signal(signum, stopped_while_starting)
-                     for signum in (signal.SIGINT, signal.SIGTERM)}
+    stop_handlers: dict[int, object] = {}
     try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            stop_handlers[signum] = signal.signal(signum, stopped_while_starting)
         for signum in held_signals:
             if signum in stop_handlers:
                 stopped_while_starting(signum, None)
