@@ -488,8 +488,9 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     return 0
 
 
-class StoppedWhileStarting(Exception):
-    """SIGINT or SIGTERM before the launcher ran: it stops there (its --config may never come)."""
+class StoppedWhileStarting(BaseException):
+    """SIGINT or SIGTERM before the launcher ran: it stops there (its --config may never come).
+    A BaseException, as KeyboardInterrupt: no guard of the settings' reading takes it for theirs."""
 
 
 def stopped_while_starting(signum: int, _frame: object) -> None:
