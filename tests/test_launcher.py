@@ -726,8 +726,9 @@ def test_a_stop_while_the_launcher_reads_its_config_ends_it(tmp_path):
 
 def test_a_stop_during_a_reload_that_waits_for_its_config_ends_the_launcher(tmp_path, db):
     """A reload whose --config reading blocks (a pipe whose writer hangs) held the main thread: a
-    SIGTERM stopped the databases and the launcher never exited, but for SIGKILL (a review).  The
-    stop abandons the reload."""
+    SIGTERM stopped the databases and the launcher never exited, but for SIGKILL (a review); with a
+    second signal right after it, the first mend of that printed a traceback, or hung (the signal
+    reached another thread).  The stop abandons the reload, which reads in a thread of its own."""
     launcher, config = launcher_reading_a_fifo_config(tmp_path)
     try:
         write_fifo(config, json.dumps([{"dsn": db.dsn}]))
@@ -736,10 +737,12 @@ def test_a_stop_during_a_reload_that_waits_for_its_config_ends_the_launcher(tmp_
         wait_until(lambda: "received SIGHUP: reloading the configuration" in launcher.output(), 20, 0.05,
                    "the reload, waiting for its config")
         launcher.signal(signal.SIGTERM)
+        launcher.signal(signal.SIGINT)
         assert launcher.process.wait(20) == 0, launcher.output()
     finally:
         launcher.kill()
     assert "the reload was abandoned: stopping" in launcher.output()
+    assert "Traceback" not in launcher.output() and ": stopped" in launcher.output(), launcher.output()
 
 
 

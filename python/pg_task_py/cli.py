@@ -417,50 +417,43 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
             if stopping.is_set():
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
-                reload_stoppably(databases, reload, on_signal)
+                reload_configuration(databases, reload, stopping)
     return databases.exit_status(stop_asked=stopping.is_set())
 
 
-class ReloadAbandoned(BaseException):
-    """A stop during a reload (BaseException: reload_configuration's guard lets it through)."""
-
-
-def reload_stoppably(databases: Databases, reload: Callable[[], list[Settings]] | None,
-                     on_signal: Callable[[int, object], None]) -> None:
-    """reload_configuration, which a SIGINT or SIGTERM abandons: the stop goes on.  A --config
-    whose reading blocks (a pipe whose writer hangs) held the main thread, and the launcher
-    logged its stop, stopped its databases and never exited (a review)."""
-    def stop_and_abandon(signum: int, frame: object) -> None:
-        on_signal(signum, frame)
-        raise ReloadAbandoned
-
-    handlers = {signum: signal.signal(signum, stop_and_abandon) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        reload_configuration(databases, reload)
-    except ReloadAbandoned:
-        logging.getLogger("pg_task_py").info("the reload was abandoned: stopping")
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-
-
-def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None) -> None:
+def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None,
+                         stopping: threading.Event) -> None:
     """SIGHUP: read the flags and config file again and apply them; a config file that cannot be
-    used changes nothing."""
+    used changes nothing.  Read by a thread of its own, which a stop abandons: a --config whose
+    reading blocks (a pipe whose writer hangs) held the main thread, and the launcher stopped its
+    databases and never exited (a review; a signal does not always reach the main thread's read)."""
     log = logging.getLogger("pg_task_py")
     if reload is None:
         log.info("received SIGHUP: nothing to reload")
         return
     log.info("received SIGHUP: reloading the configuration")
-    try:
-        wanted = reload()
-    except SetupError as exc:
-        log.error("reload refused, nothing changed: %s", exc)
-        return
-    except Exception as exc:  # noqa: BLE001 (a reload must not end every database's scheduling)
-        log.error("reload refused, nothing changed: %s: %s", type(exc).__name__, exc)
-        return
-    databases.reload(wanted)
+    outcome: dict[str, object] = {}
+
+    def read() -> None:
+        try:
+            outcome["wanted"] = reload()
+        except Exception as exc:  # noqa: BLE001 (a reload must not end every database's scheduling)
+            outcome["error"] = exc
+
+    reader = threading.Thread(target=read, name="pg_task_py reload", daemon=True)
+    reader.start()
+    while reader.is_alive():
+        reader.join(0.2)
+        if stopping.is_set():
+            log.info("the reload was abandoned: stopping")
+            return
+    error = outcome.get("error")
+    if isinstance(error, SetupError):
+        log.error("reload refused, nothing changed: %s", error)
+    elif error is not None:
+        log.error("reload refused, nothing changed: %s: %s", type(error).__name__, error)
+    else:
+        databases.reload(outcome["wanted"])
 
 
 def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:

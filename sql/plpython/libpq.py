@@ -234,20 +234,13 @@ def _without_conninfo_text(message, conninfo):
     the longest the conninfo holds (a password `p"SECRET` left `SECRET"` in the error when
     pieces ended at the next quote).  A URI's pieces are quoted percent-decoded too: `My%21Secret`
     as `My!Secret`."""
-    import re  # noqa: PLC0415 (here, on a malformed conninfo only)
-    from urllib.parse import unquote  # noqa: PLC0415
+    from urllib.parse import unquote  # noqa: PLC0415 (here, on a malformed conninfo only)
 
     keywords = set(_options_set(PQconndefaults(), every=True))
     decoded = unquote(conninfo)
 
-    def at_a_keywords_place(piece):
-        # (a misspelt keyword, `hots=`, left of "=" where no password is: "invalid connection
-        # option "..."" did not say which word libpq did not know, a probe)
-        return (re.fullmatch(r"[A-Za-z_]{1,64}", piece) is not None
-                and re.search(r"(^|[\s?&])" + re.escape(piece) + r"\s*=", conninfo) is not None)
-
     def told(piece):
-        return ((len(piece) == 1 and not piece.isalnum()) or piece in keywords or at_a_keywords_place(piece)
+        return ((len(piece) == 1 and not piece.isalnum()) or piece in keywords
                 or piece not in conninfo and piece not in decoded)
 
     lines = []

@@ -122,7 +122,7 @@ CLOSED_UNSAID = "server closed the connection unexpectedly"
 # (And a service that is not defined, a hostaddr that is no address: retried as network errors,
 # 08001, three attempts of `definition of service "nosuch" not found`: a probe.)
 BAD_CONNINFO_VALUE = ("invalid integer value", "invalid port number", "could not match", "definition of service",
-                      "could not parse network address")
+                      "service file", "could not parse network address")
 
 
 def main(plpy, GD, SD, task_id, claimer):
@@ -496,7 +496,12 @@ class WorkerCall:
             if is_server_going_down(exc):  # (the launcher's log line says so, not "no free connection")
                 self.report["server_down"].append(task["id"])
         elif isinstance(exc, MalformedConninfo):  # pg_task's words
-            self.fail_unstarted(task, "PQconninfoParse failed", None, detail=str(exc), sqlstate=BAD_SETTING)
+            # (the word is not shown, a password's piece perhaps: a review found one that the
+            # word's place, left of "=", showed, of a password written unquoted)
+            hint = ("Each word left of \"=\" must be a libpq keyword (host, port, dbname, user, password, ...):"
+                    " check its spelling." if "invalid connection option" in str(exc)
+                    or "invalid URI query parameter" in str(exc) else None)
+            self.fail_unstarted(task, "PQconninfoParse failed", hint, detail=str(exc), sqlstate=BAD_SETTING)
         elif task["remote"] is not None and is_bad_conninfo_value(str(exc)):
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=BAD_SETTING)
         elif isinstance(exc, RemoteRefused):

@@ -1530,7 +1530,8 @@ $$;
 -- task's when it is here after all: run here for want of a standby, or on the
 -- standby this server was until its promotion (its pid fits as a local one's).
 -- A remote task's session is too when it is on this server (another database
--- of it); on another server, or a standby's elsewhere, it is out of reach: true.
+-- of it), named as a task's session; on another server, or a standby's
+-- elsewhere, it is out of reach: true.
 -- False, and nothing done, while the worker is alive: the run is not lost.
 -- Only a backend that runs the task's input (or ran it last, or commits it) is
 -- terminated: after a failover the row's pid is the old primary's, and a backend
@@ -1549,9 +1550,11 @@ BEGIN
     IF t.pid IS NULL OR NOT EXISTS (
         SELECT FROM pg_stat_get_activity(t.pid) AS a
         -- (a remote task's on this server, another database of it: its query ran on beside the
-        -- series' next run, one key's two runs at once, a probe)
+        -- series' next run, one key's two runs at once, a probe.  Named as a task's session, as
+        -- the worker names it: a pid of another server's may be a local application's, running
+        -- the same query, which a review's call terminated.)
         WHERE (a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-               OR t.remote IS NOT NULL)
+               OR t.remote IS NOT NULL AND a.application_name = pgtaskpy.name_of('task'))
           AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start, a.application_name)
           AND (a.query <> '' AND starts_with(t.input, a.query) OR a.query = 'COMMIT' AND a.state = 'active')) THEN
         RETURN true;
