@@ -302,7 +302,8 @@ def test_malformed_remote_conninfo_fails_the_task(running):
     row = run(running, "SELECT 1", remote="hots=x password=correct horse=battery dbname=y")
     assert row["error"] == ('ERROR:  PQconninfoParse failed\nDETAIL:  invalid connection option "..."\n'
                             'HINT:  Each word left of "=" must be a libpq keyword (host, port, dbname, user,'
-                            ' password, ...): check its spelling.\nSTATEMENT:  SELECT 1'), row
+                            " password, ...): check its spelling, and quote a value that holds spaces ('...')."
+                            "\nSTATEMENT:  SELECT 1"), row
 
 
 @pytest.mark.parametrize("uri", ["postgresql://remote_user:Se@cretPW@localhost/remotedb",

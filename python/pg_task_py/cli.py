@@ -452,8 +452,10 @@ def reload_configuration(databases: Databases, reload: Callable[[], list[Setting
         log.error("reload refused, nothing changed: %s", error)
     elif error is not None:
         log.error("reload refused, nothing changed: %s: %s", type(error).__name__, error)
-    else:
+    elif not stopping.is_set():
         databases.reload(outcome["wanted"])
+        if stopping.is_set():  # (a stop while it applied: what it started or kept stops too, a review)
+            databases.stop_all()
 
 
 def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
@@ -486,8 +488,6 @@ class StoppedWhileStarting(BaseException):
     A BaseException, as KeyboardInterrupt: no guard of the settings' reading takes it for theirs."""
 
 
-def stopped_while_starting(signum: int, _frame: object) -> None:
-    raise StoppedWhileStarting(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None, held_signals: Sequence[int] = ()) -> int:
@@ -499,6 +499,13 @@ def main(argv: list[str] | None = None, held_signals: Sequence[int] = ()) -> int
     # pipe whose writer hangs, a stalled network file system) held SIGTERM until SIGKILL (a
     # review).  SIGHUP stays held, for run_all: the file is read anyway.
     stop_handlers: dict[int, object] = {}
+    stopped: list[int] = []
+
+    def stopped_while_starting(signum: int, _frame: object) -> None:
+        if not stopped:  # (once: a second signal right after it raised in the except, a traceback)
+            stopped.append(signum)
+            raise StoppedWhileStarting(signal.Signals(signum).name)
+
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
             stop_handlers[signum] = signal.signal(signum, stopped_while_starting)

@@ -498,9 +498,9 @@ class WorkerCall:
         elif isinstance(exc, MalformedConninfo):  # pg_task's words
             # (the word is not shown, a password's piece perhaps: a review found one that the
             # word's place, left of "=", showed, of a password written unquoted)
+            unknown_word = "invalid connection option" in str(exc) or "invalid URI query parameter" in str(exc)
             hint = ("Each word left of \"=\" must be a libpq keyword (host, port, dbname, user, password, ...):"
-                    " check its spelling." if "invalid connection option" in str(exc)
-                    or "invalid URI query parameter" in str(exc) else None)
+                    " check its spelling, and quote a value that holds spaces ('...')." if unknown_word else None)
             self.fail_unstarted(task, "PQconninfoParse failed", hint, detail=str(exc), sqlstate=BAD_SETTING)
         elif task["remote"] is not None and is_bad_conninfo_value(str(exc)):
             self.fail_unstarted(task, f"could not open the task's session: {exc}", None, sqlstate=BAD_SETTING)
