@@ -43,6 +43,7 @@ FROM pg_catalog.pg_stat_activity AS b
 WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(%(pid)s))
 ORDER BY holds DESC, b.pid
 """
+SYNC_REP = ("IPC", "SyncRep")  # the wait event of a commit waiting for a synchronous standby
 # What the launcher's backend waits on when no session blocks it.
 WAIT = "SELECT wait_event_type, wait_event FROM pg_catalog.pg_stat_activity WHERE pid = %(pid)s"
 
@@ -132,11 +133,9 @@ class TurnWatch:
 def holder_waits(wait: tuple[str | None, str | None]) -> str:
     """What a lock's holder itself waits for, when ending it would not be the cure: a commit
     waiting for a synchronous standby held the turn, and the line named the client or launcher
-    that committed (a probe, while a standby was being rejoined)."""
-    if wait == ("IPC", "SyncRep"):
-        return ("; its commit waits for a synchronous standby (IPC:SyncRep): none that"
-                " synchronous_standby_names names has confirmed it")
-    return ""
+    that committed (a probe, while a standby was being rejoined).  Other waits are the lock's, told
+    apart already."""
+    return waits_on(wait) if wait == SYNC_REP else ""
 
 
 def waits_on(wait: tuple[str | None, str | None] | None) -> str:
@@ -145,7 +144,7 @@ def waits_on(wait: tuple[str | None, str | None] | None) -> str:
     synchronous_standby_names of the primary it was copied from) was told as nothing at all."""
     if not wait or not all(wait):
         return ""
-    if wait == ("IPC", "SyncRep"):
+    if wait == SYNC_REP:
         return ("; its commit waits for a synchronous standby (IPC:SyncRep): none that"
                 " synchronous_standby_names names has confirmed it")
     return f"; its backend waits on {wait[0]}:{wait[1]}"
