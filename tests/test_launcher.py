@@ -1874,7 +1874,9 @@ def test_workers_warmed_ahead_leave_a_fifth_of_the_database_s_connection_limit(d
                                              [db.name]).fetchone()[0])
             time.sleep(0.01)
     db.wait_all_done(60)
-    assert most <= 10, most
+    # (one more in passing: a session closed as its worker warms another is counted until its
+    # backend has exited, 11 once in a loaded run; the fault was 84)
+    assert most <= 11, most
     assert launcher.stop() == 0, launcher.output()
 
 
