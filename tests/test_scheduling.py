@@ -4,7 +4,7 @@ pauses, priority, worker reuse, STOP, and tasks of dead backends."""
 import re
 import signal
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -171,6 +171,21 @@ def test_negative_max_pauses_before_a_dependent_its_task_released(running):
     first, second = running.wait_done(root), running.wait_done(child)
     # (without drift the pause counts from the task's plan: its first multiple still ahead)
     assert second["start"] >= first["plan"] + timedelta(seconds=1.5), (first, second)
+
+
+def test_negative_max_pauses_tasks_that_come_due_during_the_pause(running):
+    """A task inserted into a group in its pause (max < 0), or moved into it, ran at once: the
+    pause moved only the tasks waiting as it began.  It waits for the pause's end too."""
+    first = running.wait_done(running.insert("SELECT 'first'", group="spaced", max=-2000, drift=True, delete=False))
+    inserted = running.insert("SELECT 'inserted'", group="spaced", max=-2000, drift=True, delete=False)
+    moved = running.insert("SELECT 'moved'", group="elsewhere", max=-2000, drift=True, delete=False,
+                           plan=datetime.now(timezone.utc) + timedelta(hours=1))
+    running.sql("UPDATE task SET \"group\" = 'spaced', plan = now() WHERE id = %s", [moved])
+    rows = sorted((running.wait_done(inserted, 20), running.wait_done(moved, 20)), key=lambda r: r["start"])
+    assert [r["state"] for r in rows] == ["DONE", "DONE"], rows
+    assert rows[0]["plan"] == first["stop"] + timedelta(seconds=2), (first, rows)  # (drift: from its stop)
+    assert rows[0]["start"] >= first["stop"] + timedelta(seconds=2), (first, rows)
+    assert rows[1]["start"] >= rows[0]["stop"] + timedelta(seconds=2), rows  # (and the next waits its own)
 
 
 def test_higher_max_starts_beside_the_running_ones(running):

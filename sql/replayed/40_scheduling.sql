@@ -236,6 +236,7 @@ DECLARE
     pauses boolean;
     limits boolean;
     caps boolean;  -- and whether any role has a running limit
+    spaced boolean;  -- and whether a group with a negative max is in its pause
     -- The owners' groups whose rate limit has no room now, and the owners at their running
     -- limit: left out of each group's scan for its first due tasks, which they filled, and
     -- another role's tasks of the group waited behind theirs for as long as the limit lasted.
@@ -359,8 +360,11 @@ BEGIN
             -- took ten of its tasks under a limit of one (a probe).  One statement: each costs
             -- 10-50 us on a lone task's way to its start.
             SELECT EXISTS (SELECT FROM pgtaskpy.group_pause), EXISTS (SELECT FROM pgtaskpy.group_limit),
-                   pgtaskpy.role_running_limits_set()
-            INTO pauses, limits, caps;
+                   pgtaskpy.role_running_limits_set(), EXISTS (SELECT FROM pgtaskpy.group_spacing)
+            INTO pauses, limits, caps, spaced;
+            IF spaced THEN  -- (groups with a negative max in a pause: their newly due tasks wait for its end)
+                PERFORM pgtaskpy.hold_spaced_tasks();
+            END IF;
             IF limits THEN
                 SELECT coalesce(array_agg(f.owner), '{}'), coalesce(array_agg(f."group"), '{}'),
                        min(pgtaskpy.rate_room_returns(f.owner, f."group"))
@@ -591,6 +595,9 @@ BEGIN
       -- "IS TRUE": a probe a row, never an anti-join that hashes every pause, any role's.)
       AND (NOT EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group"))
           IS TRUE
+      -- (nor one that came due during its group's pause: a launcher's claim plans it at the end of it)
+      AND (t.max >= 0 OR NOT EXISTS (SELECT FROM pgtaskpy.group_spacing AS s
+                                     WHERE s.owner = t.owner AND s.hash = t.hash AND s.until > due_at))
       AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
                SELECT FROM @extschema@.task AS k
                WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
@@ -1438,6 +1445,33 @@ BEGIN
     SET plan = paused_until
     WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
       AND task.plan < paused_until;
+    -- Those that come due during the pause wait too, as claims find them (hold_spaced_tasks).
+    INSERT INTO pgtaskpy.group_spacing AS s (owner, hash, until) VALUES (t.owner, t.hash, paused_until)
+    ON CONFLICT (owner, hash) DO UPDATE SET until = greatest(s.until, excluded.until);
+END
+$$;
+
+-- A claim's look at the groups in a pause (pause_group): their tasks that came due since it
+-- began (inserted during it, released by another task's end, moved into the group, or held by a
+-- client as it began) are planned at its end, as the ones waiting then were; the launchers sleep
+-- until then.  Under the scheduling lock, which pause_group takes too.  A row a client holds
+-- is passed over (the claim would wait for it, holding the lock): take_claimed skips it as well,
+-- and the next claim moves it.  Returns whether any group is still in a pause.
+CREATE FUNCTION pgtaskpy.hold_spaced_tasks() RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgtaskpy.group_spacing AS s WHERE s.until <= now();
+    UPDATE @extschema@.task AS t
+    SET plan = s.until
+    FROM pgtaskpy.group_spacing AS s
+    WHERE t.id IN (SELECT h.id FROM pgtaskpy.group_spacing AS g
+                   JOIN @extschema@.task AS h
+                     ON h.state = 'PLAN' AND h.waiting_for = 0 AND h.hash >= g.hash AND h.hash <= g.hash
+                    AND h.owner = g.owner AND h.max < 0 AND h.plan < g.until
+                   FOR NO KEY UPDATE OF h SKIP LOCKED)
+      AND s.owner = t.owner AND s.hash = t.hash AND t.plan < s.until;
+    RETURN FOUND OR EXISTS (SELECT FROM pgtaskpy.group_spacing);
 END
 $$;
 
@@ -1980,6 +2014,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pause_group(@extschema@.task) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.hold_spaced_tasks() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.waiting_run_goes_on(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;

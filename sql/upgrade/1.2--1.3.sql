@@ -223,6 +223,18 @@ CREATE TABLE pgtaskpy.cancelled_run (
 );
 REVOKE ALL ON pgtaskpy.cancelled_run FROM PUBLIC;
 
+-- The end of the pause of a group with a negative max (pause_group): until then its owner's
+-- tasks of the group wait, those that came due during the pause too (inserted, released by a
+-- dependency or moved into the group), which a claim finds and moves to the pause's end
+-- (hold_spaced_tasks).  A row a pause; claims delete those that are over.  The scheduler's only.
+CREATE TABLE pgtaskpy.group_spacing (
+    owner name NOT NULL,
+    hash integer NOT NULL,  -- (task.hash: the group's)
+    until timestamptz NOT NULL,
+    PRIMARY KEY (owner, hash)
+);
+REVOKE ALL ON pgtaskpy.group_spacing FROM PUBLIC;
+
 -- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
 -- one state in stop order, never reading those another state keeps longer.
 CREATE INDEX task_state_stop_finished ON @extschema@.task (state, stop) WHERE state IN ('DONE', 'FAIL', 'GONE', 'STOP');
