@@ -175,17 +175,31 @@ def test_negative_max_pauses_before_a_dependent_its_task_released(running):
 
 def test_negative_max_pauses_tasks_that_come_due_during_the_pause(running):
     """A task inserted into a group in its pause (max < 0), or moved into it, ran at once: the
-    pause moved only the tasks waiting as it began.  It waits for the pause's end too."""
-    first = running.wait_done(running.insert("SELECT 'first'", group="spaced", max=-2000, drift=True, delete=False))
-    inserted = running.insert("SELECT 'inserted'", group="spaced", max=-2000, drift=True, delete=False)
-    moved = running.insert("SELECT 'moved'", group="elsewhere", max=-2000, drift=True, delete=False,
+    pause moved only the tasks waiting as it began.  It waits for the pause's end too, an
+    exclusive one as well; one of the group with a max of its own (>= 0) has no pause."""
+    first = running.wait_done(running.insert("SELECT 'first'", group="spaced", max=-3000, drift=True, delete=False))
+    inserted = running.insert("SELECT 'inserted'", group="spaced", max=-3000, drift=True, delete=False)
+    exclusive = running.insert("SELECT 'exclusive'", group="spaced", max=-3000, drift=True, delete=False,
+                               exclusive=True)
+    moved = running.insert("SELECT 'moved'", group="elsewhere", max=-3000, drift=True, delete=False,
                            plan=datetime.now(timezone.utc) + timedelta(hours=1))
     running.sql("UPDATE task SET \"group\" = 'spaced', plan = now() WHERE id = %s", [moved])
-    rows = sorted((running.wait_done(inserted, 20), running.wait_done(moved, 20)), key=lambda r: r["start"])
-    assert [r["state"] for r in rows] == ["DONE", "DONE"], rows
-    assert rows[0]["plan"] == first["stop"] + timedelta(seconds=2), (first, rows)  # (drift: from its stop)
-    assert rows[0]["start"] >= first["stop"] + timedelta(seconds=2), (first, rows)
-    assert rows[1]["start"] >= rows[0]["stop"] + timedelta(seconds=2), rows  # (and the next waits its own)
+    unpaused = running.wait_done(running.insert("SELECT 'max 2'", group="spaced", max=2, delete=False))
+    assert unpaused["start"] < first["stop"] + timedelta(seconds=3), (first, unpaused)
+    rows = sorted((running.wait_done(t, 30) for t in (inserted, exclusive, moved)), key=lambda r: r["start"])
+    assert [r["state"] for r in rows] == ["DONE"] * 3, rows
+    assert rows[0]["start"] >= first["stop"] + timedelta(seconds=3), (first, rows)  # (drift: from its stop)
+    for earlier, later in zip(rows, rows[1:]):
+        assert later["start"] >= earlier["stop"] + timedelta(seconds=3), rows  # (and each waits its own)
+
+
+def test_negative_max_pauses_only_after_a_task_that_ran(running):
+    """A task of the group that went GONE, never started, paused the group as a run does."""
+    gone = running.wait_done(running.insert("SELECT 'late'", group="gone pause", max=-60000, delete=False,
+                                            plan=datetime.now(timezone.utc) - timedelta(hours=1), active="1 min"))
+    assert gone["state"] == "GONE", gone
+    after = running.wait_done(running.insert("SELECT 'next'", group="gone pause", max=-60000, delete=False), 30)
+    assert (after["state"], after["output"]) == ("DONE", "next"), after
 
 
 def test_higher_max_starts_beside_the_running_ones(running):

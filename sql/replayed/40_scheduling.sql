@@ -236,7 +236,7 @@ DECLARE
     pauses boolean;
     limits boolean;
     caps boolean;  -- and whether any role has a running limit
-    spaced boolean;  -- and whether a group with a negative max is in its pause
+    spaced_until timestamptz;  -- and the end of the first pause of a group with a negative max (pause_group)
     -- The owners' groups whose rate limit has no room now, and the owners at their running
     -- limit: left out of each group's scan for its first due tasks, which they filled, and
     -- another role's tasks of the group waited behind theirs for as long as the limit lasted.
@@ -360,10 +360,13 @@ BEGIN
             -- took ten of its tasks under a limit of one (a probe).  One statement: each costs
             -- 10-50 us on a lone task's way to its start.
             SELECT EXISTS (SELECT FROM pgtaskpy.group_pause), EXISTS (SELECT FROM pgtaskpy.group_limit),
-                   pgtaskpy.role_running_limits_set(), EXISTS (SELECT FROM pgtaskpy.group_spacing)
-            INTO pauses, limits, caps, spaced;
-            IF spaced THEN  -- (groups with a negative max in a pause: their newly due tasks wait for its end)
-                PERFORM pgtaskpy.hold_spaced_tasks();
+                   pgtaskpy.role_running_limits_set(),
+                   (SELECT min(s.until) FROM pgtaskpy.group_spacing AS s WHERE s.until > now())
+            INTO pauses, limits, caps, spaced_until;
+            IF spaced_until IS NOT NULL THEN
+                -- (a group with a negative max in its pause: the launcher's turn ends as the first
+                -- pause does, as for a rate limit's room, and claims the tasks it held back then)
+                PERFORM pgtaskpy.note_rate_room_returns(spaced_until);
             END IF;
             IF limits THEN
                 SELECT coalesce(array_agg(f.owner), '{}'), coalesce(array_agg(f."group"), '{}'),
@@ -454,6 +457,10 @@ BEGIN
                   AND (t.key IS NULL OR NOT EXISTS (
                            SELECT FROM @extschema@.task AS k
                            WHERE k.state IN ('TAKE', 'WORK') AND k.owner = t.owner AND k.key = t.key))
+                  -- (one that came due during its group's pause: pause_group)
+                  AND NOT (spaced_until IS NOT NULL AND t.max < 0 AND EXISTS (
+                               SELECT FROM pgtaskpy.group_spacing AS s
+                               WHERE s.owner = t.owner AND s.hash = t.hash AND s.until > now()))
                   AND NOT (held_any AND (
                            t.owner = ANY (capped)
                            -- (the pause's key probed in the statement, not group_paused's call a
@@ -595,7 +602,7 @@ BEGIN
       -- "IS TRUE": a probe a row, never an anti-join that hashes every pause, any role's.)
       AND (NOT EXISTS (SELECT FROM pgtaskpy.group_pause AS p WHERE p.owner = t.owner AND p."group" = t."group"))
           IS TRUE
-      -- (nor one that came due during its group's pause: a launcher's claim plans it at the end of it)
+      -- (nor one that came due during its group's pause: pause_group)
       AND (t.max >= 0 OR NOT EXISTS (SELECT FROM pgtaskpy.group_spacing AS s
                                      WHERE s.owner = t.owner AND s.hash = t.hash AND s.until > due_at))
       AND (t.key IS NULL OR NOT EXISTS (  -- (a named series' runs never overlap: see claim_due_tasks)
@@ -1110,7 +1117,7 @@ BEGIN
     ELSE
         PERFORM pgtaskpy.resolve_dependents(t.id, t.state, CASE WHEN NOT wake THEN t.hash END);
     END IF;
-    IF t.max < 0 THEN
+    IF t.max < 0 AND t.start IS NOT NULL THEN  -- (a pause between runs: none after one that never ran)
         PERFORM pgtaskpy.pause_group(t);
     END IF;
     PERFORM pgtaskpy.task_ended(t);  -- counters and the event of its end (70_operating.sql)
@@ -1441,38 +1448,25 @@ BEGIN
             paused_until := paused_until + pause;
         END IF;
     END IF;
+    -- (those with a negative max alone: one of max 2 in the group runs up to three at once, with
+    -- no pause; nor one whose `active` has run out, which expires rather than run after the pause)
     UPDATE @extschema@.task AS task
     SET plan = paused_until
     WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
-      AND task.plan < paused_until;
-    -- Those that come due during the pause wait too, as claims find them (hold_spaced_tasks).
+      AND task.max < 0 AND task.plan < paused_until AND task.plan + task.active > clock_timestamp();
+    -- Those that come due during the pause wait for its end too (claims pass over them).
     INSERT INTO pgtaskpy.group_spacing AS s (owner, hash, until) VALUES (t.owner, t.hash, paused_until)
     ON CONFLICT (owner, hash) DO UPDATE SET until = greatest(s.until, excluded.until);
 END
 $$;
 
--- A claim's look at the groups in a pause (pause_group): their tasks that came due since it
--- began (inserted during it, released by another task's end, moved into the group, or held by a
--- client as it began) are planned at its end, as the ones waiting then were; the launchers sleep
--- until then.  Under the scheduling lock, which pause_group takes too.  A row a client holds
--- is passed over (the claim would wait for it, holding the lock): take_claimed skips it as well,
--- and the next claim moves it.  Returns whether any group is still in a pause.
-CREATE FUNCTION pgtaskpy.hold_spaced_tasks() RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+-- Whether the owner's group is in the pause after one of its tasks with a negative max ran
+-- (pause_group) at `at`: its tasks with a negative max wait for its end.  A probe of the key.
+CREATE FUNCTION pgtaskpy.group_spaced(task_owner name, group_hash integer, at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
-BEGIN
-    DELETE FROM pgtaskpy.group_spacing AS s WHERE s.until <= now();
-    UPDATE @extschema@.task AS t
-    SET plan = s.until
-    FROM pgtaskpy.group_spacing AS s
-    WHERE t.id IN (SELECT h.id FROM pgtaskpy.group_spacing AS g
-                   JOIN @extschema@.task AS h
-                     ON h.state = 'PLAN' AND h.waiting_for = 0 AND h.hash >= g.hash AND h.hash <= g.hash
-                    AND h.owner = g.owner AND h.max < 0 AND h.plan < g.until
-                   FOR NO KEY UPDATE OF h SKIP LOCKED)
-      AND s.owner = t.owner AND s.hash = t.hash AND t.plan < s.until;
-    RETURN FOUND OR EXISTS (SELECT FROM pgtaskpy.group_spacing);
-END
+    SELECT EXISTS (SELECT FROM pgtaskpy.group_spacing AS s
+                   WHERE s.owner = task_owner AND s.hash = group_hash AND s.until > at)
 $$;
 
 -- End waiting tasks FAIL with the same error (a bad setting, say) and SQLSTATE, each in its
@@ -1638,6 +1632,7 @@ BEGIN
     -- (the marks of cancels whose tasks have ended: read by their ends already)
     DELETE FROM pgtaskpy.cancelled_run AS c
     WHERE NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = c.task_id AND t.state IN ('TAKE', 'WORK'));
+    DELETE FROM pgtaskpy.group_spacing AS s WHERE s.until <= now();  -- (pauses that are over)
     RETURN recovered;
 END
 $$;
@@ -2014,7 +2009,7 @@ REVOKE ALL ON FUNCTION pgtaskpy.finish_task(bigint, @extschema@.state, text, tex
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.follow_task(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.pause_group(@extschema@.task) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskpy.hold_spaced_tasks() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskpy.group_spaced(name, integer, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.waiting_run_goes_on(@extschema@.task, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.end_series(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskpy.retry_plan(@extschema@.task) FROM PUBLIC;

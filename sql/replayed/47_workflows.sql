@@ -583,6 +583,7 @@ BEGIN
                              WHERE t.exclusive AND t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= at
                                AND (t.plan <= at AND t.plan + t.active > at) IS TRUE
                                AND NOT pgtaskpy.group_paused(t.owner, t."group")
+                               AND NOT (t.max < 0 AND pgtaskpy.group_spaced(t.owner, t.hash, at))
                                AND pgtaskpy.rate_has_room(t.owner, t."group", 1)
                                AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(t.owner), 0, 1))
                     THEN 'due' END;
@@ -606,6 +607,7 @@ AS $$
       AND (e.plan <= at AND e.plan + e.active > at) IS TRUE
       AND pgtaskpy.owner_has_room(pgtaskpy.role_running_limit(e.owner), 0, 1)
       AND NOT pgtaskpy.group_paused(e.owner, e."group")  -- (70_operating.sql)
+      AND NOT (e.max < 0 AND pgtaskpy.group_spaced(e.owner, e.hash, at))  -- (40_scheduling.sql: pause_group)
       AND pgtaskpy.rate_has_room(e.owner, e."group", 1)
     ORDER BY e.max DESC, e.id LIMIT 1
     FOR NO KEY UPDATE SKIP LOCKED

@@ -313,7 +313,7 @@ BEGIN
                           THEN 'It is claimed: a worker is opening its session, or waits for a free connection (max_connections, its role''s CONNECTION LIMIT). Wait longer with task_wait(id, interval).'
                           WHEN t.state = 'PLAN' AND t.exclusive
                           THEN 'It is exclusive: it starts once no other task of the database is claimed or running. Wait longer with task_wait(id, interval).'
-                          ELSE 'It is due: it starts once its group has room (max), no exclusive task is due or running, and its role is under its running limit. Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
+                          ELSE 'It is due: it starts once its group has room (max; a negative max: once the pause after its group''s last run is over), no exclusive task is due or running, and its role is under its running limit. Is a launcher running for this database (pg_task_py run)? Wait longer with task_wait(id, interval).' END;
         END IF;
         PERFORM pg_sleep(pause);
         pause := least(pause * 2, 0.1);

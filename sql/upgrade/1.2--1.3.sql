@@ -223,16 +223,18 @@ CREATE TABLE pgtaskpy.cancelled_run (
 );
 REVOKE ALL ON pgtaskpy.cancelled_run FROM PUBLIC;
 
--- The end of the pause of a group with a negative max (pause_group): until then its owner's
--- tasks of the group wait, those that came due during the pause too (inserted, released by a
--- dependency or moved into the group), which a claim finds and moves to the pause's end
--- (hold_spaced_tasks).  A row a pause; claims delete those that are over.  The scheduler's only.
+-- The end of the pause of a group after one of its tasks with a negative max ran (pause_group):
+-- until then its owner's tasks of the group with a negative max wait, those that come due during
+-- the pause too (inserted, released by a dependency, moved into the group), which claims pass
+-- over.  A row a group; housekeeping deletes those that are over (recover_orphaned_tasks), and
+-- claims read the first end by `until`.  The scheduler's only.
 CREATE TABLE pgtaskpy.group_spacing (
     owner name NOT NULL,
     hash integer NOT NULL,  -- (task.hash: the group's)
     until timestamptz NOT NULL,
     PRIMARY KEY (owner, hash)
 );
+CREATE INDEX group_spacing_until ON pgtaskpy.group_spacing (until);
 REVOKE ALL ON pgtaskpy.group_spacing FROM PUBLIC;
 
 -- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
