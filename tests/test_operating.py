@@ -4,6 +4,7 @@ bounded history, the launcher's metrics and `pg_task_py status` (README "Operati
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -1361,6 +1362,50 @@ def test_status_watch_into_a_pipe_that_closes_ends_quietly(running):
     watcher.stdout.close()
     assert watcher.wait(20) == 0
     assert watcher.stderr.read() == ""
+
+
+def test_status_stops_on_a_signal_while_it_waits_for_a_lock(running):
+    """`status` while `VACUUM FULL task` (or an extension update) holds the table: SIGINT and
+    SIGTERM only set a flag read between tables, and it waited on until SIGKILL.  It cancels its
+    query and ends, saying that it was stopped."""
+    with running.connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE task IN ACCESS EXCLUSIVE MODE")
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            status = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                                                 " 'pg_task_py status' AND wait_event_type = 'Lock'") == 1,
+                           20, message="status waiting for the lock")
+                status.send_signal(signum)
+                assert status.wait(10) == 1
+            finally:
+                status.kill()
+            stderr = status.stderr.read()
+            assert stderr == f"pg_task_py status: stopped by {signal.Signals(signum).name} before the table was read\n", stderr
+            # (its query was cancelled, not left waiting for the lock)
+            wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity"
+                                             " WHERE application_name = 'pg_task_py status'") == 0,
+                       10, message="the status session gone")
+        holder.execute("ROLLBACK")
+
+
+def test_status_says_why_it_cannot_write(running):
+    """A full disk, a closed stdout or a locale that cannot write a role's group: tracebacks."""
+    running.insert("SELECT 1", plan="9999-01-01", group="日本語")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([str(LAUNCHER), "status", "--dsn", running.dsn], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=30)
+    assert (result.returncode, result.stderr) == (1, "pg_task_py status: cannot write the table:"
+                                                     " No space left on device\n"), result
+    result = subprocess.run(f"exec {LAUNCHER} status --dsn '{running.dsn}' >&-", shell=True, capture_output=True,
+                            text=True, timeout=30)
+    assert (result.returncode, result.stderr) == (1, "pg_task_py status: cannot write the table: stdout is closed\n")
+    result = subprocess.run([str(LAUNCHER), "status", "--dsn", running.dsn], capture_output=True, timeout=30,
+                            env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0 and result.stderr == b"", result
+    assert b"\\u65e5\\u672c\\u8a9e" in result.stdout, result.stdout
 
 
 def test_status_reads_the_extensions_schema_off_the_search_path(db):

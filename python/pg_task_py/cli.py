@@ -22,7 +22,7 @@ from pg_task_py import __version__
 from pg_task_py.databases import Databases
 from pg_task_py.launcher import Settings, SetupError, ascii_digits
 from pg_task_py.metrics import Metrics, serve
-from pg_task_py.status import StatusError, show_status
+from pg_task_py.status import StatusError, Stopped, show_status
 from pg_task_py.text import escape_controls
 
 DESCRIPTION = """\
@@ -466,9 +466,19 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     if problem is not None:
         print(f"pg_task_py status: {'--dsn' if args.dsn else 'the libpq environment'} {problem}", file=sys.stderr)
         return 2
+    if sys.stdout is None:  # (started with its stdout closed: `>&-`)
+        print("pg_task_py status: cannot write the table: stdout is closed", file=sys.stderr)
+        return 1
+    # (a role's group in characters the locale cannot write is shown escaped, as on stderr)
+    sys.stdout.reconfigure(errors="backslashreplace")
     stopping = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        stopping.set()
+        raise Stopped(signal.Signals(signum).name)
+
     for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):  # (SIGHUP: its terminal closed)
-        signal.signal(signum, lambda _signum, _frame: stopping.set())
+        signal.signal(signum, stop)
     if held_signals:
         stopping.set()
     try:
@@ -476,10 +486,16 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     except StatusError as exc:
         print(f"pg_task_py status: {exc}", file=sys.stderr)
         return 1
+    except Stopped:  # (between a table and the wait for the next)
+        pass
     except BrokenPipeError:
         # The reader stopped reading (`| head`): done, as for any Unix tool.  Python's flush of
         # stdout at exit would fail again, so stdout goes nowhere from here.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:  # (a full disk: the same, with the reason and 1)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"pg_task_py status: cannot write the table: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 

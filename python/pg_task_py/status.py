@@ -27,6 +27,12 @@ class StatusError(Exception):
     """The database cannot be read; the message says why."""
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP to a status that waits on the server (a lock, as `VACUUM FULL task`
+    holds, or a server that never answers its connect): psycopg cancels a query a KeyboardInterrupt
+    stops, so the signal's handler raises one, and the command ends rather than wait on."""
+
+
 def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sys.stdout) -> None:
     """Print task_stats once, or every `watch` seconds until `stopping` is set.  A watch that has
     shown a table outlives a lost connection (a server restart): it says so and connects again."""
@@ -52,6 +58,10 @@ def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sy
                 return
         except psycopg.Error as exc:
             raise StatusError(first_line(exc)) from None
+        except Stopped as exc:
+            if shown:
+                return
+            raise StatusError(f"stopped by {exc} before the table was read") from None
 
 
 def status_query(conn: psycopg.Connection) -> sql.Composed:
