@@ -1014,6 +1014,27 @@ def test_bad_retention_settings_keep_rows_and_say_why(db):
     assert launcher.stop() == 0
 
 
+def test_a_retention_without_a_unit_keeps_rows_and_says_why(db):
+    """`retention_fail = 30`, meant as days, is 30 seconds to an interval: every failure older than
+    half a minute went, without a word.  A number without a unit is ignored with a warning; 0 is
+    0 in any unit, and a unit is read as written."""
+    old = finished_rows(db, "FAIL", "2 days", 3)
+    for value in ("30", " 1.5 ", "1e3"):
+        db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_fail = '{value}'")
+        with db.connect() as conn:
+            notices = []
+            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+            assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (0,)
+            assert present(db, old) == 3
+            assert any(f'pg_task_py.retention_fail = "{value}"' in n and "a number without a unit" in n
+                       for n in notices), notices
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_fail = '1 day'")
+    with db.connect() as conn:
+        assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (3,)
+    assert present(db, old) == 0
+    db.sql(f"ALTER DATABASE {db.name} RESET pg_task_py.retention_fail")
+
+
 # --- The launcher's metrics ---------------------------------------------------------------------
 
 def metric(port: int, name: str, **labels: str) -> float:

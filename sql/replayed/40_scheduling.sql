@@ -1849,6 +1849,14 @@ BEGIN
     IF setting IS NULL THEN
         RETURN fallback;
     END IF;
+    -- A number without a unit reads as seconds: `retention_fail = 30`, meant as days, deleted every
+    -- failure older than half a minute (a probe).  Refused, but for 0, which is 0 in any unit.
+    IF setting ~ '^\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$'
+       AND setting !~ '^\s*[-+]?(0+\.?0*|\.0+)([eE][-+]?[0-9]+)?\s*$' THEN
+        PERFORM pgtaskpy.warn_ignored_setting(name, setting, 'of ' || pgtaskpy.scheduler_setting_source(name),
+                                              'a number without a unit: write one, as ''30 days'' or ''12 hours''');
+        RETURN NULL;
+    END IF;
     BEGIN
         retention := setting::interval;
     EXCEPTION WHEN data_exception THEN
