@@ -1022,8 +1022,8 @@ def test_a_retention_without_a_unit_keeps_rows_and_says_why(db):
     for value in ("30", " 1.5 ", "1e3"):
         db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_fail = '{value}'")
         with db.connect() as conn:
-            notices = []
-            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+            notices: list[str] = []
+            conn.add_notice_handler(lambda diag, notices=notices: notices.append(diag.message_primary))
             assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (0,)
             assert present(db, old) == 3
             assert any(f'pg_task_py.retention_fail = "{value}"' in n and "a number without a unit" in n
@@ -1404,7 +1404,8 @@ def test_status_stops_on_a_signal_while_it_waits_for_a_lock(running):
             finally:
                 status.kill()
             stderr = status.stderr.read()
-            assert stderr == f"pg_task_py status: stopped by {signal.Signals(signum).name} before the table was read\n", stderr
+            name = signal.Signals(signum).name
+            assert stderr == f"pg_task_py status: stopped by {name} before the table was read\n", stderr
             # (its query was cancelled, not left waiting for the lock)
             wait_until(lambda: running.value("SELECT count(*) FROM pg_stat_activity"
                                              " WHERE application_name = 'pg_task_py status'") == 0,

@@ -276,6 +276,40 @@ def test_a_remote_session_on_this_server_ends_before_its_lost_run_does(running):
             admin.execute(f"DROP DATABASE {running.name}_other WITH (FORCE)")
 
 
+def test_a_restored_copys_recovery_leaves_the_sources_remote_session_alone(running):
+    """pg_restore of a database whose remote task (on this server) was running, beside the source:
+    the copy's housekeeping took the copied WORK row for its own lost run, and terminated the
+    source's live session, whose run then ended FAIL 57P01 (a probe).  The copy's row ends as a
+    lost run, the source's run goes on."""
+    other, copy = f"{running.name}_other", f"{running.name}_copy"
+    running.cluster.create_database(other, extension=False)
+    running.cluster.create_database(copy)
+    try:
+        task_id = running.value("INSERT INTO task (input, remote, delete) VALUES"
+                                " ('SELECT ''remote ok'' FROM pg_sleep(3)', %s, false) RETURNING id",
+                                [f"dbname={other}"])
+        wait_until(lambda: running.task(task_id)["state"] == "WORK" and running.task(task_id)["pid"], 20, 0.02,
+                   "the remote run under way")
+        with running.connect() as source, running.cluster.connect(copy) as target:
+            target.execute("SET session_replication_role = replica")  # (as README's restore does)
+            with source.cursor().copy("COPY task TO STDOUT") as out, \
+                    target.cursor().copy("COPY task FROM STDIN") as into:
+                for data in out:
+                    into.write(data)
+            target.execute("RESET session_replication_role")
+
+            def copy_ended() -> bool:
+                target.execute("SELECT pgtaskpy.recover_orphaned_tasks()")
+                return target.execute("SELECT state::text FROM task WHERE id = %s", [task_id]).fetchone()[0] == "FAIL"
+            wait_until(copy_ended, 20, 0.1, "the copy's row to end as a lost run")
+        row = running.wait_done(task_id, 30)
+        assert (row["state"], row["output"]) == ("DONE", "remote ok"), row
+    finally:
+        with running.cluster.connect() as admin:
+            for name in (other, copy):
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def test_a_remote_without_user_logs_in_as_the_owner_with_its_password(running, remote):
     """A role's remote conninfo with a password and no user logs in as the role (the remote's role
     of that name), not as the server's OS user."""

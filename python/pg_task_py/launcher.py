@@ -200,6 +200,7 @@ class Scheduler:
         self.metrics = metrics
         self.snapshot_at = 0.0  # time.monotonic() of the next metrics snapshot
         self.snapshot_since: object = None  # the database's now() of the last one
+        self.snapshot_refused = ""  # the error of the last snapshot the server refused (said once)
         self.turns: TurnWatch | None = None  # what holds up the turns of the session in use
         self.running = 0  # the tasks its workers ran at its last turn
         self.waits = ConnectionWaits()  # tasks whose sessions found no free connection lately
@@ -403,8 +404,18 @@ class Scheduler:
         if conn.execute("SELECT to_regprocedure('pgtaskpy.metrics_snapshot(timestamptz, integer)') IS NULL"
                         ).fetchone()[0]:
             return  # an extension older than 1.3: dispatch()'s figures only
-        snapshot = conn.execute("SELECT pgtaskpy.metrics_snapshot(COALESCE(%s::timestamptz, now()), %s)",
-                                [self.snapshot_since, GROUPS_LABELLED]).fetchone()[0]
+        try:
+            snapshot = conn.execute("SELECT pgtaskpy.metrics_snapshot(COALESCE(%s::timestamptz, now()), %s)",
+                                    [self.snapshot_since, GROUPS_LABELLED]).fetchone()[0]
+        except psycopg.DataError as exc:
+            # (a SQL_ASCII database's group or role name that is not UTF-8, which the server will not
+            # send to this UTF-8 session: the figures by group are left out, not the database's
+            # scheduling, which the error reached and cost a reconnect a second)
+            if str(exc) != self.snapshot_refused:
+                database_log(self.name, logging.WARNING, "--metrics: no figures by group from this database: %s",
+                             first_line(exc))
+            self.snapshot_refused = str(exc)
+            return
         self.snapshot_since = snapshot["at"]
         self.metrics.snapshot(self.name, [tuple(group) for group in snapshot["groups"]], snapshot["lags"],
                               snapshot["workers"], [tuple(group) for group in snapshot["paused"]],

@@ -1582,7 +1582,15 @@ BEGIN
         -- the worker names it: a pid of another server's may be a local application's, running
         -- the same query, which a review's call terminated.)
         WHERE (a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-               OR t.remote IS NOT NULL AND a.application_name = pgtaskpy.name_of('task'))
+               OR t.remote IS NOT NULL AND a.application_name = pgtaskpy.name_of('task')
+                  -- (not while the row's worker runs on in another database of this server: the
+                  -- row is a copy of that database's run, restored beside it by pg_restore, and
+                  -- the copy's launcher terminated the source's live run, a probe)
+                  AND NOT EXISTS (SELECT FROM pg_stat_get_activity(t.worker) AS w
+                                  WHERE w.datid <> (SELECT d.oid FROM pg_database AS d
+                                                    WHERE d.datname = current_database())
+                                    AND w.application_name = pgtaskpy.name_of('worker')
+                                    AND w.backend_start <= t.start))
           AND pgtaskpy.may_be_task_session(t, a.usesysid, a.backend_start, a.application_name)
           AND (a.query <> '' AND starts_with(t.input, a.query) OR a.query = 'COMMIT' AND a.state = 'active')) THEN
         RETURN true;
