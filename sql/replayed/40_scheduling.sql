@@ -1428,7 +1428,7 @@ CREATE FUNCTION pgtaskpy.pause_group(t @extschema@.task) RETURNS void
 LANGUAGE plpgsql  -- (no SET clause: it runs with finish_task's search_path, as follow_task does)
 AS $$
 DECLARE
-    pause interval := make_interval(secs => -t.max / 1000.0);
+    pause interval := make_interval(secs => -(t.max::bigint) / 1000.0);  -- (a row of 1.2 may hold -2^31)
     paused_until timestamptz;
 BEGIN
     PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed

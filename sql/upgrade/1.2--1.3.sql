@@ -1,6 +1,30 @@
 -- 1.2 -> 1.3: what CREATE OR REPLACE cannot do.  sql/build.py appends every
 -- function, procedure and trigger of 1.3 after this, as CREATE OR REPLACE.
 
+-- 1.3 refuses a group over 1000 bytes (30_triggers.sql): the group is a key of the counters,
+-- pauses and rate limits, whose indexes take 2,704 bytes at most.  A row of before with a longer
+-- one failed this update with the index's words, or, waiting, ran and could never be written
+-- ended (a probe).  Said first, naming the rows, before anything has changed.
+DO $$
+DECLARE
+    long_groups bigint[] := ARRAY(SELECT t.id FROM @extschema@.task AS t
+                                  WHERE octet_length(t."group") > 1000 ORDER BY t.id LIMIT 11);
+BEGIN
+    IF cardinality(long_groups) > 0 THEN
+        RAISE EXCEPTION 'cannot update pg_task_py to 1.3: task% % % a group over 1000 bytes, which 1.3 refuses',
+                        CASE WHEN cardinality(long_groups) > 1 THEN 's' ELSE '' END,
+                        CASE WHEN cardinality(long_groups) > 10
+                             THEN array_to_string(long_groups[1:10], ', ') || ' and more'
+                             ELSE array_to_string(long_groups, ', ') END,
+                        CASE WHEN cardinality(long_groups) > 1 THEN 'have' ELSE 'has' END
+            USING ERRCODE = 'check_violation',
+                  HINT = 'Give them a shorter group first, e.g. UPDATE task SET "group" = md5("group") WHERE'
+                         ' octet_length("group") > 1000 AND state NOT IN (''TAKE'', ''WORK''), once those running have'
+                         ' ended; then update again.';
+    END IF;
+END
+$$;
+
 -- task_cancel checks the running task's real backend itself (SECURITY
 -- DEFINER pgtaskpy.cancel_running_task); the old helper trusted the row.
 DROP FUNCTION pgtaskpy.cancel_remote_task(bigint);
