@@ -18,7 +18,7 @@ QUERY = """
 SELECT owner, "group", running, due, oldest_due_lateness, later, done_1h, fail_1h, gone_1h, paused,
        split_part(last_error, E'\\n', 1)
 FROM {view}
-ORDER BY paused DESC, oldest_due_lateness DESC NULLS LAST, fail_1h DESC, owner, "group"
+ORDER BY oldest_due_lateness DESC NULLS LAST, paused DESC, fail_1h DESC, owner, "group"
 """
 CLEAR = "\033[H\033[2J"  # cursor home, clear the screen
 

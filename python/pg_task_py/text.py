@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import re
 
-CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0 and C1 controls; the bidirectional marks, embeddings, overrides and isolates; the line and
+# paragraph separators.
+CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def escape_controls(text: str) -> str:
-    """C0 and C1 control characters (newline and tab too) as Python writes them: \\n, \\x1b.
+    """Control characters (newline and tab too) as Python writes them: \\n, \\x1b, \\u202e.
 
     A task's group, error or output is its author's text: an escape sequence in it cleared the
-    screen or retitled the terminal of whoever read the launcher's log or `status`, and a
-    newline in it wrote a line of its own that read as another row."""
+    screen or retitled the terminal of whoever read the launcher's log or `status`, a newline in
+    it wrote a line of its own that read as another row, and a right-to-left override turned
+    the rest of the line around (a probe)."""
     return CONTROLS.sub(lambda match: repr(match.group())[1:-1], text)
 
 

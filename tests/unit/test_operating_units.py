@@ -105,6 +105,14 @@ def test_status_escapes_control_characters_of_a_roles_group_and_error():
     assert "ERROR:  \\x1b]0;pwned\\x07" in table
 
 
+def test_status_escapes_a_groups_right_to_left_override_and_separators():
+    """A group with U+202E turned the rest of its row around in the reader's terminal, and one
+    with U+2028 broke it in two there (a probe)."""
+    table = render([("app", "rtl\u202eevil\u2066x\u2028y", 0, 0, None, 0, 0, 0, 0, False, None)])
+    assert not any(c in table for c in "\u202e\u2066\u2028"), table
+    assert "rtl\\u202eevil\\u2066x\\u2028y" in table, table
+
+
 def test_a_database_the_launcher_forgets_leaves_its_gauges_and_health():
     """A reload that removes a database: its gauges go and /health stops naming it; counters stay."""
     metrics = Metrics()
