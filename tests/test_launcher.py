@@ -1498,7 +1498,8 @@ def test_metrics_of_a_sql_ascii_database_with_a_group_not_utf8_leave_its_schedul
     """--metrics on a SQL_ASCII database where a role's group is not UTF-8: the server refused to
     send the snapshot's group to the launcher's UTF-8 session, and the error cost the database's
     scheduling session once a second (`scheduler error ...; reconnecting`, a task 5 s late, a
-    running task's end line lost: a probe).  The figures by group are left out, said once."""
+    running task's end line lost: a probe).  The figures read from the snapshot go, said once;
+    they stayed at their last values (a review)."""
     name = "ascii_metrics"
     with cluster.connect() as admin:
         admin.execute(f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
@@ -1506,15 +1507,21 @@ def test_metrics_of_a_sql_ascii_database_with_a_group_not_utf8_leave_its_schedul
     try:
         with cluster.connect(name, client_encoding="UTF8") as conn:
             conn.execute("CREATE EXTENSION pg_task_py CASCADE")
+            conn.execute("SELECT task_pause('slow')")
+            conn.execute("INSERT INTO task (input, \"group\", plan)"
+                         " VALUES ('SELECT 1', 'slow', now() - interval '1 min')")
+            port = free_port()
+            launcher = Launcher(cluster.dsn(name), args=("--metrics", f"127.0.0.1:{port}")).start()
+            launcher.wait_active()
+            wait_until(lambda: 'group="slow"' in scrape(port, "/metrics")[1], 20, 0.1, "the paused group's figures")
             conn.execute("SET client_encoding = 'LATIN1'")  # (no conversion into SQL_ASCII: the byte E9 is stored)
             conn.execute("SELECT task_pause('café')")
-            conn.execute("INSERT INTO task (input, \"group\", plan)"
-                         " VALUES ('SELECT 1', 'café', now() - interval '1 min')")
             conn.execute("SET client_encoding = 'UTF8'")
-            launcher = Launcher(cluster.dsn(name), args=("--metrics", f"127.0.0.1:{free_port()}")).start()
-            launcher.wait_active()
             told = "--metrics: no figures by group from this database: invalid byte sequence for encoding"
             wait_until(lambda: told in launcher.output(), 20, 0.1, "the snapshot's refusal told")
+            figures = scrape(port, "/metrics")[1]
+            assert 'group="slow"' not in figures and "pg_task_py_due_groups{" not in figures, figures
+            assert "pg_task_py_last_turn_timestamp_seconds{" in figures, figures
             # (a task planned past two more snapshots, a second apart: on time, and no reconnect)
             task = conn.execute("INSERT INTO task (input, plan, delete) VALUES ('SELECT 1', now() + interval '2.5 s',"
                                 " false) RETURNING id").fetchone()[0]

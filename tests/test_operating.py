@@ -1019,7 +1019,7 @@ def test_a_retention_without_a_unit_keeps_rows_and_says_why(db):
     half a minute went, without a word.  A number without a unit is ignored with a warning; 0 is
     0 in any unit, and a unit is read as written."""
     old = finished_rows(db, "FAIL", "2 days", 3)
-    for value in ("30", " 1.5 ", "1e3"):
+    for value in ("30", " 1.5 ", "1e3", "@ 30", "1 day 30"):
         db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_fail = '{value}'")
         with db.connect() as conn:
             notices: list[str] = []
@@ -1028,7 +1028,7 @@ def test_a_retention_without_a_unit_keeps_rows_and_says_why(db):
             assert present(db, old) == 3
             assert any(f'pg_task_py.retention_fail = "{value}"' in n and "a number without a unit" in n
                        for n in notices), notices
-    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_fail = '1 day'")
+    db.sql(f"ALTER DATABASE {db.name} SET pg_task_py.retention_fail = '1 day 00:00:30'")
     with db.connect() as conn:
         assert conn.execute("SELECT pgtaskpy.delete_old_tasks()").fetchone() == (3,)
     assert present(db, old) == 0
@@ -1419,6 +1419,22 @@ def test_status_stops_on_a_signal_while_it_waits_for_a_lock(running):
                                              " WHERE application_name = 'pg_task_py status'") == 0,
                        10, message="the status session gone")
         holder.execute("ROLLBACK")
+
+
+def test_status_watch_stopped_by_two_signals_at_once_ends_quietly(running):
+    """Two SIGINTs in a row (a key held down): the second raised inside the first's unwinding, and
+    `status --watch` hung until SIGKILL (7 runs of 40) or printed a traceback (a review)."""
+    for _ in range(20):
+        watcher = subprocess.Popen([str(LAUNCHER), "status", "--dsn", running.dsn, "--watch", "5"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            watcher.stdout.readline()  # (the first table is under way)
+            watcher.send_signal(signal.SIGINT)
+            watcher.send_signal(signal.SIGINT)
+            code = watcher.wait(10)
+        finally:
+            watcher.kill()
+        assert (code, watcher.stderr.read()) == (0, "")
 
 
 def test_status_says_why_it_cannot_write(running):

@@ -202,6 +202,32 @@ def test_negative_max_pauses_only_after_a_task_that_ran(running):
     assert (after["state"], after["output"]) == ("DONE", "next"), after
 
 
+def test_negative_max_keeps_its_pause_after_a_task_that_came_due_during_one(running):
+    """Without drift, the pause after a task counted from its plan: one that came due during a
+    pause keeps its plan, and the pause after it was over 0.14 s after it ran (a review).  It
+    counts from the end of the pause the task waited for."""
+    first = running.wait_done(running.insert("SELECT 'first'", group="beat", max=-3000, delete=False))
+    second = running.wait_done(running.insert("SELECT 'second'", group="beat", max=-3000, delete=False), 20)
+    third = running.wait_done(running.insert("SELECT 'third'", group="beat", max=-3000, delete=False), 20)
+    assert second["start"] >= first["plan"] + timedelta(seconds=2.9), (first, second)
+    assert third["start"] >= second["start"] + timedelta(seconds=2), (second, third)
+
+
+def test_a_task_its_groups_pause_holds_is_counted_later_not_due(running):
+    """task_stats and the metrics counted a task held by its group's pause (max < 0) as due and
+    late: an hourly group's lateness alert fired for a task held on purpose (a review)."""
+    running.wait_done(running.insert("SELECT 'ran'", group="hourly", max=-600000, delete=False))
+    held = running.insert("SELECT 'held'", group="hourly", max=-600000, delete=False)
+    try:
+        wait_until(lambda: running.value("SELECT now() - plan > interval '1 s' FROM task WHERE id = %s", [held]),
+                   10, 0.1, "the held task's plan to pass")
+        assert running.sql("SELECT due, later, oldest_due_lateness FROM task_stats WHERE \"group\" = 'hourly'") == [
+            (0, 1, None)]
+        assert running.value("SELECT pgtaskpy.metrics_snapshot(now(), 100)->>'due_groups'") == "0"
+    finally:
+        running.sql("SELECT task_cancel(%s)", [held])
+
+
 def test_higher_max_starts_beside_the_running_ones(running):
     # The six run until the test lets them end (a fixed sleep of theirs could end first on a busy machine).
     with running.connect() as gate:

@@ -471,22 +471,24 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
         return 1
     # (a role's group in characters the locale cannot write is shown escaped, as on stderr)
     sys.stdout.reconfigure(errors="backslashreplace")
-    stopping = threading.Event()
+    stopping = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)  # (SIGHUP: its terminal closed)
 
     def stop(signum: int, _frame: object) -> None:
-        stopping.set()
+        # One stop: a second signal's raise inside the first's unwinding (psycopg's cancel, a
+        # lock's release) hung the command or printed a traceback (a review).
+        for each in stopping:
+            signal.signal(each, signal.SIG_IGN)
         raise Stopped(signal.Signals(signum).name)
 
-    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):  # (SIGHUP: its terminal closed)
+    for signum in stopping:
         signal.signal(signum, stop)
-    if held_signals:
-        stopping.set()
     try:
-        show_status(args.dsn, args.watch, stopping)
+        # (a signal held while it started: the table once, then the stop)
+        show_status(args.dsn, None if held_signals else args.watch)
     except StatusError as exc:
         print(f"pg_task_py status: {exc}", file=sys.stderr)
         return 1
-    except Stopped:  # (between a table and the wait for the next)
+    except Stopped:  # (after a table: between the query and the wait for the next)
         pass
     except BrokenPipeError:
         # The reader stopped reading (`| head`): done, as for any Unix tool.  Python's flush of
@@ -496,6 +498,9 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print(f"pg_task_py status: cannot write the table: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    finally:
+        for each in stopping:  # (ending: a signal now has nothing to stop)
+            signal.signal(each, signal.SIG_IGN)
     return 0
 
 

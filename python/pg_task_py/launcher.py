@@ -415,6 +415,7 @@ class Scheduler:
                 database_log(self.name, logging.WARNING, "--metrics: no figures by group from this database: %s",
                              first_line(exc))
             self.snapshot_refused = str(exc)
+            self.metrics.snapshot_refused(self.name)
             return
         self.snapshot_since = snapshot["at"]
         self.metrics.snapshot(self.name, [tuple(group) for group in snapshot["groups"]], snapshot["lags"],

@@ -117,6 +117,11 @@ class Metrics:
         time stays, as the last time it was scheduled."""
         self._remove_gauges(database, keep=(self.last_turn,))
 
+    def snapshot_refused(self, database: str) -> None:
+        """A snapshot the server would not send (launcher.py): the figures read from it go, rather
+        than stay at their last values (a lateness alert that no longer fired, or fired on)."""
+        self._remove_gauges(database, keep=(self.running, self.last_turn, self.standby))
+
     def _remove_counters(self, old: str) -> None:
         for counter in (self.reconnects, self.started, self.standby_fallbacks):
             with contextlib.suppress(KeyError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-import threading
+import time
 from datetime import timedelta
 
 import psycopg
@@ -33,34 +33,37 @@ class Stopped(KeyboardInterrupt):
     stops, so the signal's handler raises one, and the command ends rather than wait on."""
 
 
-def show_status(dsn: str, watch: float | None, stopping: threading.Event, out=sys.stdout) -> None:
-    """Print task_stats once, or every `watch` seconds until `stopping` is set.  A watch that has
-    shown a table outlives a lost connection (a server restart): it says so and connects again."""
+def show_status(dsn: str, watch: float | None, out=sys.stdout) -> None:
+    """Print task_stats once, or every `watch` seconds until a signal stops it (Stopped).  A
+    watch that has shown a table outlives a lost connection (a server restart): it says so and
+    connects again."""
     shown = False
-    while True:
-        try:
-            with connect(dsn, "pg_task_py status") as conn:
-                query = status_query(conn)
-                clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe gets the tables one after another)
-                while True:
-                    rows = conn.execute(query).fetchall()
-                    out.write(clear + render(rows))
-                    out.flush()
-                    shown = True
-                    if watch is None or stopping.wait(watch):
-                        return
-        except psycopg.OperationalError as exc:
-            if watch is None or not shown:
+    try:
+        while True:
+            try:
+                with connect(dsn, "pg_task_py status") as conn:
+                    query = status_query(conn)
+                    clear = CLEAR if watch and out.isatty() else ""  # (a file or a pipe: one table after another)
+                    while True:
+                        rows = conn.execute(query).fetchall()
+                        # (before the write: an unbuffered stdout hands the table to its reader as it
+                        # is written, and a stop from then on is no failure)
+                        shown = True
+                        out.write(clear + render(rows))
+                        out.flush()
+                        if watch is None:
+                            return
+                        time.sleep(watch)
+            except psycopg.OperationalError as exc:
+                if watch is None or not shown:
+                    raise StatusError(first_line(exc)) from None
+                out.write(f"connection lost: {first_line(exc)}; trying again in {watch:g}s\n")
+                out.flush()
+                time.sleep(watch)
+            except psycopg.Error as exc:
                 raise StatusError(first_line(exc)) from None
-            out.write(f"connection lost: {first_line(exc)}; trying again in {watch:g}s\n")
-            out.flush()
-            if stopping.wait(watch):
-                return
-        except psycopg.Error as exc:
-            raise StatusError(first_line(exc)) from None
-        except Stopped as exc:
-            if shown:
-                return
+    except Stopped as exc:
+        if not shown:
             raise StatusError(f"stopped by {exc} before the table was read") from None
 
 

@@ -1429,6 +1429,7 @@ LANGUAGE plpgsql  -- (no SET clause: it runs with finish_task's search_path, as 
 AS $$
 DECLARE
     pause interval := make_interval(secs => -(t.max::bigint) / 1000.0);  -- (a row of 1.2 may hold -2^31)
+    anchor timestamptz;  -- what a pause without drift counts from
     paused_until timestamptz;
 BEGIN
     PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
@@ -1442,7 +1443,12 @@ BEGIN
     IF t.drift THEN
         paused_until := t.stop + pause;
     ELSE
-        paused_until := t.plan + pause * greatest(ceil(extract(epoch FROM clock_timestamp() - t.plan)
+        -- (from the end of the pause the task waited for, when that is later than its plan: one
+        -- that came due during a pause keeps its plan, and the next pause, counted from that
+        -- plan, was over 0.14 s after it ran, a review)
+        anchor := greatest(t.plan, (SELECT s.until FROM pgtaskpy.group_spacing AS s
+                                    WHERE s.owner = t.owner AND s.hash = t.hash));
+        paused_until := anchor + pause * greatest(ceil(extract(epoch FROM clock_timestamp() - anchor)
                                                       / extract(epoch FROM pause)), 1);
         IF paused_until <= clock_timestamp() THEN
             paused_until := paused_until + pause;
@@ -1586,8 +1592,9 @@ BEGIN
                   -- (not while the row's worker runs on in another database of this server: the
                   -- row is a copy of that database's run, restored beside it by pg_restore, and
                   -- the copy's launcher terminated the source's live run, a probe)
-                  AND NOT EXISTS (SELECT FROM pg_stat_get_activity(t.worker) AS w
-                                  WHERE w.datid <> (SELECT d.oid FROM pg_database AS d
+                  AND NOT EXISTS (SELECT FROM pg_stat_get_activity(t.worker) AS w  -- (NULL: every backend)
+                                  WHERE t.worker IS NOT NULL
+                                    AND w.datid <> (SELECT d.oid FROM pg_database AS d
                                                     WHERE d.datname = current_database())
                                     AND w.application_name = pgtaskpy.name_of('worker')
                                     AND w.backend_start <= t.start))
@@ -1640,7 +1647,11 @@ BEGIN
     -- (the marks of cancels whose tasks have ended: read by their ends already)
     DELETE FROM pgtaskpy.cancelled_run AS c
     WHERE NOT EXISTS (SELECT FROM @extschema@.task AS t WHERE t.id = c.task_id AND t.state IN ('TAKE', 'WORK'));
-    DELETE FROM pgtaskpy.group_spacing AS s WHERE s.until <= now();  -- (pauses that are over)
+    -- (pauses that are over, once no task of the group runs: pause_group counts on from it)
+    DELETE FROM pgtaskpy.group_spacing AS s
+    WHERE s.until <= now()
+      AND NOT EXISTS (SELECT FROM @extschema@.task AS r
+                      WHERE r.state IN ('TAKE', 'WORK') AND r.hash = s.hash AND r.owner = s.owner);
     RETURN recovered;
 END
 $$;
@@ -1858,8 +1869,9 @@ BEGIN
         RETURN fallback;
     END IF;
     -- A number without a unit reads as seconds: `retention_fail = 30`, meant as days, deleted every
-    -- failure older than half a minute (a probe).  Refused, but for 0, which is 0 in any unit.
-    IF setting ~ '^\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$'
+    -- failure older than half a minute (a probe).  Refused, also last after others (`1 day 30`,
+    -- `@ 30`), but for a lone 0, which is 0 in any unit.
+    IF setting ~ '(^|[\s@])[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$'
        AND setting !~ '^\s*[-+]?(0+\.?0*|\.0+)([eE][-+]?[0-9]+)?\s*$' THEN
         PERFORM pgtaskpy.warn_ignored_setting(name, setting, 'of ' || pgtaskpy.scheduler_setting_source(name),
                                               'a number without a unit: write one, as ''30 days'' or ''12 hours''');

@@ -763,6 +763,8 @@ AS $$
         SELECT w.owner, w."group", count(*) AS due, extract(epoch FROM now() - min(w.plan))::float8 AS oldest
         FROM (SELECT t.owner, t."group", t.plan FROM @extschema@.task AS t
               WHERE t.state = 'PLAN' AND t.waiting_for = 0 AND t.plan <= now()
+                AND NOT (t.max < 0 AND EXISTS (SELECT FROM pgtaskpy.group_spacing AS s  -- (held: pause_group)
+                                               WHERE s.owner = t.owner AND s.hash = t.hash AND s.until > now()))
               ORDER BY t.plan) AS w
         GROUP BY w.owner, w."group"
     ), ended_up_to AS (  -- (the 10,000th end's stop, when there are more; else 2 s ago)
@@ -845,8 +847,11 @@ WITH active AS (
            count(*) FILTER (WHERE a.state <> 'PLAN') AS running,
            now() - min(a.plan) FILTER (WHERE a.state = 'PLAN' AND a.runnable AND a.plan <= now()) AS oldest_due_lateness
     -- (three parts, each read from its partial index; a task waiting for
-    -- prerequisites is never due, whatever its plan: it counts as later)
-    FROM (SELECT w.owner, w."group" COLLATE "C" AS "group", w.state, w.plan, true AS runnable
+    -- prerequisites is never due, whatever its plan: it counts as later, and so
+    -- does one its group's pause after a run holds, max < 0: pause_group)
+    FROM (SELECT w.owner, w."group" COLLATE "C" AS "group", w.state, w.plan,
+                 NOT (w.max < 0 AND EXISTS (SELECT FROM pgtaskpy.group_spacing AS s
+                                            WHERE s.owner = w.owner AND s.hash = w.hash AND s.until > now())) AS runnable
           FROM @extschema@.task AS w WHERE w.state = 'PLAN' AND w.waiting_for = 0
           UNION ALL
           SELECT b.owner, b."group" COLLATE "C", b.state, b.plan, false

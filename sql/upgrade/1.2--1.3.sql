@@ -250,8 +250,10 @@ REVOKE ALL ON pgtaskpy.cancelled_run FROM PUBLIC;
 -- The end of the pause of a group after one of its tasks with a negative max ran (pause_group):
 -- until then its owner's tasks of the group with a negative max wait, those that come due during
 -- the pause too (inserted, released by a dependency, moved into the group), which claims pass
--- over.  A row a group; housekeeping deletes those that are over (recover_orphaned_tasks), and
--- claims read the first end by `until`.  The scheduler's only.
+-- over.  A row a group; housekeeping deletes those that are over once no task of the group
+-- runs (recover_orphaned_tasks: the next pause counts on from the end one of them waited for),
+-- and claims read the first end by `until`.  The scheduler writes them; task_stats reads its
+-- caller's, whose held tasks are not due.
 CREATE TABLE pgtaskpy.group_spacing (
     owner name NOT NULL,
     hash integer NOT NULL,  -- (task.hash: the group's)
@@ -260,6 +262,10 @@ CREATE TABLE pgtaskpy.group_spacing (
 );
 CREATE INDEX group_spacing_until ON pgtaskpy.group_spacing (until);
 REVOKE ALL ON pgtaskpy.group_spacing FROM PUBLIC;
+ALTER TABLE pgtaskpy.group_spacing ENABLE ROW LEVEL SECURITY;
+CREATE POLICY group_owner_or_admin ON pgtaskpy.group_spacing FOR SELECT
+    USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
+GRANT SELECT ON pgtaskpy.group_spacing TO pgtaskpy_user;
 
 -- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
 -- one state in stop order, never reading those another state keeps longer.
