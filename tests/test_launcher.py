@@ -753,6 +753,40 @@ def test_a_stop_during_a_reload_that_waits_for_its_config_ends_the_launcher(tmp_
 
 
 
+def test_a_reload_whose_config_never_comes_is_given_up_and_the_next_one_heard(tmp_path, db):
+    """A reload whose --config reading blocked (a FIFO nobody writes, a hung network file system)
+    waited for good: a later SIGHUP went unheard (a probe).  It gives up after 10 s, changing
+    nothing, and the next SIGHUP reloads."""
+    launcher, config = launcher_reading_a_fifo_config(tmp_path)
+    try:
+        write_fifo(config, json.dumps([{"dsn": db.dsn}]))
+        launcher.wait_active()
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: "reload refused, nothing changed: reading the configuration did not end within 10s"
+                   in launcher.output(), 30, 0.1, "the reload given up")
+        assert db.wait_done(db.insert("SELECT 'scheduled on'", delete=False))["output"] == "scheduled on"
+        launcher.signal(signal.SIGHUP)
+        wait_until(lambda: launcher.output().count("received SIGHUP: reloading the configuration") == 2, 10, 0.1,
+                   "the next reload heard")
+        assert launcher.stop() == 0, launcher.output()
+    finally:
+        launcher.kill()
+
+
+def test_a_launcher_whose_every_database_ended_says_it_exits(cluster):
+    """Each database ended by an error (its extension missing, here): the process exited 1 with
+    no word of its own, after a line that told to send SIGHUP (a probe).  It says it exits."""
+    cluster.create_database("bare_exit", extension=False)
+    try:
+        launcher = Launcher(cluster.dsn("bare_exit")).start()
+        assert launcher.process.wait(30) == 1, launcher.output()
+        last = launcher.output().strip().splitlines()[-1]
+        assert last.endswith("ERROR no database left to schedule: exiting (1)"), launcher.output()
+    finally:
+        with cluster.connect() as admin:
+            admin.execute("DROP DATABASE bare_exit WITH (FORCE)")
+
+
 def test_graceful_stop_cancels_past_grace_and_claims_nothing_new(db):
     launcher = db.launcher("--grace", "0.5")
     task_id = db.insert("SELECT pg_sleep(60)", delete=False)

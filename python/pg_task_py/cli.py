@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -266,6 +267,15 @@ def conninfo_problem(dsn: str) -> str | None:
     return None
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object of the config file, each key once (json.loads' object_pairs_hook)."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"the key {json.dumps(twice[0])} is given twice in one entry")
+    return dict(pairs)
+
+
 def load_settings(args: argparse.Namespace) -> list[Settings]:
     """One Settings per database, from --dsn flags and the --config file: each database once, with
     a conninfo libpq can use."""
@@ -274,7 +284,9 @@ def load_settings(args: argparse.Namespace) -> list[Settings]:
         settings = [Settings(dsn="", run=args.run, grace=args.grace, standby=args.standby)]
     if args.config is not None:
         try:
-            entries = json.loads(args.config.read_text())
+            # (utf-8-sig: the byte order mark an editor on Windows writes first; a key given twice
+            # is refused, where the last one won: `"dsn"` twice ran the second database unsaid)
+            entries = json.loads(args.config.read_text(encoding="utf-8-sig"), object_pairs_hook=unique_keys)
         except (OSError, ValueError, RecursionError) as exc:  # (Recursion: '[' nested 100,000 deep)
             raise SetupError(f"cannot read config file {args.config}: {exc}") from None
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) and "dsn" in e
@@ -324,14 +336,21 @@ def config_entry(path: Path, position: int, entry: dict, args: argparse.Namespac
     return Settings(dsn=str(entry["dsn"]), **values)
 
 
+RELOAD_READ_TIMEOUT = 10.0  # seconds a SIGHUP's reading of the flags and config file may take
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line; `time` in ISO 8601 with its UTC offset (a log shipper read the text
     format's local time, with no offset, as UTC)."""
 
     def format(self, record: logging.LogRecord) -> str:
         moment = datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
-        line = {"time": moment, "level": record.levelname,
-                "message": record.getMessage(), **getattr(record, "fields", {})}
+        fields = dict(getattr(record, "fields", {}))
+        if "message" in fields:  # (an event's own message, the error it tells: it replaced the line's)
+            fields["detail"] = fields.pop("message")
+        line = {"time": moment, "level": record.levelname, "message": record.getMessage(), **fields}
+        if record.exc_info:  # (the traceback a "please report it" line asks for)
+            line["traceback"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
 
 
@@ -418,7 +437,11 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
                 reload_configuration(databases, reload, stopping)
-    return databases.exit_status(stop_asked=stopping.is_set())
+    status = databases.exit_status(stop_asked=stopping.is_set())
+    if not stopping.is_set():  # (each database ended by itself: the process ended with no word of it, a probe)
+        logging.getLogger("pg_task_py").log(logging.ERROR if status else logging.INFO,
+                                            "no database left to schedule: exiting (%d)", status)
+    return status
 
 
 def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None,
@@ -442,10 +465,18 @@ def reload_configuration(databases: Databases, reload: Callable[[], list[Setting
 
     reader = threading.Thread(target=read, name="pg_task_py reload", daemon=True)
     reader.start()
+    given_up_at = time.monotonic() + RELOAD_READ_TIMEOUT
     while reader.is_alive():
         reader.join(0.2)
         if stopping.is_set():
             log.info("the reload was abandoned: stopping")
+            return
+        if time.monotonic() >= given_up_at:
+            # (it waited for good, and the main loop with it: a later SIGHUP went unheard, and a
+            # removed database that never stopped was never left, a probe)
+            log.error("reload refused, nothing changed: reading the configuration did not end within %gs (a FIFO"
+                      " whose writer hangs, a network file system that does not answer); send SIGHUP again once"
+                      " it can be read", RELOAD_READ_TIMEOUT)
             return
     error = outcome.get("error")
     if isinstance(error, SetupError):

@@ -1,6 +1,8 @@
 """The launcher's command line and config file, in process: no server."""
 
 import json
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -76,6 +78,8 @@ def test_config_file_entries_follow_the_flags_and_take_them_as_defaults(tmp_path
     ('[{"run": 1}]', 'expected a JSON list of objects with a "dsn"'),
     ("[]", 'expected a JSON list of objects with a "dsn", one at least'),
     ("[{", "cannot read config file"),
+    ('[{"dsn": "dbname=a", "dsn": "dbname=b password=secret"}]',  # (the second ran, unsaid: a probe)
+     'the key "dsn" is given twice in one entry'),
     ("[" * 100000 + "]" * 100000, "cannot read config file"),  # (RecursionError's traceback, exit 1)
     ([{"dsn": "dbname=a", "runs": 2}], "unknown key(s) ['runs']"),
     ([{"dsn": "dbname=a"}, {"dsn": "dbname=b password=secret", "grace": -1}],
@@ -96,6 +100,13 @@ def test_bad_config_file_says_what_and_where_never_the_dsn(tmp_path, content, sa
         load_settings(parse_args(["run", "--config", str(path)]))
     assert says in str(error.value) and str(path) in str(error.value)
     assert "secret" not in str(error.value)
+
+
+def test_a_config_file_that_begins_with_a_byte_order_mark_is_read(tmp_path):
+    """An editor on Windows writes one first: `Unexpected UTF-8 BOM (decode using utf-8-sig)`."""
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"dsn": "dbname=a"}]).encode())
+    assert load_settings(parse_args(["run", "--config", str(path)])) == [Settings("dbname=a")]
 
 
 def test_missing_config_file(tmp_path):
@@ -139,3 +150,21 @@ def ended(*databases: tuple[str | None, bool]) -> Databases:
 ])
 def test_exit_status(databases, stop_asked, status):
     assert ended(*databases).exit_status(stop_asked) == status
+
+
+def test_a_join_of_many_running_databases_waits_its_timeout_once():
+    """The main loop's join waited `timeout` for each running database in turn: a SIGHUP waited
+    0.2 s a database, 7 s with 40, before its reload began (a probe)."""
+    release = threading.Event()
+    databases = object.__new__(Databases)
+    databases.metrics = None
+    databases.all = [SimpleNamespace(thread=threading.Thread(target=release.wait, daemon=True), removed=False)
+                     for _ in range(20)]
+    for database in databases.all:
+        database.thread.start()
+    try:
+        began = time.monotonic()
+        databases.join(timeout=0.2)
+        assert time.monotonic() - began < 1.5  # (20 x 0.2 s = 4 s before)
+    finally:
+        release.set()

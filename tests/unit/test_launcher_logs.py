@@ -1,11 +1,12 @@
 """The launcher's log lines and version checks, in process: no server."""
 
 import datetime
+import json
 import logging
 import sys
 
 import pytest
-from pg_task_py.cli import AtLevelOrAlways, TextFormatter
+from pg_task_py.cli import AtLevelOrAlways, JsonFormatter, TextFormatter
 from pg_task_py.launcher import describe, describe_end, display_name, is_older, log_event, version_tuple
 
 
@@ -218,3 +219,20 @@ def test_a_lock_holder_that_waits_for_a_synchronous_standby_is_said_so():
     assert holder_waits(("IPC", "SyncRep")) == ("; its commit waits for a synchronous standby (IPC:SyncRep): none that"
                                                 " synchronous_standby_names names has confirmed it")
     assert holder_waits(("Lock", "transactionid")) == holder_waits((None, None)) == ""
+
+
+def test_a_json_line_keeps_its_text_beside_the_events_message_and_its_traceback(caplog):
+    """--log-json: an event's own `message` (spare_failed, start_failed, worker_error...) replaced
+    the line's text, and a "please report it" line lost the traceback it asks for (a probe)."""
+    caplog.set_level(logging.INFO)
+    log_event("db", {"event": "spare_failed", "message": "could not establish connection: refused"})
+    line = json.loads(JsonFormatter().format(caplog.records[-1]))
+    assert line["message"] == "db: cannot open a worker backend: could not establish connection: refused", line
+    assert line["detail"] == "could not establish connection: refused" and line["event"] == "spare_failed", line
+    try:
+        raise RuntimeError("injected fault")
+    except RuntimeError:
+        logging.getLogger("pg_task_py").exception("stopped by an error of the launcher (please report it)")
+    line = json.loads(JsonFormatter().format(caplog.records[-1]))
+    assert line["traceback"].startswith("Traceback (most recent call last):"), line
+    assert line["traceback"].endswith("RuntimeError: injected fault"), line
