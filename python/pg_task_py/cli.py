@@ -269,10 +269,11 @@ def conninfo_problem(dsn: str) -> str | None:
 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     """A JSON object of the config file, each key once (json.loads' object_pairs_hook)."""
-    keys = [key for key, _ in pairs]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
-    if twice:
-        raise ValueError(f"the key {json.dumps(twice[0])} is given twice in one entry")
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"the key {json.dumps(key)} is given twice in one object")
+        seen.add(key)
     return dict(pairs)
 
 
@@ -425,6 +426,7 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
         logging.getLogger("pg_task_py").info("metrics on http://%s:%d/metrics", shown, port)
 
     databases = Databases(settings, metrics)
+    reading = ConfigReading(reload) if reload is not None else None
     if stopping.is_set():  # (a signal before the threads existed)
         databases.stop_all()
     while databases.running():
@@ -436,7 +438,7 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
             if stopping.is_set():
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
-                reload_configuration(databases, reload, stopping)
+                reload_configuration(databases, reading, stopping)
     status = databases.exit_status(stop_asked=stopping.is_set())
     if not stopping.is_set():  # (each database ended by itself: the process ended with no word of it, a probe)
         logging.getLogger("pg_task_py").log(logging.ERROR if status else logging.INFO,
@@ -444,30 +446,51 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
     return status
 
 
-def reload_configuration(databases: Databases, reload: Callable[[], list[Settings]] | None,
-                         stopping: threading.Event) -> None:
-    """SIGHUP: read the flags and config file again and apply them; a config file that cannot be
-    used changes nothing.  Read by a thread of its own, which a stop abandons: a --config whose
-    reading blocks (a pipe whose writer hangs) held the main thread, and the launcher stopped its
-    databases and never exited (a review; a signal does not always reach the main thread's read)."""
+class ConfigReading:
+    """A reload's reading of the flags and config file, in a thread of its own, which a stop
+    abandons: a --config whose reading blocks (a pipe whose writer hangs) held the main thread, and
+    the launcher stopped its databases and never exited (a review; a signal does not always reach
+    the main thread's read).  One at a time: a reading given up (RELOAD_READ_TIMEOUT) goes on, and
+    the next SIGHUP waits for it, rather than start a second beside it (two readers of a FIFO: the
+    given-up one took the new config, and the new one read nothing, a review)."""
+
+    def __init__(self, reload: Callable[[], list[Settings]]) -> None:
+        self.reload = reload
+        self.thread: threading.Thread | None = None
+        self.outcome: dict[str, object] = {}
+
+    def start(self) -> bool:
+        """Start a reading; False when the last one, given up, still goes on (it is the one waited for)."""
+        if self.thread is not None and self.thread.is_alive():
+            return False
+        outcome: dict[str, object] = {}
+
+        def read() -> None:
+            try:
+                outcome["wanted"] = self.reload()
+            except Exception as exc:  # noqa: BLE001 (a reload must not end every database's scheduling)
+                outcome["error"] = exc
+
+        self.outcome = outcome
+        self.thread = threading.Thread(target=read, name="pg_task_py reload", daemon=True)
+        self.thread.start()
+        return True
+
+
+def reload_configuration(databases: Databases, reading: ConfigReading | None, stopping: threading.Event) -> None:
+    """SIGHUP: read the flags and config file again (`reading`) and apply them; a config file that
+    cannot be used, or whose reading does not end within RELOAD_READ_TIMEOUT, changes nothing."""
     log = logging.getLogger("pg_task_py")
-    if reload is None:
+    if reading is None:
         log.info("received SIGHUP: nothing to reload")
         return
-    log.info("received SIGHUP: reloading the configuration")
-    outcome: dict[str, object] = {}
-
-    def read() -> None:
-        try:
-            outcome["wanted"] = reload()
-        except Exception as exc:  # noqa: BLE001 (a reload must not end every database's scheduling)
-            outcome["error"] = exc
-
-    reader = threading.Thread(target=read, name="pg_task_py reload", daemon=True)
-    reader.start()
+    if reading.start():
+        log.info("received SIGHUP: reloading the configuration")
+    else:
+        log.info("received SIGHUP: reloading the configuration (its reading since an earlier SIGHUP goes on)")
     given_up_at = time.monotonic() + RELOAD_READ_TIMEOUT
-    while reader.is_alive():
-        reader.join(0.2)
+    while reading.thread.is_alive():
+        reading.thread.join(0.2)
         if stopping.is_set():
             log.info("the reload was abandoned: stopping")
             return
@@ -478,13 +501,13 @@ def reload_configuration(databases: Databases, reload: Callable[[], list[Setting
                       " whose writer hangs, a network file system that does not answer); send SIGHUP again once"
                       " it can be read", RELOAD_READ_TIMEOUT)
             return
-    error = outcome.get("error")
+    error = reading.outcome.get("error")
     if isinstance(error, SetupError):
         log.error("reload refused, nothing changed: %s", error)
     elif error is not None:
         log.error("reload refused, nothing changed: %s: %s", type(error).__name__, error)
     elif not stopping.is_set():
-        databases.reload(outcome["wanted"])
+        databases.reload(reading.outcome["wanted"])
         if stopping.is_set():  # (a stop while it applied: what it started or kept stops too, a review)
             databases.stop_all()
 
@@ -502,20 +525,28 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
         return 1
     # (a role's group in characters the locale cannot write is shown escaped, as on stderr)
     sys.stdout.reconfigure(errors="backslashreplace")
-    stopping = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)  # (SIGHUP: its terminal closed)
+    if held_signals:  # (a stop as it started: the table's query could wait for good, a review)
+        print(f"pg_task_py status: stopped by {signal.Signals(held_signals[0]).name} before the table was read",
+              file=sys.stderr)
+        return 1
+    stopped = False
+    stopping = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM}  # (SIGHUP: its terminal closed)
 
     def stop(signum: int, _frame: object) -> None:
         # One stop: a second signal's raise inside the first's unwinding (psycopg's cancel, a
-        # lock's release) hung the command or printed a traceback (a review).
-        for each in stopping:
-            signal.signal(each, signal.SIG_IGN)
-        raise Stopped(signal.Signals(signum).name)
+        # lock's release) hung the command or printed a traceback; one ignored (SIG_IGN) while it
+        # was pending, a traceback of CPython's; one at the interpreter's exit, whose handlers are
+        # the system's again, killed it (reviews).  The rest are blocked, and go with the process.
+        nonlocal stopped
+        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+        if not stopped:
+            stopped = True
+            raise Stopped(signal.Signals(signum).name)
 
     for signum in stopping:
         signal.signal(signum, stop)
     try:
-        # (a signal held while it started: the table once, then the stop)
-        show_status(args.dsn, None if held_signals else args.watch)
+        show_status(args.dsn, args.watch)
     except StatusError as exc:
         print(f"pg_task_py status: {exc}", file=sys.stderr)
         return 1
@@ -530,8 +561,8 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
         print(f"pg_task_py status: cannot write the table: {exc.strerror or exc}", file=sys.stderr)
         return 1
     finally:
-        for each in stopping:  # (ending: a signal now has nothing to stop)
-            signal.signal(each, signal.SIG_IGN)
+        # (ending: a signal now has nothing to stop; blocked, one at the interpreter's exit kills nothing)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
     return 0
 
 

@@ -79,7 +79,7 @@ def test_config_file_entries_follow_the_flags_and_take_them_as_defaults(tmp_path
     ("[]", 'expected a JSON list of objects with a "dsn", one at least'),
     ("[{", "cannot read config file"),
     ('[{"dsn": "dbname=a", "dsn": "dbname=b password=secret"}]',  # (the second ran, unsaid: a probe)
-     'the key "dsn" is given twice in one entry'),
+     'the key "dsn" is given twice in one object'),
     ("[" * 100000 + "]" * 100000, "cannot read config file"),  # (RecursionError's traceback, exit 1)
     ([{"dsn": "dbname=a", "runs": 2}], "unknown key(s) ['runs']"),
     ([{"dsn": "dbname=a"}, {"dsn": "dbname=b password=secret", "grace": -1}],
