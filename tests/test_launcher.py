@@ -755,23 +755,26 @@ def test_a_stop_during_a_reload_that_waits_for_its_config_ends_the_launcher(tmp_
 
 def test_a_reload_whose_config_never_comes_is_given_up_and_the_next_one_heard(tmp_path, db):
     """A reload whose --config reading blocked (a FIFO nobody writes, a hung network file system)
-    waited for good: a later SIGHUP went unheard (a probe).  It gives up after 10 s, changing
-    nothing, and the next SIGHUP reloads."""
+    waited for good: a later SIGHUP went unheard (a probe).  It stops waiting after 10 s, changing
+    nothing then; what the reading reads once it ends is applied (a FIFO's writer writes once: the
+    given-up reading took it, and a new one read nothing, reviews); the next SIGHUP reloads."""
     launcher, config = launcher_reading_a_fifo_config(tmp_path)
     try:
         write_fifo(config, json.dumps([{"dsn": db.dsn}]))
         launcher.wait_active()
         launcher.signal(signal.SIGHUP)
-        wait_until(lambda: "reload refused, nothing changed: reading the configuration did not end within 10s"
+        wait_until(lambda: "reload not applied yet: reading the configuration did not end within 10s"
                    in launcher.output(), 30, 0.1, "the reload given up")
         assert db.wait_done(db.insert("SELECT 'scheduled on'", delete=False))["output"] == "scheduled on"
+        write_fifo(config, json.dumps([{"dsn": db.dsn, "run": 3}]))
+        wait_until(lambda: "run 3, grace 30s from now on" in launcher.output(), 10, 0.1, "the late reading applied")
+        assert "the reading of the configuration a reload gave up has ended: applying it" in launcher.output()
         launcher.signal(signal.SIGHUP)
         wait_until(lambda: launcher.output().count("received SIGHUP: reloading the configuration") == 2, 10, 0.1,
                    "the next reload heard")
-        # (it reads what comes: the given-up reading, still open on the FIFO, took it, and the new
-        # one read nothing, a review)
-        write_fifo(config, json.dumps([{"dsn": db.dsn, "run": 3}]))
-        wait_until(lambda: "run 3, grace 30s from now on" in launcher.output(), 10, 0.1, "the reload applied")
+        write_fifo(config, json.dumps([{"dsn": db.dsn, "run": 4}]))
+        wait_until(lambda: "run 4, grace 30s from now on" in launcher.output(), 10, 0.1, "the next reload applied")
+        assert launcher.output().count("from now on") == 2, launcher.output()  # (each applied once)
         assert launcher.stop() == 0, launcher.output()
     finally:
         launcher.kill()

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -1436,6 +1437,28 @@ def test_status_watch_stopped_by_two_signals_at_once_ends_quietly(running):
         finally:
             watcher.kill()
         assert (code, watcher.stderr.read()) == (0, "")
+
+
+def test_status_under_a_held_down_ctrl_c_exits_1_with_one_line(tmp_path):
+    """SIGINT every 33 ms from its start (a key held down) against a server it cannot reach: the
+    system's default at the interpreter's exit killed it (-2), or a signal during its error line
+    raised a traceback (reviews).  One line, exit 1, every time."""
+    for _ in range(10):
+        status = subprocess.Popen([str(LAUNCHER), "status", "--dsn", f"host={tmp_path} port=1 dbname=x"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # (from its handlers' first moment, SIGTERM's caught: before, Python's own start meets it)
+            wait_until(lambda status=status: status.poll() is not None or int(re.search(
+                r"^SigCgt:\s*([0-9a-f]+)$", Path(f"/proc/{status.pid}/status").read_text(), re.MULTILINE).group(1),
+                16) & (1 << (signal.SIGTERM - 1)), 10, 0.001, "status to catch its stop signals")
+            while status.poll() is None:
+                status.send_signal(signal.SIGINT)
+                time.sleep(0.033)
+            code = status.wait(10)
+        finally:
+            status.kill()
+        stderr = status.stderr.read()
+        assert code == 1 and stderr.startswith("pg_task_py status: ") and stderr.count("\n") == 1, (code, stderr)
 
 
 def test_status_says_why_it_cannot_write(running):

@@ -1,6 +1,7 @@
 """What SQL a task can run, what it sees, and how its results are kept (README: What SQL can a task run?)."""
 
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -374,6 +375,21 @@ def test_task_wait_that_gives_up_says_what_the_task_waits_for(db):
     hints = given_up_hints(db, (later, dependent))
     assert hints[later].startswith("It is planned for 2100-01-01"), hints
     assert hints[dependent].startswith(f"It waits for 1 of its prerequisites (after: {{{later}}}) to end."), hints
+
+
+def test_task_wait_that_gives_up_names_the_pause_of_a_negative_max(running):
+    """A task held by its group's pause after a run (max < 0) was hinted `It is due ... Is a
+    launcher running?` (a probe): the hint says when the pause ends."""
+    ran = running.wait_done(running.insert("SELECT 1", group="spaced hint", max=-600000, drift=True, delete=False))
+    held = running.insert("SELECT 2", group="spaced hint", max=-600000, drift=True)
+    try:
+        hint = given_up_hints(running, (held,))[held]
+        until = ran["stop"] + timedelta(minutes=10)
+        assert hint == (f"Its group 'spaced hint' waits out the pause of 600000 ms after its last run (max -600000):"
+                        f" it starts at {running.value('SELECT %s::timestamptz::text', [until])} at the earliest."
+                        " Wait longer with task_wait(id, interval)."), hint
+    finally:
+        running.sql("SELECT task_cancel(%s)", [held])
 
 
 def test_task_wait_that_gives_up_names_a_pause_a_rate_limit_or_a_running_limit(db):

@@ -23,7 +23,7 @@ from pg_task_py import __version__
 from pg_task_py.databases import Databases
 from pg_task_py.launcher import Settings, SetupError, ascii_digits
 from pg_task_py.metrics import Metrics, serve
-from pg_task_py.status import StatusError, Stopped, show_status
+from pg_task_py.status import STOP_SIGNALS, StatusError, Stopped, show_status
 from pg_task_py.text import escape_controls
 
 DESCRIPTION = """\
@@ -439,6 +439,10 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
                 reload_configuration(databases, reading, stopping)
+        elif reading is not None and reading.ended_late() and not stopping.is_set():
+            logging.getLogger("pg_task_py").info("the reading of the configuration a reload gave up has ended:"
+                                                 " applying it")
+            apply_reading(databases, reading, stopping)
     status = databases.exit_status(stop_asked=stopping.is_set())
     if not stopping.is_set():  # (each database ended by itself: the process ended with no word of it, a probe)
         logging.getLogger("pg_task_py").log(logging.ERROR if status else logging.INFO,
@@ -458,11 +462,13 @@ class ConfigReading:
         self.reload = reload
         self.thread: threading.Thread | None = None
         self.outcome: dict[str, object] = {}
+        self.given_up = False  # the reading's reload gave up waiting for it (it is applied when it ends)
 
     def start(self) -> bool:
         """Start a reading; False when the last one, given up, still goes on (it is the one waited for)."""
         if self.thread is not None and self.thread.is_alive():
             return False
+        self.given_up = False
         outcome: dict[str, object] = {}
 
         def read() -> None:
@@ -475,6 +481,14 @@ class ConfigReading:
         self.thread = threading.Thread(target=read, name="pg_task_py reload", daemon=True)
         self.thread.start()
         return True
+
+    def ended_late(self) -> bool:
+        """Whether a reading given up has ended since: what it read is still wanted (its SIGHUP
+        asked for it, and a FIFO's writer, once it wrote, writes no more: a review)."""
+        if self.given_up and self.thread is not None and not self.thread.is_alive():
+            self.given_up = False
+            return True
+        return False
 
 
 def reload_configuration(databases: Databases, reading: ConfigReading | None, stopping: threading.Event) -> None:
@@ -497,10 +511,18 @@ def reload_configuration(databases: Databases, reading: ConfigReading | None, st
         if time.monotonic() >= given_up_at:
             # (it waited for good, and the main loop with it: a later SIGHUP went unheard, and a
             # removed database that never stopped was never left, a probe)
-            log.error("reload refused, nothing changed: reading the configuration did not end within %gs (a FIFO"
-                      " whose writer hangs, a network file system that does not answer); send SIGHUP again once"
-                      " it can be read", RELOAD_READ_TIMEOUT)
+            log.error("reload not applied yet: reading the configuration did not end within %gs (a FIFO whose"
+                      " writer hangs, a network file system that does not answer); what it reads is applied once it"
+                      " ends", RELOAD_READ_TIMEOUT)
+            reading.given_up = True
             return
+    reading.given_up = False  # (applied here, not again by the main loop)
+    apply_reading(databases, reading, stopping)
+
+
+def apply_reading(databases: Databases, reading: ConfigReading, stopping: threading.Event) -> None:
+    """What a reload's reading gave: the databases and settings, or why nothing changes."""
+    log = logging.getLogger("pg_task_py")
     error = reading.outcome.get("error")
     if isinstance(error, SetupError):
         log.error("reload refused, nothing changed: %s", error)
@@ -515,7 +537,29 @@ def reload_configuration(databases: Databases, reading: ConfigReading | None, st
 def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     """`pg_task_py status`: 0, or 1 with one line on stderr when the database cannot be read, or 2
     for a --dsn that libpq would refuse (told as `run` tells it: libpq's message quotes the
-    conninfo, password and all)."""
+    conninfo, password and all).
+
+    The stop signals are blocked but while show_status waits on the server or between tables,
+    where they cancel its query: anywhere else one killed the command (the system's default again
+    at the interpreter's exit) or raised a traceback inside an error's line (reviews)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    stopped = False
+
+    def stop(signum: int, _frame: object) -> None:
+        # One stop, then the rest blocked: a second signal's raise inside the first's unwinding
+        # (psycopg's cancel, a lock's release) hung the command or printed a traceback (a review).
+        nonlocal stopped
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        if not stopped:
+            stopped = True
+            raise Stopped(signal.Signals(signum).name)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+    if held_signals:  # (a stop as it started, until now: the table's query could wait for good, a review)
+        print(f"pg_task_py status: stopped by {signal.Signals(held_signals[0]).name} before the table was read",
+              file=sys.stderr)
+        return 1
     problem = conninfo_problem(args.dsn)
     if problem is not None:
         print(f"pg_task_py status: {'--dsn' if args.dsn else 'the libpq environment'} {problem}", file=sys.stderr)
@@ -525,32 +569,15 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
         return 1
     # (a role's group in characters the locale cannot write is shown escaped, as on stderr)
     sys.stdout.reconfigure(errors="backslashreplace")
-    if held_signals:  # (a stop as it started: the table's query could wait for good, a review)
-        print(f"pg_task_py status: stopped by {signal.Signals(held_signals[0]).name} before the table was read",
-              file=sys.stderr)
-        return 1
-    stopped = False
-    stopping = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM}  # (SIGHUP: its terminal closed)
-
-    def stop(signum: int, _frame: object) -> None:
-        # One stop: a second signal's raise inside the first's unwinding (psycopg's cancel, a
-        # lock's release) hung the command or printed a traceback; one ignored (SIG_IGN) while it
-        # was pending, a traceback of CPython's; one at the interpreter's exit, whose handlers are
-        # the system's again, killed it (reviews).  The rest are blocked, and go with the process.
-        nonlocal stopped
-        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
-        if not stopped:
-            stopped = True
-            raise Stopped(signal.Signals(signum).name)
-
-    for signum in stopping:
-        signal.signal(signum, stop)
     try:
-        show_status(args.dsn, args.watch)
+        try:
+            show_status(args.dsn, args.watch)  # (which unblocks the stop signals)
+        finally:
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     except StatusError as exc:
         print(f"pg_task_py status: {exc}", file=sys.stderr)
         return 1
-    except Stopped:  # (after a table: between the query and the wait for the next)
+    except Stopped:  # (after a table: between its end and the block)
         pass
     except BrokenPipeError:
         # The reader stopped reading (`| head`): done, as for any Unix tool.  Python's flush of
@@ -560,9 +587,6 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print(f"pg_task_py status: cannot write the table: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    finally:
-        # (ending: a signal now has nothing to stop; blocked, one at the interpreter's exit kills nothing)
-        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
     return 0
 
 

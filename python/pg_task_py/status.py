@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -23,6 +24,9 @@ ORDER BY oldest_due_lateness DESC NULLS LAST, paused DESC, fail_1h DESC, owner, 
 CLEAR = "\033[H\033[2J"  # cursor home, clear the screen
 
 
+STOP_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM}  # (SIGHUP: its terminal closed)
+
+
 class StatusError(Exception):
     """The database cannot be read; the message says why."""
 
@@ -39,6 +43,8 @@ def show_status(dsn: str, watch: float | None, out=sys.stdout) -> None:
     connects again."""
     shown = False
     try:
+        # (blocked by the caller until here: a stop from now on cancels what waits on the server)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         while True:
             try:
                 with connect(dsn, "pg_task_py status") as conn:

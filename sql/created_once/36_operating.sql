@@ -131,6 +131,8 @@ ALTER TABLE pgtaskpy.group_spacing ENABLE ROW LEVEL SECURITY;
 CREATE POLICY group_owner_or_admin ON pgtaskpy.group_spacing FOR SELECT
     USING (owner = current_user OR pg_catalog.pg_has_role('pgtaskpy_admin', 'MEMBER'));
 GRANT SELECT ON pgtaskpy.group_spacing TO pgtaskpy_user;
+-- (dumped with the tasks: a copy restored during a pause ran the tasks it held at once, a probe)
+SELECT pg_catalog.pg_extension_config_dump('pgtaskpy.group_spacing', '');
 
 -- Retention by state (pg_task_py.retention_done, retention_fail): the rows of
 -- one state in stop order, never reading those another state keeps longer.

@@ -217,6 +217,7 @@ DECLARE
     locked_here boolean := false;  -- this transaction has locked the task's row
     held_here text;  -- what of this session's keeps the running task from ending (end_held_here)
     rate_limit text;  -- its group's task_limit, for the hint of a wait that runs out
+    spaced_until timestamptz;  -- the end of its group's pause after a run (max < 0), for that hint too
 BEGIN
     IF task_id IS NULL OR wait_for IS NULL THEN
         RAISE EXCEPTION 'task_wait needs a task id and how long to wait, not NULL'
@@ -280,6 +281,12 @@ BEGIN
             locked_here := pgtaskpy.row_locked_here(task_id);  -- (the row's version now)
             rate_limit := (SELECT format('%s tasks per %s', l.starts, l.per) FROM pgtaskpy.group_limit AS l
                            WHERE l.owner = t.owner AND l."group" = t."group");
+            -- (the end of the pause after its group's last run that holds it, max < 0: read where the
+            -- caller may, as pgtaskpy_user may its own; a role granted the table alone by hand may not)
+            IF t.max < 0 AND has_table_privilege('pgtaskpy.group_spacing', 'SELECT') THEN
+                spaced_until := (SELECT s.until FROM pgtaskpy.group_spacing AS s
+                                 WHERE s.owner = t.owner AND s.hash = t.hash AND s.until > clock_timestamp());
+            END IF;
             RAISE EXCEPTION 'task % is still %, after waiting %', task_id, t.state, wait_for
                 USING ERRCODE = 'query_canceled',
                       HINT = CASE WHEN locked_here
@@ -297,6 +304,9 @@ BEGIN
                           WHEN t.state = 'PLAN' AND pgtaskpy.role_running_limit(t.owner) = 0
                           THEN format('Role %I may run no task: its pg_task_py.role_running_limit (or CONNECTION LIMIT) is 0.',
                                       t.owner)
+                          WHEN t.state = 'PLAN' AND spaced_until IS NOT NULL
+                          THEN format('Its group %L waits out the pause of %s ms after its last run (max %s): it starts at %s at the earliest. Wait longer with task_wait(id, interval).',
+                                      t."group", -(t.max::bigint), t.max, spaced_until)
                           WHEN t.state = 'PLAN' AND rate_limit IS NOT NULL
                           THEN format('Its group %L of role %I starts at most %s (task_limit): it waits its turn. Wait longer with task_wait(id, interval).',
                                       t."group", t.owner, rate_limit)
