@@ -392,6 +392,25 @@ def test_task_wait_that_gives_up_names_the_pause_of_a_negative_max(running):
         running.sql("SELECT task_cancel(%s)", [held])
 
 
+def test_task_wait_of_a_role_with_the_tables_grants_alone_gives_up_as_any(db):
+    """A role granted the table by hand, as README says (not pgtaskpy_user): its task_wait that ran
+    out failed `permission denied for table group_limit` (its hint's look), not 57014 (a review)."""
+    db.sql("CREATE ROLE by_hand")
+    try:
+        db.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON task TO by_hand")
+        db.sql("GRANT USAGE ON SEQUENCE task_id_seq TO by_hand")
+        with db.connect() as conn:
+            conn.execute("SET ROLE by_hand")
+            task_id = conn.execute("INSERT INTO task (input, plan, max) VALUES ('SELECT 1', '2100-01-01 00:00+00', -5)"
+                                   " RETURNING id").fetchone()[0]
+            with pytest.raises(psycopg.errors.QueryCanceled) as raised:
+                conn.execute("SELECT task_wait(%s, '0.1 s')", [task_id])
+            assert raised.value.diag.message_hint.startswith("It is planned for 2100-01-01"), raised.value
+    finally:
+        db.sql("DELETE FROM task WHERE owner = 'by_hand'")
+        db.sql("REVOKE ALL ON task FROM by_hand; REVOKE ALL ON SEQUENCE task_id_seq FROM by_hand; DROP ROLE by_hand")
+
+
 def test_task_wait_that_gives_up_names_a_pause_a_rate_limit_or_a_running_limit(db):
     """A task held by its group's pause or rate limit, or by its role's running limit of 0, was
     hinted `Is a launcher running?`."""

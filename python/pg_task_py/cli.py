@@ -433,16 +433,17 @@ def run_all(settings: list[Settings], metrics_at: tuple[str, int] | None = None,
         databases.join(timeout=0.2)
         if stopping.is_set() and databases.left_stuck():
             return 1
+        # (before a SIGHUP's new reading, which would replace it: `echo ... > fifo; kill -HUP`, a review)
+        if reading is not None and reading.ended_late() and not stopping.is_set():
+            logging.getLogger("pg_task_py").info("the reading of the configuration a reload gave up has ended:"
+                                                 " applying it")
+            apply_reading(databases, reading, stopping)
         if reload_wanted.is_set():
             reload_wanted.clear()
             if stopping.is_set():
                 logging.getLogger("pg_task_py").info("received SIGHUP while stopping: ignored")
             else:
                 reload_configuration(databases, reading, stopping)
-        elif reading is not None and reading.ended_late() and not stopping.is_set():
-            logging.getLogger("pg_task_py").info("the reading of the configuration a reload gave up has ended:"
-                                                 " applying it")
-            apply_reading(databases, reading, stopping)
     status = databases.exit_status(stop_asked=stopping.is_set())
     if not stopping.is_set():  # (each database ended by itself: the process ended with no word of it, a probe)
         logging.getLogger("pg_task_py").log(logging.ERROR if status else logging.INFO,
@@ -577,8 +578,15 @@ def status(args: argparse.Namespace, held_signals: Sequence[int] = ()) -> int:
     except StatusError as exc:
         print(f"pg_task_py status: {exc}", file=sys.stderr)
         return 1
-    except Stopped:  # (after a table: between its end and the block)
-        pass
+    except Stopped as exc:  # (after a table, or as an error went up to the block: that error is the outcome)
+        if isinstance(exc.__context__, StatusError):
+            print(f"pg_task_py status: {exc.__context__}", file=sys.stderr)
+            return 1
+        if isinstance(exc.__context__, OSError) and not isinstance(exc.__context__, BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            print(f"pg_task_py status: cannot write the table: {exc.__context__.strerror or exc.__context__}",
+                  file=sys.stderr)
+            return 1
     except BrokenPipeError:
         # The reader stopped reading (`| head`): done, as for any Unix tool.  Python's flush of
         # stdout at exit would fail again, so stdout goes nowhere from here.

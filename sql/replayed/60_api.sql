@@ -279,10 +279,13 @@ BEGIN
         END IF;
         IF clock_timestamp() >= deadline THEN
             locked_here := pgtaskpy.row_locked_here(task_id);  -- (the row's version now)
-            rate_limit := (SELECT format('%s tasks per %s', l.starts, l.per) FROM pgtaskpy.group_limit AS l
-                           WHERE l.owner = t.owner AND l."group" = t."group");
-            -- (the end of the pause after its group's last run that holds it, max < 0: read where the
-            -- caller may, as pgtaskpy_user may its own; a role granted the table alone by hand may not)
+            -- (read where the caller may, as pgtaskpy_user may its own: a role granted the table alone
+            -- by hand got `permission denied for table group_limit` for its wait's end, a review)
+            IF has_table_privilege('pgtaskpy.group_limit', 'SELECT') THEN
+                rate_limit := (SELECT format('%s tasks per %s', l.starts, l.per) FROM pgtaskpy.group_limit AS l
+                               WHERE l.owner = t.owner AND l."group" = t."group");
+            END IF;
+            -- (the end of the pause after its group's last run that holds it, max < 0)
             IF t.max < 0 AND has_table_privilege('pgtaskpy.group_spacing', 'SELECT') THEN
                 spaced_until := (SELECT s.until FROM pgtaskpy.group_spacing AS s
                                  WHERE s.owner = t.owner AND s.hash = t.hash AND s.until > clock_timestamp());
