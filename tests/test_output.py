@@ -399,6 +399,21 @@ def test_text_that_is_valid_in_two_encodings_is_read_in_the_one_the_input_ended_
     assert shared.wait_done(second)["output"] == "RESET\né"
 
 
+def test_a_value_in_an_encoding_the_task_set_is_quoted_and_compared_as_that_encodings_text(shared):
+    """SJIS's '表' and BIG5's '許' end with the byte of a backslash: read in the encoding before the
+    SET, that byte was escaped as one ('"表\\"', '許\\功'), in the header too; and a LATIN1 value
+    whose bytes read as UTF-8's 'é' was taken for a task's null or delimiter 'é' (a probe)."""
+    sjis = "SET client_encoding = 'SJIS'; "
+    assert run(shared, sjis + "SELECT '表' AS a", quote='"', escape="\\")["output"] == 'SET\n"表"'
+    assert run(shared, sjis + "SELECT '表\\' AS a", string=False, quote="'", escape="\\")["output"] == "SET\n'表\\\\'"
+    assert run(shared, sjis + 'SELECT 1 AS "表", 2 AS b', quote='"', escape="\\")["output"] == 'SET\n"表"\t"b"\n1\t2'
+    assert run(shared, "SET client_encoding = 'BIG5'; SELECT '許功蓋' AS a", quote="'", escape="\\")["output"] == \
+        "SET\n'許功蓋'"
+    latin1 = "SET client_encoding = 'LATIN1'; "
+    assert run(shared, latin1 + "SELECT 'Ã©' AS a, NULL AS b", null="é")["output"] == "SET\na\tb\nÃ©\té"
+    assert run(shared, latin1 + "SELECT 'Ã©' AS a, 'b' AS b", delimiter="é")["output"] == "SET\naéb\nÃ©éb"
+
+
 def test_a_task_whose_only_result_is_a_warning_keeps_its_row(running):
     """`delete` (true by default) took the row of a task that returned no output and no error,
     and its WARNING with it: nothing was left of it (a probe).  A row whose notices hold a

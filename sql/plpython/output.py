@@ -3,7 +3,7 @@
 Output: every statement that returns rows adds its rows (columns joined by
 `delimiter`, rows by newline, a header line of column names when `header` is
 set and the result has more than one column); a statement without rows adds its
-command tag (`DELETE 0`); NULL prints as `null`.  `COPY ... TO STDOUT` adds its
+command tag (`DELETE 0`); NULL prints as the task's `null`.  `COPY ... TO STDOUT` adds its
 rows as the COPY formats them, then its tag (`COPY 2`), as psql prints them.  With a `quote`, values are
 quoted and `quote`/`escape` characters inside them are escaped; with `string`
 every value but those of UNQUOTED_TYPES is quoted, header names always.
@@ -35,7 +35,8 @@ class OutputTooLarge(Exception):
 
 
 # With `string` on, the types whose values pg_task writes as they are: numbers, booleans, bit
-# strings and the system's ids, by their own oids (an array or a domain of them is quoted).  Every
+# strings and the system's ids, by their own oids (an array of them is quoted; a domain's values come
+# with its base type's oid, so a domain over a number is not).  Every
 # other value is quoted: a timestamp, a uuid, json and an array too, whose text may hold the
 # delimiter (a CSV of them had a field too many when only type category S was quoted).
 UNQUOTED_TYPES = frozenset((
@@ -48,7 +49,15 @@ UNQUOTED_TYPES = frozenset((
 
 
 class OutputWriter:
-    """Collects the formatted lines of one task, bounded by `limit` characters."""
+    """Collects the lines of one task, bounded by `limit` characters.
+
+    A line of a result set that is not all ASCII is kept as its values (values, quoted), not
+    formatted: a task that SETs client_encoding has its later values read in the encoding
+    before (see settled), and a character's byte that reads as a quote or escape there was
+    escaped (SJIS's U+8868 ends with 0x5C, a backslash: a backslash was added), a value that read
+    as the task's `null` or `delimiter` taken for it.  ASCII reads the same in every encoding
+    the server has.
+    """
 
     def __init__(self, task, limit):
         self.delimiter = task["delimiter"]
@@ -62,12 +71,17 @@ class OutputWriter:
         self.size = 0
         self.columns = None  # the result set being read, None between sets
 
-    def _add(self, line):
+    def _add(self, line, values=None, quoted=None):
         self.size += len(line) + (1 if self.lines else 0)  # (the newline between lines, none after the last)
         if self.limit and self.size > self.limit:
             # (these words tell pgtaskpy.retry_plan that the input ran: retried only if retry_unsafe)
             raise OutputTooLarge(f"task output exceeds {self.limit} characters")
-        self.lines.append(line)
+        self.lines.append(line if values is None or line.isascii() else (values, quoted))
+
+    def _line(self, values, quoted, read=None):
+        """The values of a row or header joined, each read by `read` first (None: as they are)."""
+        return self.delimiter.join(self._cell(value if read is None or value is None else read(value), quote)
+                                   for value, quote in zip(values, quoted))
 
     def _quoted(self, value):
         if self.escape:
@@ -93,9 +107,10 @@ class OutputWriter:
         for row in rows:
             if self.pending_header:
                 self.pending_header = False
-                names = [self._quoted(name) if self.quote else name for name, _ in columns]
-                self._add(self.delimiter.join(names))
-            self._add(self.delimiter.join(map(self._cell, row, self.quoted)))
+                names = [name for name, _ in columns]
+                named = [bool(self.quote)] * len(names)
+                self._add(self._line(names, named), names, named)
+            self._add(self._line(row, self.quoted), row, self.quoted)
 
     def end_rows(self):
         self.columns = None
@@ -109,11 +124,29 @@ class OutputWriter:
         self._add("\\x" + data.hex() if binary else data.decode(codec, "surrogateescape").removesuffix("\n"))
 
     def text(self):
-        """The output column: None when the task produced nothing at all."""
-        return "\n".join(self.lines) if self.lines else None
+        """The output column, as it was read: None when the task produced nothing at all."""
+        lines = [line if isinstance(line, str) else self._line(*line) for line in self.lines]
+        return "\n".join(lines) if lines else None
+
+    def settled(self, decode, returned, read_as, every_line, ended_as):
+        """The output column in the session's encoding, once the input has ended (see settled()):
+        its first `returned` lines were read in `read_as` (every_line: the session ended in
+        another), the rest in the encoding it ended with (`ended_as`)."""
+        if not every_line:
+            text = self.text()
+            if text is None or _is_plain(text):
+                return text  # (every byte was text where it was read: a million rows read once)
+
+        def read(line, *codec):
+            if isinstance(line, str):
+                return settled(line, decode, *codec)
+            return self._line(*line, lambda value: settled(value, decode, *codec))
+        lines = ([read(line, read_as, every_line) for line in self.lines[:returned]]
+                 + [read(line, ended_as) for line in self.lines[returned:]])
+        return "\n".join(lines) if lines else None
 
 
-def settled(text, decode, read_as="utf-8", every_line=False, own=()):
+def settled(text, decode, read_as="utf-8", every_line=False):
     """Text read with its undecodable bytes kept (Result's `escaped`), made plain: the lines that
     hold such bytes are read again by `decode` (bytes to str), in the session's client_encoding
     once the input has ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
@@ -122,23 +155,17 @@ def settled(text, decode, read_as="utf-8", every_line=False, own=()):
     'caf\ufffd'.  When that encoding was another, `every_line` is read again: a line whose bytes
     happened to be text in it too was kept as read (LATIN1 reads any bytes: UTF-8's e-acute was
     stored as two letters; much of GB18030's Chinese is valid UTF-8).  Bytes that are not text in the session's encoding
-    either are replaced (U+FFFD).  `own`: the text the worker wrote into the lines itself (a
-    task's `null`, `delimiter`, `quote`), which is kept as it is: read again, an empty-set sign was
-    stored as its UTF-8 bytes read in LATIN1 (a review).  None stays None."""
+    either are replaced (U+FFFD).  Text the worker wrote itself (a task's `null`, `delimiter`,
+    `quote`) is not read so: OutputWriter keeps such lines' values apart.  None stays None."""
     if text is None or not every_line and _is_plain(text):
         return text
-    own = tuple(piece for piece in own if piece and not piece.isascii())  # (ASCII reads the same in both)
-    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as, own)
+    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as)
                       for line in text.split("\n"))
 
 
-def _read_again(line, decode, read_as, own=()):
-    """The line's bytes, as they came, read by `decode`, but for the pieces `own`; the line as it
-    is when it cannot be made bytes of `read_as` again (a character of the worker's own words
-    that it lacks)."""
-    for piece in own:
-        if piece in line:
-            return piece.join(_read_again(part, decode, read_as, own) for part in line.split(piece))
+def _read_again(line, decode, read_as):
+    """The line's bytes, as they came, read by `decode`; the line as it is when it cannot be
+    made bytes of `read_as` again (a character of the worker's own words that it lacks)."""
     try:
         raw = line.encode(read_as, "surrogateescape")
     except UnicodeEncodeError:

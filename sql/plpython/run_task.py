@@ -682,14 +682,14 @@ class InputResults:
 
         writer = self.writer
 
-        def settle(parts, before, own=()):
-            """The parts of a text (lines, notices) as one, those the input returned read again."""
-            texts = [settled("\n".join(part), decode, *codec, own=own)
+        def settle(parts, before):
+            """The parts of a text (notices) as one, those the input returned read again."""
+            texts = [settled("\n".join(part), decode, *codec)
                      for part, codec in ((parts[:before], (self.read_as, changed)), (parts[before:], (session.codec,)))
                      if part]
             return "\n".join(texts) if texts else None
 
-        output = settle(writer.lines, lines, own=(writer.null, writer.delimiter, writer.quote, writer.escape))
+        output = writer.settled(decode, lines, self.read_as, changed, session.codec)
         notices = settle(session.notices, notices_before)
         error = self.error
         # (its STATEMENT line is the task's input, text of the worker's: kept as it is)
