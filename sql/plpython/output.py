@@ -80,8 +80,9 @@ class OutputWriter:
 
     def _line(self, values, quoted, read=None):
         """The values of a row or header joined, each read by `read` first (None: as they are)."""
-        return self.delimiter.join(self._cell(value if read is None or value is None else read(value), quote)
-                                   for value, quote in zip(values, quoted))
+        if read is not None:
+            values = [value if value is None else read(value) for value in values]
+        return self.delimiter.join(map(self._cell, values, quoted))
 
     def _quoted(self, value):
         if self.escape:
@@ -104,13 +105,14 @@ class OutputWriter:
                 for _, oid in columns
             ]
             self.pending_header = self.header and len(columns) > 1
+        cell, join, quoted = self._cell, self.delimiter.join, self.quoted  # (a million rows a second)
         for row in rows:
             if self.pending_header:
                 self.pending_header = False
                 names = [name for name, _ in columns]
                 named = [bool(self.quote)] * len(names)
                 self._add(self._line(names, named), names, named)
-            self._add(self._line(row, self.quoted), row, self.quoted)
+            self._add(join(map(cell, row, quoted)), row, quoted)
 
     def end_rows(self):
         self.columns = None
