@@ -412,6 +412,10 @@ def test_a_value_in_an_encoding_the_task_set_is_quoted_and_compared_as_that_enco
     latin1 = "SET client_encoding = 'LATIN1'; "
     assert run(shared, latin1 + "SELECT 'Ã©' AS a, NULL AS b", null="é")["output"] == "SET\na\tb\nÃ©\té"
     assert run(shared, latin1 + "SELECT 'Ã©' AS a, 'b' AS b", delimiter="é")["output"] == "SET\naéb\nÃ©éb"
+    # EUC_TW, read as UTF-8 (Python has no codec of it): its '一' is valid UTF-8's 'ġ', and was kept so
+    euc_tw = "SET client_encoding = 'EUC_TW'; "
+    assert run(shared, euc_tw + "SELECT '一' AS a, '中文' AS b")["output"] == "SET\na\tb\n一\t中文"
+    assert run(shared, euc_tw + "SELECT '一'")["output"] == "SET\n一"
 
 
 def test_a_task_whose_only_result_is_a_warning_keeps_its_row(running):

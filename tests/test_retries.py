@@ -128,6 +128,64 @@ def test_a_run_a_launchers_stop_cancels_is_retried_as_an_error(db):
     assert db.wait_done(after)["output"] == "next step"
 
 
+# A task that catches the first cancel (and says so with an advisory lock of its id) and sleeps
+# on: what ends it comes after a user's cancel.
+CATCHES_A_CANCEL = ("DO $$ BEGIN BEGIN PERFORM pg_sleep(60); EXCEPTION WHEN query_canceled THEN"
+                    " PERFORM pg_advisory_lock(current_setting('pg_task.id')::bigint); END;"
+                    " PERFORM pg_sleep(60); END $$")
+
+
+def test_a_run_the_user_cancelled_is_not_retried_whatever_ends_it_after(db):
+    """task_cancel of a task that caught the cancel, then a DBA's pg_terminate_backend of its
+    session, or a launcher's stop past its --grace: the end was taken for a lost run or a stop's
+    cancel and retried (a probe); and a task_cancel rolled back after its signal was taken for a
+    timeout of a task that had run longer than its `timeout`.  Somebody wanted each to stop."""
+    launcher = db.launcher("--grace", "0.5")
+    terminated = db.insert(CATCHES_A_CANCEL, retry=2, retry_delay="0 s", retry_on="{*}", retry_unsafe=True,
+                           group="t", delete=False)
+    stopped = db.insert(CATCHES_A_CANCEL, retry=2, retry_delay="0 s", retry_on="{*}", group="s", delete=False)
+    rolled_back = db.insert("SELECT pg_sleep(0.6);" * 20, timeout="1 s", retry=1, retry_delay="0 s",
+                            retry_on="{57014}", group="r", delete=False)
+
+    def sleeping(task_id):
+        return db.value("SELECT a.wait_event = 'PgSleep' AND clock_timestamp() - t.start > interval '1.3 s'"
+                        " FROM task AS t JOIN pg_stat_activity AS a ON a.pid = t.pid WHERE t.id = %s", [task_id])
+    for task_id in (terminated, stopped, rolled_back):
+        wait_until(lambda task_id=task_id: sleeping(task_id), 20, 0.02, f"task {task_id} sleeping")
+    assert db.value("SELECT task_cancel(%s) AND task_cancel(%s)", [terminated, stopped]) is True
+    with db.connect() as conn:
+        conn.autocommit = False
+        assert conn.execute("SELECT task_cancel(%s)", [rolled_back]).fetchone() == (True,)
+        conn.rollback()
+    assert db.wait_done(rolled_back)["sqlstate"] == "57014"
+    wait_until(lambda: db.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                                " AND objid IN (%s, %s)", [terminated, stopped]) == 2, 20, 0.02,
+               "both tasks to catch their cancel")
+    db.value("SELECT pg_terminate_backend(pid) FROM task WHERE id = %s", [terminated])
+    assert db.wait_done(terminated)["sqlstate"] == "57P01"
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(30) == 0, launcher.output()
+    assert db.task(stopped)["sqlstate"] == "57014"
+    assert db.value("SELECT count(*) FROM task WHERE parent IS NOT NULL") == 0
+
+
+def test_the_retries_of_runs_lost_together_are_spread(running):
+    """Runs a crash lost together were all retried exactly a minute after their ends (the minute
+    came after the spread): together again.  Their delays are spread over the 10 % after it."""
+    ids = [running.insert("SELECT pg_sleep(60)", retry=1, retry_delay="1 s", retry_on="{*}", retry_unsafe=True,
+                          group=f"lost {i}", delete=False) for i in range(6)]
+    wait_until(lambda: running.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 6, 20, 0.02, "all running")
+    running.sql("SELECT pg_terminate_backend(pid) FROM task WHERE state = 'WORK'")
+    for task_id in ids:
+        assert running.wait_done(task_id)["sqlstate"] == "57P01"
+    delays = [seconds for (seconds,) in running.sql(
+        "SELECT extract(epoch FROM r.plan - t.stop)::float8 FROM task AS t JOIN task AS r ON r.parent = t.id"
+        " WHERE t.id = ANY(%s)", [ids])]
+    assert len(delays) == 6 and all(60 <= delay <= 66 for delay in delays), delays
+    assert len(set(delays)) > 1, delays
+    running.sql("DELETE FROM task")
+
+
 def test_a_task_writing_its_progress_to_its_row_is_cancelled_at_once_and_not_retried(running):
     """A task that wrote `data` (README's progress) holds its row until its input ends: task_cancel
     waited that long, returned false and the task ended DONE (a probe: 8 s of 8)."""

@@ -131,6 +131,7 @@ def test_bad_setting_value_names_the_setting(db):
         ("delimiter", "ab", "task.delimiter must be exactly one character"),
         ("quote", "ab", "task.quote must be at most one character"),
         ("escape", "ab", "task.escape must be at most one character"),
+        ("null", "x" * 1001, "task.null must be at most 1000 characters"),
     ],
 )
 def test_impossible_values_are_rejected_naming_the_column(db, column, value, message):
@@ -141,6 +142,15 @@ def test_impossible_values_are_rejected_naming_the_column(db, column, value, mes
     assert error.value.diag.constraint_name == message
     assert error.value.diag.table_name == "task"
     assert db.value("SELECT count(*) FROM task") == 0
+
+
+def test_a_null_text_longer_than_1000_characters_is_refused_on_update_too(db):
+    """`null` had no bound: each NULL of a row is written as it, and 500 NULLs of a 1 MB null took
+    the worker to 474 MB before the output limit stopped the task (a probe)."""
+    task_id = db.insert("SELECT NULL::int", state="STOP", null="x" * 1000)
+    with pytest.raises(psycopg.errors.CheckViolation, match="task.null must be at most 1000 characters"):
+        db.sql('UPDATE task SET "null" = repeat(\'y\', 1001) WHERE id = %s', [task_id])
+    assert db.value('SELECT length("null") FROM task WHERE id = %s', [task_id]) == 1000
 
 
 @pytest.mark.parametrize(

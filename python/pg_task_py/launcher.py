@@ -728,14 +728,16 @@ def describe_end(event: dict) -> str:
 
 
 def describe_retry(event: dict) -> str:
-    """`, retry 2 of 5 at 12:00:03` (the launcher's local time), `, no retry` when a task with
-    retries is not tried again, or nothing for a task without retries."""
+    """`, retry 2 of 5 at 12:00:03` (the launcher's local time; its date too when not today's:
+    a retry two days on read as a time passed), `, no retry` when a task with retries is not
+    tried again, or nothing for a task without retries."""
     if "retry" not in event:
         return ""
     if event["retry"] is None:
         return ", no retry"
     at = datetime.datetime.fromisoformat(event["retry_at"]).astimezone()
-    return f", retry {event['retry']} of {event['retries']} at {at:%H:%M:%S}"
+    when = f"{at:%H:%M:%S}" if at.date() == datetime.datetime.now().astimezone().date() else f"{at:%Y-%m-%d %H:%M:%S}"
+    return f", retry {event['retry']} of {event['retries']} at {when}"
 
 
 def describe_other(event: dict) -> str:

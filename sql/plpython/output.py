@@ -49,17 +49,19 @@ UNQUOTED_TYPES = frozenset((
 
 
 class OutputWriter:
-    """Collects the lines of one task, bounded by `limit` characters.
+    """Collects the formatted lines of one task, bounded by `limit` characters.
 
-    A line of a result set that is not all ASCII is kept as its values (values, quoted), not
-    formatted: a task that SETs client_encoding has its later values read in the encoding
-    before (see settled), and a character's byte that reads as a quote or escape there was
-    escaped (SJIS's U+8868 ends with 0x5C, a backslash: a backslash was added), a value that read
-    as the task's `null` or `delimiter` taken for it.  ASCII reads the same in every encoding
-    the server has.
+    keep_values: the task may change its session's client_encoding (its input names it, or the
+    session is in another encoding already), so the values of each line that is not all ASCII
+    are kept beside it (`values`), to be formatted again once that encoding is known (settled):
+    values read in the encoding before had a character's byte that reads as a quote or escape
+    there escaped (SJIS's U+8868 ends with 0x5C: a backslash was added), and a value that read
+    as the task's `null` or `delimiter` taken for it.  ASCII reads the same in every encoding the
+    server has.  Kept as one string a line (values joined by NUL, which text never holds), not
+    lists: a million lines of lists took a worker to 600 MB where their text took 200 (a review).
     """
 
-    def __init__(self, task, limit):
+    def __init__(self, task, limit, keep_values=False):
         self.delimiter = task["delimiter"]
         self.quote = task["quote"] or ""
         self.escape = task["escape"] or ""
@@ -68,27 +70,31 @@ class OutputWriter:
         self.string = task["string"]
         self.limit = limit
         self.lines = []
+        self.keep_values = keep_values
+        self.values = {}  # a line's index: its values (packed_values), when kept
         self.size = 0
         self.columns = None  # the result set being read, None between sets
 
-    def _add(self, line, values=None, quoted=None):
+    def _add(self, line):
         self.size += len(line) + (1 if self.lines else 0)  # (the newline between lines, none after the last)
         if self.limit and self.size > self.limit:
             # (these words tell pgtaskpy.retry_plan that the input ran: retried only if retry_unsafe)
             raise OutputTooLarge(f"task output exceeds {self.limit} characters")
-        self.lines.append(line if values is None or line.isascii() else (values, quoted))
+        self.lines.append(line)
 
-    def _line(self, values, quoted, read=None):
-        """The values of a row or header joined, each read by `read` first (None: as they are)."""
-        if read is not None:
-            values = [value if value is None else read(value) for value in values]
-        return self.delimiter.join(map(self._cell, values, quoted))
+    def _add_values(self, values, quoted):
+        line = self.delimiter.join(map(self._cell, values, quoted))
+        self._add(line)
+        if self.keep_values and not line.isascii():
+            self.values[len(self.lines) - 1] = packed_values(values, quoted)
 
     def _quoted(self, value):
+        """The value in `quote`, each `quote` and `escape` in it after an `escape`.  By replace, not
+        a character at a time: a value of 20 MB of quotes took its worker to 1.5 GB (a probe)."""
         if self.escape:
-            value = "".join(
-                self.escape + ch if ch in (self.quote, self.escape) else ch for ch in value
-            )
+            value = value.replace(self.escape, self.escape * 2)
+            if self.quote and self.quote != self.escape:
+                value = value.replace(self.quote, self.escape + self.quote)
         return f"{self.quote}{value}{self.quote}"
 
     def _cell(self, value, quoted):
@@ -109,10 +115,11 @@ class OutputWriter:
         for row in rows:
             if self.pending_header:
                 self.pending_header = False
-                names = [name for name, _ in columns]
-                named = [bool(self.quote)] * len(names)
-                self._add(self._line(names, named), names, named)
-            self._add(join(map(cell, row, quoted)), row, quoted)
+                self._add_values([name for name, _ in columns], [bool(self.quote)] * len(columns))
+            if self.keep_values:
+                self._add_values(row, quoted)
+            else:
+                self._add(join(map(cell, row, quoted)))
 
     def end_rows(self):
         self.columns = None
@@ -126,29 +133,42 @@ class OutputWriter:
         self._add("\\x" + data.hex() if binary else data.decode(codec, "surrogateescape").removesuffix("\n"))
 
     def text(self):
-        """The output column, as it was read: None when the task produced nothing at all."""
-        lines = [line if isinstance(line, str) else self._line(*line) for line in self.lines]
-        return "\n".join(lines) if lines else None
+        """The output column: None when the task produced nothing at all."""
+        return "\n".join(self.lines) if self.lines else None
 
     def settled(self, decode, returned, read_as, every_line, ended_as):
         """The output column in the session's encoding, once the input has ended (see settled()):
         its first `returned` lines were read in `read_as` (every_line: the session ended in
-        another), the rest in the encoding it ended with (`ended_as`)."""
-        if not every_line:
-            text = self.text()
-            if text is None or _is_plain(text):
-                return text  # (every byte was text where it was read: a million rows read once)
+        another), the rest in the encoding it ended with (`ended_as`).  A line whose values were
+        kept is formatted again from them, each read again; another is read again as a whole,
+        but for the task's own text in it (`own`: its null, delimiter, quote, escape)."""
+        text = self.text()
+        if not every_line and (text is None or _is_plain(text)):
+            return text  # (every byte was text where it was read)
+        own = (self.null, self.delimiter, self.quote, self.escape)
 
-        def read(line, *codec):
-            if isinstance(line, str):
-                return settled(line, decode, *codec)
-            return self._line(*line, lambda value: settled(value, decode, *codec))
-        lines = ([read(line, read_as, every_line) for line in self.lines[:returned]]
-                 + [read(line, ended_as) for line in self.lines[returned:]])
-        return "\n".join(lines) if lines else None
+        def read(index, *codec):
+            values = self.values.get(index)
+            if values is None:
+                return settled(self.lines[index], decode, *codec, own=own)
+            return self.delimiter.join(self._cell(value if value is None else settled(value, decode, *codec), quoted)
+                                       for value, quoted in unpacked_values(values))
+        return "\n".join([read(index, read_as, every_line) for index in range(returned)]
+                         + [read(index, ended_as) for index in range(returned, len(self.lines))])
 
 
-def settled(text, decode, read_as="utf-8", every_line=False):
+def packed_values(values, quoted):
+    """A line's values in one string: each 'n' (NULL), or 'q' (quoted) or 'v' and the value,
+    joined by NUL."""
+    return "\0".join("n" if value is None else ("q" if quote else "v") + value for value, quote in zip(values, quoted))
+
+
+def unpacked_values(packed):
+    """(value, quoted) of each value packed_values packed."""
+    return [(None, False) if item == "n" else (item[1:], item[0] == "q") for item in packed.split("\0")]
+
+
+def settled(text, decode, read_as="utf-8", every_line=False, own=()):
     """Text read with its undecodable bytes kept (Result's `escaped`), made plain: the lines that
     hold such bytes are read again by `decode` (bytes to str), in the session's client_encoding
     once the input has ended, the rest kept.  A task that SETs client_encoding has the server send what follows in
@@ -157,17 +177,23 @@ def settled(text, decode, read_as="utf-8", every_line=False):
     'caf\ufffd'.  When that encoding was another, `every_line` is read again: a line whose bytes
     happened to be text in it too was kept as read (LATIN1 reads any bytes: UTF-8's e-acute was
     stored as two letters; much of GB18030's Chinese is valid UTF-8).  Bytes that are not text in the session's encoding
-    either are replaced (U+FFFD).  Text the worker wrote itself (a task's `null`, `delimiter`,
-    `quote`) is not read so: OutputWriter keeps such lines' values apart.  None stays None."""
+    either are replaced (U+FFFD).  `own`: the text the worker wrote into the lines itself (a
+    task's `null`, `delimiter`, `quote`), which is kept as it is: read again, an empty-set sign was
+    stored as its UTF-8 bytes read in LATIN1 (a review).  None stays None."""
     if text is None or not every_line and _is_plain(text):
         return text
-    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as)
+    own = tuple(piece for piece in own if piece and not piece.isascii())  # (ASCII reads the same in both)
+    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as, own)
                       for line in text.split("\n"))
 
 
-def _read_again(line, decode, read_as):
-    """The line's bytes, as they came, read by `decode`; the line as it is when it cannot be
-    made bytes of `read_as` again (a character of the worker's own words that it lacks)."""
+def _read_again(line, decode, read_as, own=()):
+    """The line's bytes, as they came, read by `decode`, but for the pieces `own`; the line as it
+    is when it cannot be made bytes of `read_as` again (a character of the worker's own words
+    that it lacks)."""
+    for piece in own:
+        if piece in line:
+            return piece.join(_read_again(part, decode, read_as, own) for part in line.split(piece))
     try:
         raw = line.encode(read_as, "surrogateescape")
     except UnicodeEncodeError:

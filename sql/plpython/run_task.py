@@ -434,7 +434,8 @@ class WorkerCall:
 
     def send_query(self, session, task):
         """Send the task's input to its session; the InputResults that reads what it returns."""
-        reader = InputResults(self.ctx, task, OutputWriter(task, self.limit), session.codec)
+        writer = OutputWriter(task, self.limit, keep_values=may_change_encoding(task, session))
+        reader = InputResults(self.ctx, task, writer, session.codec, session.encoding)
         session.limit_notices(self.limit)
         session.send(task["input"])
         return reader
@@ -558,11 +559,12 @@ class InputResults:
     """What a task's input returns, result by result: the output, written as it comes, and
     the error and SQLSTATE it ended with."""
 
-    def __init__(self, ctx, task, writer, read_as):
+    def __init__(self, ctx, task, writer, read_as, sent_in):
         self.ctx = ctx
         self.task = task
         self.writer = writer
         self.read_as = read_as  # the codec the input's results are read in: the session's as it was sent
+        self.sent_in = sent_in  # (that encoding's name: EUC_TW, which Python has no codec of, is read as UTF-8)
         # What the input returned before the COMMIT added (close_transaction), whose results are
         # read in the session's encoding as the input left it: lines, notices, and its error.
         self.input_returned = None
@@ -678,7 +680,7 @@ class InputResults:
         decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
         lines, notices_before, error_before = self.input_returned or (len(self.writer.lines), len(session.notices),
                                                                       self.error is not None)
-        changed = self.read_as != session.codec
+        changed = self.read_as != session.codec or self.sent_in != session.encoding
 
         writer = self.writer
 
@@ -741,6 +743,14 @@ class InputResults:
                 undecodable.append(raw)
                 return raw.decode("utf-8", "replace")
         return by_the_server
+
+
+def may_change_encoding(task, session):
+    """Whether the task's input may leave its session in a client_encoding other than the one it
+    is sent in: its input names the setting, or the session is in another than UTF8 already (a
+    kept one's, or a role's: a RESET ALL or DISCARD ALL changes it back).  (OutputWriter's
+    keep_values, which the other tasks' output need not pay for.)"""
+    return session.encoding != "UTF8" or "client_encoding" in task["input"].lower()
 
 
 def decodes(data, codec):

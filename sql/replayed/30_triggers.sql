@@ -150,6 +150,9 @@ BEGIN
         WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
         WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
         WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
+        -- (each NULL of a row is written so: 1,000 NULLs of a 1 MB null took the task's worker to
+        -- 474 MB before the output limit could stop it, a probe)
+        WHEN NOT length(NEW."null") <= 1000 THEN 'task.null must be at most 1000 characters'
         WHEN NOT NEW.retry BETWEEN 0 AND 2147483646 THEN 'task.retry must be from 0 to 2147483646'
         -- (an administrator's: 0 or less gave a task more retries than retry says)
         WHEN NOT NEW.attempt >= 1 THEN 'task.attempt must be at least 1'
@@ -262,7 +265,7 @@ $$;
 -- run it again.  Wherever current_user is not session_user, the checks run and
 -- read current_user's rights.)
 CREATE TRIGGER task_check
-    BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, owner,
+    BEFORE INSERT OR UPDATE OF plan, active, live, repeat, timeout, count, max, input, delimiter, quote, escape, "null", owner,
         cron, tz, retry, retry_delay, retry_max, retry_on, target, remote, paused, key, exclusive, "group", parent,
         attempt
     ON @extschema@.task

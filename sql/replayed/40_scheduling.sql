@@ -1193,14 +1193,16 @@ AS $$ SELECT '08006' $$;
 -- When failed run t is tried again, or NULL when it is not: its SQLSTATE is
 -- one retry_on names (a five-character code, its two-character class, or
 -- '*'), and it has attempts left.  Never a STOP or GONE (not failures), nor a
--- cancel; a timeout of the task's own only when retry_on names 57014 itself.
+-- run task_cancel cancelled, whatever ended it after that (a terminate, a
+-- launcher's stop); a timeout of the task's own only when retry_on names 57014 itself.
 -- A lost run (its worker died, its session broke or was ended while it ran)
 -- may have done its work: tried again only when the task says it is safe
 -- (retry_unsafe), and not before a minute, so that an operator can step in.
 -- The delay doubles from retry_delay with each attempt, is spread by +-10 %
 -- so that tasks failing together do not retry together, and is at most
 -- retry_max: a delay the cap cuts is spread over the cap's last 10 % (capped
--- after the spread, tasks failing together retried at one time again).
+-- after the spread, tasks failing together retried at one time again); a lost
+-- run's minute, over the 10 % after it, for the same reason (a crash's runs).
 CREATE FUNCTION pgtaskpy.retry_plan(t @extschema@.task) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1218,6 +1220,10 @@ DECLARE
 BEGIN
     IF t.state <> 'FAIL' OR t.attempt > t.retry OR t.sqlstate IS NULL THEN
         RETURN NULL;
+    ELSIF EXISTS (SELECT FROM pgtaskpy.cancelled_run AS c WHERE c.task_id = t.id AND NOT c.by_stop) THEN
+        -- Somebody wanted it to stop: its end is not retried, whether the cancel ended it, or a
+        -- pg_terminate_backend or a launcher's stop after a cancel the task caught (a probe).
+        RETURN NULL;
     ELSIF lost THEN
         IF NOT t.retry_unsafe THEN
             RETURN NULL;
@@ -1233,9 +1239,11 @@ BEGIN
             RETURN NULL;
         END IF;
     ELSIF t.sqlstate = '57014' THEN  -- query_canceled: a timeout of its own, or a cancel
-        -- (task_cancel's is marked; a DBA's pg_cancel_backend is told by the time only)
+        -- (task_cancel's is marked, above; a DBA's pg_cancel_backend, or a task_cancel rolled back
+        -- after its signal, is told by its words, when the server's messages are in English, else
+        -- by the time: a run that lasted its timeout was taken for one)
         IF NOT ('57014' = ANY (t.retry_on) AND t.timeout > interval '0' AND t.stop - t.start >= t.timeout)
-           OR EXISTS (SELECT FROM pgtaskpy.cancelled_run AS c WHERE c.task_id = t.id) THEN
+           OR t.error LIKE 'ERROR:  canceling statement due to user request%' THEN
             RETURN NULL;
         END IF;
     ELSIF NOT (t.retry_on && ARRAY['*', t.sqlstate, left(t.sqlstate, 2)]) THEN
@@ -1246,8 +1254,8 @@ BEGIN
     IF delay > extract(epoch FROM t.retry_max) THEN
         delay := extract(epoch FROM t.retry_max) * (0.9 + 0.1 * random());
     END IF;
-    IF lost THEN
-        delay := greatest(delay, extract(epoch FROM t.retry_delay), 60);
+    IF lost AND delay < greatest(extract(epoch FROM t.retry_delay), 60) THEN
+        delay := greatest(extract(epoch FROM t.retry_delay), 60) * (1 + 0.1 * random());
     END IF;
     RETURN t.stop + make_interval(secs => delay);
 END

@@ -560,8 +560,10 @@ BEGIN
                   AND a.query <> 'COMMIT');  -- (the COMMIT a worker adds after the input)
             PERFORM pg_sleep(0.005);
         END LOOP;
-        -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
-        INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
+        -- (read by the end, which waits for this transaction's row lock: no retry of a cancel; a
+        -- launcher's stop marks its own cancels by_stop after this call, dispatch.py)
+        INSERT INTO pgtaskpy.cancelled_run AS c (task_id) VALUES (task_id)
+        ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop;
         -- (A session that ends between the look and the signal made the signal warn the caller
         -- "PID ... is not a PostgreSQL backend process" and the call return false: its input had
         -- ended, and the task ends as it would have, as README's task_cancel says, true.)
@@ -581,7 +583,8 @@ BEGIN
         END IF;
         RETURN true;
     ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
-        INSERT INTO pgtaskpy.cancelled_run (task_id) VALUES (task_id) ON CONFLICT DO NOTHING;
+        INSERT INTO pgtaskpy.cancelled_run AS c (task_id) VALUES (task_id)
+        ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop;
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
     -- Its session is gone: its input has ended, and its end waits for this transaction's lock on

@@ -26,15 +26,20 @@ def test_end_line_carries_the_first_line_of_the_error(caplog):
 
 def test_end_line_says_the_sqlstate_and_whether_and_when_the_task_runs_again(caplog):
     caplog.set_level(logging.INFO, logger="pg_task_py")
-    at = datetime.datetime(2026, 1, 2, 12, 0, 3, 250000, tzinfo=datetime.timezone.utc)
+    at = datetime.datetime.now().astimezone().replace(hour=12, minute=0, second=3, microsecond=250000)
     log_event("db", {"event": "end", "id": 42, "state": "FAIL", "seconds": 0.01, "sqlstate": "40001",
                      "retry": 2, "retries": 5, "retry_at": at.isoformat(), "error": "ERROR:  could not serialize"})
     log_event("db", {"event": "end", "id": 43, "state": "FAIL", "seconds": 0.01, "sqlstate": "22012",
                      "retry": None, "error": "ERROR:  division by zero"})
-    local = at.astimezone().strftime("%H:%M:%S")
+    # (a retry on another day says its date: a time alone read as one that had passed, a probe)
+    later = (at + datetime.timedelta(days=2)).astimezone(datetime.timezone.utc)
+    log_event("db", {"event": "end", "id": 44, "state": "FAIL", "seconds": 0.01, "sqlstate": "22012",
+                     "retry": 1, "retries": 1, "retry_at": later.isoformat(), "error": "ERROR:  division by zero"})
     assert caplog.messages == [
-        f"db: task 42 FAIL in 0.010s (40001), retry 2 of 5 at {local}: ERROR:  could not serialize",
+        "db: task 42 FAIL in 0.010s (40001), retry 2 of 5 at 12:00:03: ERROR:  could not serialize",
         "db: task 43 FAIL in 0.010s (22012), no retry: ERROR:  division by zero",
+        f"db: task 44 FAIL in 0.010s (22012), retry 1 of 1 at {later.astimezone():%Y-%m-%d} 12:00:03:"
+        " ERROR:  division by zero",
     ]
 
 

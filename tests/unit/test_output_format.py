@@ -187,6 +187,9 @@ def test_settled_reads_every_line_again_when_the_session_ended_in_another_encodi
     assert output.settled(f"SET\n{gb18030}", lambda raw: raw.decode("gb18030"), "utf-8", every_line=True) == \
         "SET\n通知"
     assert output.settled("SET\nÃ©", read_latin1, "utf-8") == "SET\nÃ©"  # (the same encoding: kept)
+    # (the worker's own text in a line, a task's null or delimiter, is kept as it is)
+    assert output.settled("SET\n∅│é", read_latin1, "utf-8", every_line=True, own=("∅", "│", "\t")) == \
+        "SET\n∅│Ã©"
 
 
 def test_a_writers_lines_are_read_again_value_by_value(output):
@@ -195,15 +198,15 @@ def test_a_writers_lines_are_read_again_value_by_value(output):
     which was escaped ('"表\\"'), and a LATIN1 value whose bytes read as UTF-8's 'é' was taken for
     a task's null 'é' (a probe)."""
     read_latin1 = lambda raw: raw.decode("latin-1")  # noqa: E731
-    out = writer(output, null="∅", delimiter="│")
+    out = output.OutputWriter(task(null="∅", delimiter="│"), 0, keep_values=True)
     out.command("SET")
     out.rows([("x", TEXT), ("y", TEXT)], [[None, "é"]])
     assert out.settled(read_latin1, 3, "utf-8", True, "latin-1") == "SET\nx│y\n∅│Ã©"
-    out = writer(output, null="é")
+    out = output.OutputWriter(task(null="é"), 0, keep_values=True)
     out.rows([("a", TEXT), ("b", TEXT)], [["é", None]])
     assert out.settled(read_latin1, 2, "utf-8", True, "latin-1") == "a\tb\nÃ©\té"
     sjis = "表".encode("shift_jis").decode("utf-8", "surrogateescape")
-    out = writer(output, quote='"', escape="\\")
+    out = output.OutputWriter(task(quote='"', escape="\\"), 0, keep_values=True)
     out.rows([("a", TEXT), ("b", TEXT)], [[sjis, 'x"\\']])
     assert out.settled(lambda raw: raw.decode("shift_jis"), 2, "utf-8", True, "shift_jis") == \
         '"a"\t"b"\n"表"\t"x\\"\\\\"'
@@ -212,3 +215,16 @@ def test_a_writers_lines_are_read_again_value_by_value(output):
     plain = writer(output)
     plain.rows([("a", TEXT)], [["é"]])
     assert plain.settled(read_latin1, 1, "utf-8", False, "utf-8") == "é"  # (read where it was text)
+
+
+@pytest.mark.parametrize("quote", ['"', "'", "\\", "é"])
+@pytest.mark.parametrize("escape", ["", "\\", '"', "é"])
+def test_each_quote_and_escape_in_a_value_is_escaped_once(output, quote, escape):
+    """A quote or escape character inside a value gets one `escape` before it (the same character
+    as both: doubled), whatever their order; by str.replace, not a character at a time."""
+    def one_at_a_time(value):
+        return "".join(escape + ch if escape and ch in (quote, escape) else ch for ch in value)
+    out = writer(output, quote=quote, escape=escape)
+    values = ['a"b\\c', "''", "\\\\\"", "é\"'\\é", "", "plain"]
+    out.rows([("a", TEXT)], [[value] for value in values])
+    assert out.text() == "\n".join(f"{quote}{one_at_a_time(value)}{quote}" for value in values)
