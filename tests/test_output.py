@@ -416,6 +416,9 @@ def test_a_value_in_an_encoding_the_task_set_is_quoted_and_compared_as_that_enco
     euc_tw = "SET client_encoding = 'EUC_TW'; "
     assert run(shared, euc_tw + "SELECT '一' AS a, '中文' AS b")["output"] == "SET\na\tb\n一\t中文"
     assert run(shared, euc_tw + "SELECT '一'")["output"] == "SET\n一"
+    # SET NAMES, the same setting (a review)
+    assert run(shared, "SET NAMES 'SJIS'; SELECT '表' AS a", quote='"', escape="\\")["output"] == 'SET\n"表"'
+    assert run(shared, "SET NAMES 'LATIN1'; SELECT 'Ã©' AS a, NULL AS b", null="é")["output"] == "SET\na\tb\nÃ©\té"
 
 
 def test_a_task_whose_only_result_is_a_warning_keeps_its_row(running):

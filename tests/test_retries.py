@@ -169,6 +169,29 @@ def test_a_run_the_user_cancelled_is_not_retried_whatever_ends_it_after(db):
     assert db.value("SELECT count(*) FROM task WHERE parent IS NOT NULL") == 0
 
 
+def test_a_users_cancel_that_commits_while_a_stop_cancels_the_task_is_not_retried(db):
+    """A launcher's stop cancels a task that holds its own row (its progress in `data`) while a
+    user's transaction that cancelled it is open: the stop's mark waited for the user's, then
+    was taken for the stop's, and the run the user cancelled was retried (a review)."""
+    launcher = db.launcher("--grace", "0.5")
+    task_id = db.insert("UPDATE task SET data = 'p' WHERE id = current_setting('pg_task.id')::bigint; "
+                        + CATCHES_A_CANCEL, retry=1, retry_delay="0 s", retry_on="{*}", delete=False)
+    wait_until(lambda: db.value("SELECT a.wait_event = 'PgSleep' FROM task AS t JOIN pg_stat_activity AS a"
+                                " ON a.pid = t.pid WHERE t.id = %s", [task_id]), 20, 0.02, "the task sleeping")
+    with db.connect() as conn:
+        conn.autocommit = False
+        assert conn.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+        wait_until(lambda: db.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                                    " AND objid = %s", [task_id]) == 1, 20, 0.02, "the task to catch the cancel")
+        launcher.signal(signal.SIGTERM)
+        wait_until(lambda: db.value("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid'"
+                                    " AND NOT granted") > 0, 20, 0.02, "the stop's cancel to wait for the user's")
+        conn.commit()
+    assert launcher.process.wait(30) == 0, launcher.output()
+    assert db.task(task_id)["sqlstate"] == "57014"
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+
+
 def test_the_retries_of_runs_lost_together_are_spread(running):
     """Runs a crash lost together were all retried exactly a minute after their ends (the minute
     came after the spread): together again.  Their delays are spread over the 10 % after it."""

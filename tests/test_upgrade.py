@@ -319,9 +319,19 @@ def test_the_update_refuses_rows_whose_group_1_3_refuses_naming_them(cluster: Cl
         assert "UPDATE task SET \"group\" = md5(\"group\")" in refused.value.diag.message_hint
         assert db.value("SELECT extversion FROM pg_extension WHERE extname = 'pg_task_py'") == version
         db.sql("UPDATE task SET \"group\" = md5(\"group\") WHERE octet_length(\"group\") > 1000")
+        # And a null over 1000 characters: it passed, and then its series could not be ended, nor
+        # the task retried, nor a dump of the table restored (a review).
+        long_null = db.value("INSERT INTO task (input, \"null\", repeat, delete) VALUES ('SELECT NULL', %s,"
+                             " '1 hour', false) RETURNING id", ["n" * 1500])
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            db.sql("ALTER EXTENSION pg_task_py UPDATE")
+        assert str(refused.value).startswith(f"cannot update pg_task_py to 1.3: task {long_null} has a null"
+                                             " over 1000 characters, which 1.3 refuses"), refused.value
+        db.sql(refused.value.diag.message_hint.split("e.g. ")[1].split(", once")[0])  # (the hint's UPDATE)
         db.sql("ALTER EXTENSION pg_task_py UPDATE")
         db.launcher()
         assert db.wait_done(waiting)["state"] == "DONE"
+        db.sql("UPDATE task SET repeat = '0' WHERE id = %s", [long_null])  # (its series ends)
 
 
 def test_a_waiting_task_of_an_older_version_with_the_lowest_max_runs_and_ends(cluster: Cluster):

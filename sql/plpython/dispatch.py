@@ -788,13 +788,13 @@ def cancel_running_tasks(ctx, pool, events):
     # (its progress in `data`) is: task_cancel does not wait for that.  task_cancel with both of its
     # arguments: a role that can create in the extension's schema made a one-argument call ambiguous
     # with a task_cancel(bigint) of its own, and every graceful stop failed.
-    by_stop = []
+    # The cancels are a stop's, not a user's: retried as errors (retry_plan); not one a user made
+    # too (pgtaskpy.mark_cancelled).  Read by their ends, which wait for this turn's locks on their rows.
+    ctx.run("stop_cancels", "SELECT pg_catalog.set_config('pgtaskpy.stop_cancels', 'on', true)")
     for row in ctx.run(
         "cancel",
         "SELECT t.id, CASE WHEN t.id = ANY (l.ids) OR pgtaskpy.held_by_its_session(t, t.xmax)"
-        "                  THEN {ext}.task_cancel(t.id, false) ELSE false END AS cancelled,"
-        # (a user's cancel before the stop's, which the task caught: as the statement began)
-        "       EXISTS (SELECT FROM pgtaskpy.cancelled_run AS c WHERE c.task_id = t.id) AS cancelled_before"
+        "                  THEN {ext}.task_cancel(t.id, false) ELSE false END AS cancelled"
         " FROM {ext}.task AS t,"
         "      (SELECT ARRAY(SELECT id FROM {ext}.task WHERE worker = ANY($1) AND state = 'WORK'"
         "                      AND id <> ALL ($2) FOR NO KEY UPDATE SKIP LOCKED) AS ids) AS l"
@@ -805,13 +805,7 @@ def cancel_running_tasks(ctx, pool, events):
         if row["cancelled"] or row["id"] not in tried:
             events.append({"event": "cancel", "id": row["id"], "cancelled": row["cancelled"]})
         tried[row["id"]] = row["cancelled"]
-        if row["cancelled"] and not row["cancelled_before"]:
-            by_stop.append(row["id"])
-    # The cancels this turn made are a stop's, not a user's: retried as errors (retry_plan); not
-    # one a user made first (a retry of a run the user cancelled, a probe).  Read by their ends,
-    # which wait for this turn's locks on their rows.
-    ctx.run("cancelled_by_stop", "UPDATE pgtaskpy.cancelled_run SET by_stop = true WHERE task_id = ANY($1)",
-            ["bigint[]"], [by_stop])
+    ctx.run("stop_cancels_done", "SELECT pg_catalog.set_config('pgtaskpy.stop_cancels', 'off', true)")
 
 
 def in_recovery(ctx):

@@ -183,8 +183,10 @@ def settled(text, decode, read_as="utf-8", every_line=False, own=()):
     if text is None or not every_line and _is_plain(text):
         return text
     own = tuple(piece for piece in own if piece and not piece.isascii())  # (ASCII reads the same in both)
-    return "\n".join(line if not every_line and _is_plain(line) else _read_again(line, decode, read_as, own)
-                      for line in text.split("\n"))
+    # (ASCII reads the same in every encoding the server has: a line of it is not read again, which
+    # for EUC_TW is a call of the server's, a review)
+    return "\n".join(line if line.isascii() or not every_line and _is_plain(line)
+                      else _read_again(line, decode, read_as, own) for line in text.split("\n"))
 
 
 def _read_again(line, decode, read_as, own=()):

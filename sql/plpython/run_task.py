@@ -747,10 +747,12 @@ class InputResults:
 
 def may_change_encoding(task, session):
     """Whether the task's input may leave its session in a client_encoding other than the one it
-    is sent in: its input names the setting, or the session is in another than UTF8 already (a
-    kept one's, or a role's: a RESET ALL or DISCARD ALL changes it back).  (OutputWriter's
-    keep_values, which the other tasks' output need not pay for.)"""
-    return session.encoding != "UTF8" or "client_encoding" in task["input"].lower()
+    is sent in: its input names the setting (or says `names`, as SET NAMES does: a review), or the
+    session is in another than UTF8 already (a kept one's, or a role's: a RESET ALL or DISCARD ALL
+    changes it back).  (OutputWriter's keep_values, which the other tasks' output need not pay
+    for; a word that only looks like it costs that output no more than its values' memory.)"""
+    words = task["input"].lower()
+    return session.encoding != "UTF8" or "client_encoding" in words or "names" in words
 
 
 def decodes(data, codec):

@@ -1646,6 +1646,8 @@ BEGIN
             || E'HINT:  its backend was terminated, the server restarted, or the worker could not write the end'
             || E' (a launcher''s role that lost SUPERUSER, a trigger on task that failed it: see the launcher''s log);'
             || CASE WHEN orphan.retry_unsafe AND orphan.attempt <= orphan.retry
+                         AND NOT EXISTS (SELECT FROM pgtaskpy.cancelled_run AS c  -- (a user's cancel: retry_plan)
+                                         WHERE c.task_id = orphan.id AND NOT c.by_stop)
                     THEN E' its retry_unsafe runs it again, a minute from now at the earliest\n'
                     ELSE E' the task is not run again\n' END
             || 'STATEMENT:  ' || replace(orphan.input, E'\n', E'\n\t'), '{WORK}', pgtaskpy.lost_run_sqlstate()) THEN

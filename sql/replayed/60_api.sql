@@ -485,6 +485,20 @@ $$;
 -- task's worker belongs to the launcher's role); so the caller's right to the
 -- task is checked here again (take_steering_proof), as task_cancel's own
 -- check cannot be relied on by a direct call.
+-- The mark of a running task's cancel, which its end reads (retry_plan): a user's, whose run is
+-- never retried, or a launcher's stop's (its session sets pgtaskpy.stop_cancels for its cancels,
+-- dispatch.py), retried as an error.  A user's stays, before or after a stop's: a stop's insert
+-- waits for a user's open one and then keeps it (marked later by the stop, a user's mark that
+-- committed as the stop's turn ran was taken for the stop's: a review).
+CREATE FUNCTION pgtaskpy.mark_cancelled(task_id bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO pgtaskpy.cancelled_run AS c (task_id, by_stop)
+    VALUES (task_id, coalesce(current_setting('pgtaskpy.stop_cancels', true), '') = 'on')
+    ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop AND NOT excluded.by_stop
+$$;
+REVOKE ALL ON FUNCTION pgtaskpy.mark_cancelled(bigint) FROM PUBLIC;
+
 CREATE FUNCTION pgtaskpy.cancel_running_task(task_id bigint, stop_series boolean) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
@@ -560,10 +574,8 @@ BEGIN
                   AND a.query <> 'COMMIT');  -- (the COMMIT a worker adds after the input)
             PERFORM pg_sleep(0.005);
         END LOOP;
-        -- (read by the end, which waits for this transaction's row lock: no retry of a cancel; a
-        -- launcher's stop marks its own cancels by_stop after this call, dispatch.py)
-        INSERT INTO pgtaskpy.cancelled_run AS c (task_id) VALUES (task_id)
-        ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop;
+        -- (read by the end, which waits for this transaction's row lock: no retry of a cancel)
+        PERFORM pgtaskpy.mark_cancelled(task_id);
         -- (A session that ends between the look and the signal made the signal warn the caller
         -- "PID ... is not a PostgreSQL backend process" and the call return false: its input had
         -- ended, and the task ends as it would have, as README's task_cancel says, true.)
@@ -583,8 +595,7 @@ BEGIN
         END IF;
         RETURN true;
     ELSIF (t.remote IS NOT NULL OR t.target IS NOT NULL) AND pgtaskpy.scheduler_backend_alive(t.worker, t.start, '{worker}') THEN
-        INSERT INTO pgtaskpy.cancelled_run AS c (task_id) VALUES (task_id)
-        ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop;
+        PERFORM pgtaskpy.mark_cancelled(task_id);
         RETURN pg_cancel_backend(t.worker);  -- it cancels the remote query (run_task, serve_interrupts)
     END IF;
     -- Its session is gone: its input has ended, and its end waits for this transaction's lock on

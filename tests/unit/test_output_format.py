@@ -187,6 +187,11 @@ def test_settled_reads_every_line_again_when_the_session_ended_in_another_encodi
     assert output.settled(f"SET\n{gb18030}", lambda raw: raw.decode("gb18030"), "utf-8", every_line=True) == \
         "SET\n通知"
     assert output.settled("SET\nÃ©", read_latin1, "utf-8") == "SET\nÃ©"  # (the same encoding: kept)
+    # (an ASCII line reads the same in every encoding: not read again, which for EUC_TW is a server call)
+    read = []
+    assert output.settled("SET\n1\tabc\né", lambda raw: read.append(raw) or raw.decode("latin-1"), "utf-8",
+                          every_line=True) == "SET\n1\tabc\nÃ©"
+    assert read == ["é".encode()]
     # (the worker's own text in a line, a task's null or delimiter, is kept as it is)
     assert output.settled("SET\n∅│é", read_latin1, "utf-8", every_line=True, own=("∅", "│", "\t")) == \
         "SET\n∅│Ã©"
