@@ -36,7 +36,8 @@ passes them on, so that every file imports in plain Python as well.
 An upgrade script is sql/upgrade/FROM--TO.sql (what CREATE OR REPLACE cannot
 do: drops of changed signatures and of what is gone, changes of created_once
 objects), followed by every file of sql/replayed with CREATE turned into
-CREATE OR REPLACE.  So a function is written once, and an upgraded database
+CREATE OR REPLACE, then sql/upgrade/FROM--TO.after.sql if there is one (what
+needs the new functions: checks of the rows).  So a function is written once, and an upgraded database
 gets the same code as a fresh install (tests/test_upgrade.py checks).
 """
 
@@ -201,6 +202,9 @@ def upgrade_body(old: str, new: str) -> str:
     for path in sorted(REPLAYED.glob("*.sql")):
         out.append(CREATE_ROUTINE.sub(r"CREATE OR REPLACE \1 ", source(path)))
     out.append(public_execute())
+    after = HERE / "upgrade" / f"{old}--{new}.after.sql"  # (what needs the new version's functions)
+    if after.exists():
+        out.append(source(after))
     return "\n".join(out)
 
 

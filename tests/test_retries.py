@@ -192,6 +192,27 @@ def test_a_users_cancel_that_commits_while_a_stop_cancels_the_task_is_not_retrie
     assert db.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
 
 
+def test_a_task_authors_setting_does_not_make_its_cancel_a_stops(running):
+    """pgtaskpy.stop_cancels, which a launcher's stop sets around its cancels, is a setting any
+    role may SET: a task author's own cancel was retried so, and an admin's of another role's task
+    (a review).  Only a superuser's session's counts."""
+    running.sql("CREATE ROLE erin LOGIN IN ROLE pgtaskpy_user")
+    try:
+        with running.connect("erin") as erin:
+            task_id = erin.execute("INSERT INTO task (input, retry, retry_delay, retry_on, delete) VALUES"
+                                   " ('SELECT pg_sleep(60)', 1, '0 s', '{*,57014}', false) RETURNING id").fetchone()[0]
+            wait_until(lambda: running.task(task_id)["state"] == "WORK", 20, 0.02, "the task running")
+            erin.execute("SET pgtaskpy.stop_cancels = on")
+            assert erin.execute("SELECT task_cancel(%s)", [task_id]).fetchone() == (True,)
+        assert running.wait_done(task_id)["sqlstate"] == "57014"
+        running.wait_all_done()
+        assert running.value("SELECT count(*) FROM task WHERE parent = %s", [task_id]) == 0
+    finally:
+        running.sql("DELETE FROM task")
+        running.sql("DROP OWNED BY erin")
+        running.sql("DROP ROLE erin")
+
+
 def test_the_retries_of_runs_lost_together_are_spread(running):
     """Runs a crash lost together were all retried exactly a minute after their ends (the minute
     came after the spread): together again.  Their delays are spread over the 10 % after it."""

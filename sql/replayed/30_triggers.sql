@@ -37,6 +37,66 @@ AS $$
            END
 $$;
 
+-- The first of the rules for a task's values that row t breaks (its words name the column, as a
+-- CHECK constraint's name would), or NULL.  check_task's; and the update's from a version before,
+-- which refuses such rows (sql/upgrade/1.2--1.3.after.sql): one the update let through could not be
+-- changed after it, its series not ended, nor a dump of the table restored (a review).  No SET
+-- clause: inlined into check_task, whose search_path it runs with.
+CREATE FUNCTION pgtaskpy.violated_rule(t @extschema@.task) RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN NOT (isfinite(t.plan) AND t.plan >= timestamptz '1900-01-01 00:00+00'
+                  AND t.plan < timestamptz '10000-01-01 00:00+00')
+            THEN 'task.plan must be a finite time from 1900 to 9999'
+        WHEN NOT t.active > interval '0' THEN 'task.active must be a positive interval'
+        WHEN NOT (t.paused >= interval '0' AND t.paused < t.active AND pgtaskpy.interval_is_sane(t.paused))
+            THEN 'task.paused must be from 0 to less than active'  -- (nor mix signs: a series' next runs
+                                                                   -- get active - paused, which would)
+        WHEN NOT t.live >= interval '0' THEN 'task.live must not be negative'
+        WHEN NOT t.repeat >= interval '0' THEN 'task.repeat must not be negative'
+        WHEN t.cron IS NOT NULL AND t.repeat > interval '0' THEN 'task.cron and task.repeat must not both be set'
+        WHEN NOT t.timeout >= interval '0' THEN 'task.timeout must not be negative'
+        WHEN NOT (pgtaskpy.interval_is_sane(t.active) AND pgtaskpy.interval_is_sane(t.live)
+                  AND pgtaskpy.interval_is_sane(t.repeat))
+            THEN 'task.active, live and repeat must be at most 1000 years, without negative parts'
+        WHEN NOT (pgtaskpy.interval_is_sane(t.timeout) AND t.timeout <= interval '2147483.647 seconds')
+            THEN 'task.timeout must be at most 2147483.647 seconds (statement_timeout), without negative parts'
+        WHEN NOT t.count >= 0 THEN 'task.count must not be negative'
+        WHEN NOT t.max > -2147483648 THEN 'task.max must be at least -2147483647'
+        -- (btrim of a text in a multibyte encoding takes 12 bytes a character: an input of 128
+        -- million characters passed the server's 1 GB allocation limit, an internal error.  Its
+        -- bytes, then: the trimmed characters are ASCII, which no other character's bytes hold.)
+        WHEN NOT (btrim(left(t.input, 100), E' \t\r\n;') <> ''
+                  OR btrim(convert_to(t.input, current_setting('server_encoding')), E'\\x090a0d203b'::bytea) <> ''::bytea)
+            THEN 'task.input must not be empty'
+        -- (a longer key fails the unique index of waiting keys with the server's raw message)
+        WHEN NOT (t.key <> '' AND octet_length(t.key) <= 1000) THEN 'task.key must not be empty nor over 1000 bytes'
+        -- (the group is a key of the counters, pauses and rate limits: a longer one failed the
+        -- counters' index at the task's end, and with it every launcher turn of the database)
+        WHEN NOT octet_length(t."group") <= 1000 THEN 'task.group must not be over 1000 bytes'
+        WHEN NOT length(t.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
+        WHEN NOT length(t.quote) <= 1 THEN 'task.quote must be at most one character'
+        WHEN NOT length(t.escape) <= 1 THEN 'task.escape must be at most one character'
+        -- (each NULL of a row is written so: 1,000 NULLs of a 1 MB null took the task's worker to
+        -- 474 MB before the output limit could stop it, a probe)
+        WHEN NOT length(t."null") <= 1000 THEN 'task.null must be at most 1000 characters'
+        WHEN NOT t.retry BETWEEN 0 AND 2147483646 THEN 'task.retry must be from 0 to 2147483646'
+        -- (an administrator's: 0 or less gave a task more retries than retry says)
+        WHEN NOT t.attempt >= 1 THEN 'task.attempt must be at least 1'
+        WHEN NOT (t.retry_delay >= interval '0' AND t.retry_max >= interval '0'
+                  AND pgtaskpy.interval_is_sane(t.retry_delay) AND pgtaskpy.interval_is_sane(t.retry_max))
+            THEN 'task.retry_delay and retry_max must be at most 1000 years, without negative parts'
+        WHEN NOT pgtaskpy.retry_on_is_valid(t.retry_on)
+            THEN 'task.retry_on must hold SQLSTATEs (40001, 40P01: upper case), classes (08) or *'
+        WHEN NOT (t.target IS NULL OR (t.target = 'standby' AND t.remote IS NULL))
+            THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
+        -- (libpq's defaults filled an empty one in: the task ran in the database named after its
+        -- role, on the socket's server, not here)
+        WHEN NOT btrim(t.remote, E' \t\r\n') <> '' THEN 'task.remote must not be empty (NULL: the task runs here)'
+    END
+$$;
+
 CREATE FUNCTION pgtaskpy.check_task() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -117,56 +177,7 @@ BEGIN
                          'WHERE key = ... AND state = ''PLAN''.';
     END IF;
     -- (NULL passes, as in a CHECK constraint: NOT NULL rejects it.)
-    violated := CASE
-        WHEN NOT (isfinite(NEW.plan) AND NEW.plan >= timestamptz '1900-01-01 00:00+00'
-                  AND NEW.plan < timestamptz '10000-01-01 00:00+00')
-            THEN 'task.plan must be a finite time from 1900 to 9999'
-        WHEN NOT NEW.active > interval '0' THEN 'task.active must be a positive interval'
-        WHEN NOT (NEW.paused >= interval '0' AND NEW.paused < NEW.active AND pgtaskpy.interval_is_sane(NEW.paused))
-            THEN 'task.paused must be from 0 to less than active'  -- (nor mix signs: a series' next runs
-                                                                   -- get active - paused, which would)
-        WHEN NOT NEW.live >= interval '0' THEN 'task.live must not be negative'
-        WHEN NOT NEW.repeat >= interval '0' THEN 'task.repeat must not be negative'
-        WHEN NEW.cron IS NOT NULL AND NEW.repeat > interval '0' THEN 'task.cron and task.repeat must not both be set'
-        WHEN NOT NEW.timeout >= interval '0' THEN 'task.timeout must not be negative'
-        WHEN NOT (pgtaskpy.interval_is_sane(NEW.active) AND pgtaskpy.interval_is_sane(NEW.live)
-                  AND pgtaskpy.interval_is_sane(NEW.repeat))
-            THEN 'task.active, live and repeat must be at most 1000 years, without negative parts'
-        WHEN NOT (pgtaskpy.interval_is_sane(NEW.timeout) AND NEW.timeout <= interval '2147483.647 seconds')
-            THEN 'task.timeout must be at most 2147483.647 seconds (statement_timeout), without negative parts'
-        WHEN NOT NEW.count >= 0 THEN 'task.count must not be negative'
-        WHEN NOT NEW.max > -2147483648 THEN 'task.max must be at least -2147483647'
-        -- (btrim of a text in a multibyte encoding takes 12 bytes a character: an input of 128
-        -- million characters passed the server's 1 GB allocation limit, an internal error.  Its
-        -- bytes, then: the trimmed characters are ASCII, which no other character's bytes hold.)
-        WHEN NOT (btrim(left(NEW.input, 100), E' \t\r\n;') <> ''
-                  OR btrim(convert_to(NEW.input, current_setting('server_encoding')), E'\\x090a0d203b'::bytea) <> ''::bytea)
-            THEN 'task.input must not be empty'
-        -- (a longer key fails the unique index of waiting keys with the server's raw message)
-        WHEN NOT (NEW.key <> '' AND octet_length(NEW.key) <= 1000) THEN 'task.key must not be empty nor over 1000 bytes'
-        -- (the group is a key of the counters, pauses and rate limits: a longer one failed the
-        -- counters' index at the task's end, and with it every launcher turn of the database)
-        WHEN NOT octet_length(NEW."group") <= 1000 THEN 'task.group must not be over 1000 bytes'
-        WHEN NOT length(NEW.delimiter) = 1 THEN 'task.delimiter must be exactly one character'
-        WHEN NOT length(NEW.quote) <= 1 THEN 'task.quote must be at most one character'
-        WHEN NOT length(NEW.escape) <= 1 THEN 'task.escape must be at most one character'
-        -- (each NULL of a row is written so: 1,000 NULLs of a 1 MB null took the task's worker to
-        -- 474 MB before the output limit could stop it, a probe)
-        WHEN NOT length(NEW."null") <= 1000 THEN 'task.null must be at most 1000 characters'
-        WHEN NOT NEW.retry BETWEEN 0 AND 2147483646 THEN 'task.retry must be from 0 to 2147483646'
-        -- (an administrator's: 0 or less gave a task more retries than retry says)
-        WHEN NOT NEW.attempt >= 1 THEN 'task.attempt must be at least 1'
-        WHEN NOT (NEW.retry_delay >= interval '0' AND NEW.retry_max >= interval '0'
-                  AND pgtaskpy.interval_is_sane(NEW.retry_delay) AND pgtaskpy.interval_is_sane(NEW.retry_max))
-            THEN 'task.retry_delay and retry_max must be at most 1000 years, without negative parts'
-        WHEN NOT pgtaskpy.retry_on_is_valid(NEW.retry_on)
-            THEN 'task.retry_on must hold SQLSTATEs (40001, 40P01: upper case), classes (08) or *'
-        WHEN NOT (NEW.target IS NULL OR (NEW.target = 'standby' AND NEW.remote IS NULL))
-            THEN 'task.target must be NULL or ''standby'', and NULL for a remote task'
-        -- (libpq's defaults filled an empty one in: the task ran in the database named after its
-        -- role, on the socket's server, not here)
-        WHEN NOT btrim(NEW.remote, E' \t\r\n') <> '' THEN 'task.remote must not be empty (NULL: the task runs here)'
-    END;
+    violated := pgtaskpy.violated_rule(NEW);
     -- (a default of pg_task.<column>: the rule names the column, its HINT the setting)
     problem := CASE WHEN TG_OP = 'INSERT' AND violated IS NOT NULL THEN pgtaskpy.settings_behind(violated, TG_RELID) END;
     IF problem IS NOT NULL THEN

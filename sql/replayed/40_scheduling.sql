@@ -1352,8 +1352,8 @@ BEGIN
     WHERE a.attrelid = '@extschema@.task'::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped
       AND a.attgenerated = '' AND a.attname <> ALL (pgtaskpy.own_columns());
     IF columns IS NOT NULL AND copy IS NOT NULL THEN
-        EXECUTE format('UPDATE @extschema@.task AS n SET (%1$s) = (SELECT %1$s FROM (SELECT ($1).*) AS t)'
-                       ' WHERE n.id = $2', columns)
+        EXECUTE format('UPDATE %2$s AS n SET (%1$s) = (SELECT %1$s FROM (SELECT ($1).*) AS t)'
+                       ' WHERE n.id = $2', columns, '@extschema@.task'::pg_catalog.regclass)
             USING t, copy;
     END IF;
 END
@@ -1463,11 +1463,17 @@ BEGIN
         END IF;
     END IF;
     -- (those with a negative max alone: one of max 2 in the group runs up to three at once, with
-    -- no pause; nor one whose `active` has run out, which expires rather than run after the pause)
+    -- no pause; nor one whose `active` has run out, which expires rather than run after the pause.
+    -- Not one a client holds, SKIP LOCKED: waited for under the scheduling lock, a task author's
+    -- SELECT ... FOR UPDATE of one held back every role's tasks, a probe; the pause's row below
+    -- holds it back all the same, its plan unchanged.)
     UPDATE @extschema@.task AS task
     SET plan = paused_until
-    WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
-      AND task.max < 0 AND task.plan < paused_until AND task.plan + task.active > clock_timestamp();
+    WHERE task.id = ANY (ARRAY(
+        SELECT w.id FROM @extschema@.task AS w
+        WHERE w.hash = t.hash AND w.state = 'PLAN' AND w.waiting_for = 0 AND w.owner = t.owner
+          AND w.max < 0 AND w.plan < paused_until AND w.plan + w.active > clock_timestamp()
+        FOR NO KEY UPDATE SKIP LOCKED));
     -- Those that come due during the pause wait for its end too (claims pass over them).
     INSERT INTO pgtaskpy.group_spacing AS s (owner, hash, until) VALUES (t.owner, t.hash, paused_until)
     ON CONFLICT (owner, hash) DO UPDATE SET until = greatest(s.until, excluded.until);

@@ -82,8 +82,9 @@ BEGIN
                    'WHERE key = ... AND state = ''PLAN''.';
     END IF;
     FOR attempt IN 1..100 LOOP
-        EXECUTE format('INSERT INTO @extschema@.task AS t (input%s) VALUES ($1%s)%s RETURNING t.id',
-                       names, values_, conflict)
+        -- (the table an argument: a % in the schema's name was read as format's, a review)
+        EXECUTE format('INSERT INTO %s AS t (input%s) VALUES ($1%s)%s RETURNING t.id',
+                       '@extschema@.task'::pg_catalog.regclass, names, values_, conflict)
             INTO task_id
             USING input, plan, "group", max, repeat, timeout, remote, data, after, key, on_conflict, after_any,
                   exclusive, retry, retry_delay, retry_max, retry_on, retry_unsafe;
@@ -487,14 +488,16 @@ $$;
 -- check cannot be relied on by a direct call.
 -- The mark of a running task's cancel, which its end reads (retry_plan): a user's, whose run is
 -- never retried, or a launcher's stop's (its session sets pgtaskpy.stop_cancels for its cancels,
--- dispatch.py), retried as an error.  A user's stays, before or after a stop's: a stop's insert
+-- dispatch.py), retried as an error.  Any role may set the setting: a superuser's session only
+-- is a launcher's (a task author's own cancel was retried so, and an admin's of another role's).  A user's stays, before or after a stop's: a stop's insert
 -- waits for a user's open one and then keeps it (marked later by the stop, a user's mark that
 -- committed as the stop's turn ran was taken for the stop's: a review).
 CREATE FUNCTION pgtaskpy.mark_cancelled(task_id bigint) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO pgtaskpy.cancelled_run AS c (task_id, by_stop)
-    VALUES (task_id, coalesce(current_setting('pgtaskpy.stop_cancels', true), '') = 'on')
+    VALUES (task_id, coalesce(current_setting('pgtaskpy.stop_cancels', true), '') = 'on'
+                     AND (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
     ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop AND NOT excluded.by_stop
 $$;
 REVOKE ALL ON FUNCTION pgtaskpy.mark_cancelled(bigint) FROM PUBLIC;

@@ -4,34 +4,25 @@
 -- 1.3 refuses a group over 1000 bytes (30_triggers.sql): the group is a key of the counters,
 -- pauses and rate limits, whose indexes take 2,704 bytes at most.  A row of before with a longer
 -- one failed this update with the index's words, or, waiting, ran and could never be written
--- ended (a probe).  And a null over 1000 characters: such a row passed, and then its series could
--- not be ended, nor the task retried, nor a dump of the table restored (a review).  Said first,
--- naming the rows, before anything has changed.
+-- ended (a probe).  Said first, naming the rows, before anything has changed (the rows that
+-- break 1.3's other rules: sql/upgrade/1.2--1.3.after.sql).
 DO $$
 DECLARE
-    refused record;
-    ids bigint[];
+    long_groups bigint[] := ARRAY(SELECT t.id FROM @extschema@.task AS t
+                                  WHERE octet_length(t."group") > 1000 ORDER BY t.id LIMIT 11);
 BEGIN
-    FOR refused IN
-        SELECT * FROM (VALUES
-            ('octet_length(t."group") > 1000', 'a group over 1000 bytes',
-             'UPDATE task SET "group" = md5("group") WHERE octet_length("group") > 1000'),
-            ('length(t."null") > 1000', 'a null over 1000 characters',
-             'UPDATE task SET "null" = ''\N'' WHERE length("null") > 1000')) AS r(test, what, fix)
-    LOOP
-        EXECUTE format('SELECT ARRAY(SELECT t.id FROM @extschema@.task AS t WHERE %s ORDER BY t.id LIMIT 11)',
-                       refused.test) INTO ids;
-        IF cardinality(ids) > 0 THEN
-            RAISE EXCEPTION 'cannot update pg_task_py to 1.3: task% % % %, which 1.3 refuses',
-                            CASE WHEN cardinality(ids) > 1 THEN 's' ELSE '' END,
-                            CASE WHEN cardinality(ids) > 10 THEN array_to_string(ids[1:10], ', ') || ' and more'
-                                 ELSE array_to_string(ids, ', ') END,
-                            CASE WHEN cardinality(ids) > 1 THEN 'have' ELSE 'has' END, refused.what
-                USING ERRCODE = 'check_violation',
-                      HINT = format('Change them first, e.g. %s AND state NOT IN (''TAKE'', ''WORK''), once those '
-                                    'running have ended; then update again.', refused.fix);
-        END IF;
-    END LOOP;
+    IF cardinality(long_groups) > 0 THEN
+        RAISE EXCEPTION 'cannot update pg_task_py to 1.3: task% % % a group over 1000 bytes, which 1.3 refuses',
+                        CASE WHEN cardinality(long_groups) > 1 THEN 's' ELSE '' END,
+                        CASE WHEN cardinality(long_groups) > 10
+                             THEN array_to_string(long_groups[1:10], ', ') || ' and more'
+                             ELSE array_to_string(long_groups, ', ') END,
+                        CASE WHEN cardinality(long_groups) > 1 THEN 'have' ELSE 'has' END
+            USING ERRCODE = 'check_violation',
+                  HINT = 'Give them a shorter group first, e.g. UPDATE task SET "group" = md5("group") WHERE'
+                         ' octet_length("group") > 1000 AND state NOT IN (''TAKE'', ''WORK''), once those running have'
+                         ' ended; then update again.';
+    END IF;
 END
 $$;
 
