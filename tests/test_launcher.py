@@ -7,6 +7,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -486,6 +487,35 @@ def test_a_turn_held_up_by_a_lock_is_said_in_json_with_its_holder(db):
         locker.commit()
     wait_until(lambda: '"event": "turn_went_on"' in launcher.output(), 10, 0.1, "the turn's end")
     assert db.wait_done(db.insert("SELECT 'after the lock'"))["output"] == "after the lock"
+
+
+def test_a_turn_held_up_by_a_session_that_waits_itself_names_the_session_it_waits_for(db):
+    """A worker ending a task waited for a client's row lock while it held what the turn needed:
+    the line named the worker, whose end would have turned a finished task into a lost run (a
+    probe).  The holder's own wait is followed to the session that holds it up."""
+    launcher = db.launcher("--log-json")
+    with db.connect() as root, db.connect() as middle:
+        root.autocommit = middle.autocommit = False
+        root.execute("SELECT pg_advisory_xact_lock(4242)")
+        middle.execute("LOCK TABLE task IN SHARE MODE")
+        waits = threading.Thread(target=middle.execute, args=("SELECT pg_advisory_xact_lock(4242)",))
+        waits.start()
+
+        def report() -> dict | None:
+            lines = [json.loads(line) for line in launcher.output().splitlines() if line.startswith("{")]
+            return next((line for line in lines if line.get("event") == "turn_waits" and "waits_for" in line), None)
+
+        try:
+            found = wait_until(report, 20, 0.1, "the report of the lock and its holder's wait")
+        finally:
+            root.commit()  # (lets the waiting session go, whatever the report)
+            waits.join(10)
+            middle.commit()
+        assert (found["backend"], found["waits_for"]["backend"]) == \
+            (middle.info.backend_pid, root.info.backend_pid), found
+        assert "pg_advisory_xact_lock" in found["waits_for"]["query"], found
+        assert f"which waits for a lock held by backend {root.info.backend_pid}" in found["message"], found
+    wait_until(lambda: '"event": "turn_went_on"' in launcher.output(), 10, 0.1, "the turn's end")
 
 
 def test_a_turn_whose_commit_waits_for_a_synchronous_standby_says_so():

@@ -27,7 +27,9 @@ REPORT_EVERY = 30.0  # seconds between reports while the same turn waits
 LOOK_EVERY = 1.0  # seconds between the watcher's looks at the clock
 # The sessions pg_blocking_pids names for the launcher's backend: those that hold the lock it
 # waits for, and those queued ahead of it for that lock (a worker that waits too, which ending
-# would not help: `holds` tells them apart).
+# would not help: `holds` tells them apart).  For a holder that waits for a lock itself, the first
+# session that holds that one (`root_*`): a worker ending a task waited for a client's row lock,
+# and the line named the worker, whose end would have lost a finished task's run (a probe).
 BLOCKERS = """
 WITH wanted AS (SELECT * FROM pg_catalog.pg_locks WHERE pid = %(pid)s AND NOT granted)
 SELECT b.pid, b.usename, b.application_name, b.state, b.wait_event_type, b.wait_event,
@@ -38,8 +40,14 @@ SELECT b.pid, b.usename, b.application_name, b.state, b.wait_event_type, b.wait_
                      h.classid, h.objid, h.objsubid)
                     IS NOT DISTINCT FROM (w.locktype, w.database, w.relation, w.page, w.tuple, w.virtualxid,
                                           w.transactionid, w.classid, w.objid, w.objsubid)
-               WHERE h.pid = b.pid AND h.granted) AS holds
+               WHERE h.pid = b.pid AND h.granted) AS holds,
+       r.pid AS root_pid, r.usename AS root_role, r.application_name AS root_application, r.state AS root_state,
+       extract(epoch FROM now() - coalesce(r.xact_start, r.backend_start))::integer AS root_seconds,
+       left(regexp_replace(r.query, '[[:space:]]+', ' ', 'g'), 120) AS root_query
 FROM pg_catalog.pg_stat_activity AS b
+LEFT JOIN LATERAL (SELECT * FROM pg_catalog.pg_stat_activity AS r
+                   WHERE b.wait_event_type = 'Lock' AND r.pid = ANY (pg_catalog.pg_blocking_pids(b.pid))
+                   ORDER BY r.pid LIMIT 1) AS r ON true
 WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(%(pid)s))
 ORDER BY holds DESC, b.pid
 """
@@ -116,10 +124,19 @@ class TurnWatch:
             log.warning("%s: the scheduling turn has run for %.0fs (no session blocks it%s)", self.name, waited,
                         waits_on(wait), extra={"fields": {**fields, "wait_event": event}})
             return
-        for pid, role, application, state, wait_type, wait_name, seconds, query, holds in blockers:
+        for pid, role, application, state, wait_type, wait_name, seconds, query, holds, *root in blockers:
             about = {**fields, "backend": pid, "holds": holds, "role": role, "application": application,
                      "state": state, "query": query}
-            if holds:
+            if holds and root[0] is not None:
+                root_pid, root_role, root_application, root_state, root_seconds, root_query = root
+                about["waits_for"] = {"backend": root_pid, "role": root_role, "application": root_application,
+                                      "state": root_state, "query": root_query}
+                log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
+                            ' application "%s": %s), which waits for a lock held by backend %s (role "%s",'
+                            ' application "%s", %s for %ss: %s); nothing starts until that one lets go',
+                            self.name, waited, pid, role, application, query, root_pid, root_role,
+                            root_application, root_state, root_seconds, root_query, extra={"fields": about})
+            elif holds:
                 log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
                             ' application "%s", %s for %ss: %s%s); nothing starts until it lets go',
                             self.name, waited, pid, role, application, state, seconds, query,
