@@ -492,14 +492,19 @@ def test_a_turn_held_up_by_a_lock_is_said_in_json_with_its_holder(db):
 def test_a_turn_held_up_by_a_session_that_waits_itself_names_the_session_it_waits_for(db):
     """A worker ending a task waited for a client's row lock while it held what the turn needed:
     the line named the worker, whose end would have turned a finished task into a lost run (a
-    probe).  The holder's own wait is followed to the session that holds it up."""
+    probe).  The holder's own wait is followed to the session that holds it up: not to one queued
+    ahead of it for the same lock (a review)."""
     launcher = db.launcher("--log-json")
-    with db.connect() as root, db.connect() as middle:
-        root.autocommit = middle.autocommit = False
+    with db.connect() as queued, db.connect() as root, db.connect() as middle:
+        root.autocommit = middle.autocommit = queued.autocommit = False
         root.execute("SELECT pg_advisory_xact_lock(4242)")
+        waiting = [threading.Thread(target=queued.execute, args=("SELECT pg_advisory_xact_lock(4242)",))]
+        waiting[0].start()
+        wait_until(lambda: db.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                                    " AND pid = %s", [queued.info.backend_pid]) == 1, 10, 0.02, "a session queued")
         middle.execute("LOCK TABLE task IN SHARE MODE")
-        waits = threading.Thread(target=middle.execute, args=("SELECT pg_advisory_xact_lock(4242)",))
-        waits.start()
+        waiting.append(threading.Thread(target=middle.execute, args=("SELECT pg_advisory_xact_lock(4242)",)))
+        waiting[1].start()
 
         def report() -> dict | None:
             lines = [json.loads(line) for line in launcher.output().splitlines() if line.startswith("{")]
@@ -508,8 +513,10 @@ def test_a_turn_held_up_by_a_session_that_waits_itself_names_the_session_it_wait
         try:
             found = wait_until(report, 20, 0.1, "the report of the lock and its holder's wait")
         finally:
-            root.commit()  # (lets the waiting session go, whatever the report)
-            waits.join(10)
+            root.commit()  # (lets the waiting sessions go, whatever the report)
+            waiting[0].join(10)
+            queued.commit()
+            waiting[1].join(10)
             middle.commit()
         assert (found["backend"], found["waits_for"]["backend"]) == \
             (middle.info.backend_pid, root.info.backend_pid), found

@@ -31,23 +31,28 @@ LOOK_EVERY = 1.0  # seconds between the watcher's looks at the clock
 # session that holds that one (`root_*`): a worker ending a task waited for a client's row lock,
 # and the line named the worker, whose end would have lost a finished task's run (a probe).
 BLOCKERS = """
-WITH wanted AS (SELECT * FROM pg_catalog.pg_locks WHERE pid = %(pid)s AND NOT granted)
+WITH waits AS (  -- (holder, waiter): a lock the holder has that the waiter asks for
+    SELECT DISTINCT h.pid AS holder, w.pid AS waiter
+    FROM pg_catalog.pg_locks AS w JOIN pg_catalog.pg_locks AS h
+      ON (h.locktype, h.database, h.relation, h.page, h.tuple, h.virtualxid, h.transactionid, h.classid, h.objid,
+          h.objsubid)
+         IS NOT DISTINCT FROM (w.locktype, w.database, w.relation, w.page, w.tuple, w.virtualxid, w.transactionid,
+                               w.classid, w.objid, w.objsubid)
+    WHERE NOT w.granted AND h.granted AND h.pid <> w.pid
+      AND (w.pid = %(pid)s OR w.pid = ANY (pg_catalog.pg_blocking_pids(%(pid)s))))
 SELECT b.pid, b.usename, b.application_name, b.state, b.wait_event_type, b.wait_event,
        extract(epoch FROM now() - coalesce(b.xact_start, b.backend_start))::integer AS seconds,
        left(regexp_replace(b.query, '[[:space:]]+', ' ', 'g'), 120) AS query,
-       EXISTS (SELECT FROM pg_catalog.pg_locks AS h JOIN wanted AS w
-                 ON (h.locktype, h.database, h.relation, h.page, h.tuple, h.virtualxid, h.transactionid,
-                     h.classid, h.objid, h.objsubid)
-                    IS NOT DISTINCT FROM (w.locktype, w.database, w.relation, w.page, w.tuple, w.virtualxid,
-                                          w.transactionid, w.classid, w.objid, w.objsubid)
-               WHERE h.pid = b.pid AND h.granted) AS holds,
+       EXISTS (SELECT FROM waits WHERE holder = b.pid AND waiter = %(pid)s) AS holds,
        r.pid AS root_pid, r.usename AS root_role, r.application_name AS root_application, r.state AS root_state,
        extract(epoch FROM now() - coalesce(r.xact_start, r.backend_start))::integer AS root_seconds,
        left(regexp_replace(r.query, '[[:space:]]+', ' ', 'g'), 120) AS root_query
 FROM pg_catalog.pg_stat_activity AS b
 LEFT JOIN LATERAL (SELECT * FROM pg_catalog.pg_stat_activity AS r
                    WHERE b.wait_event_type = 'Lock' AND r.pid = ANY (pg_catalog.pg_blocking_pids(b.pid))
-                   ORDER BY r.pid LIMIT 1) AS r ON true
+                   -- (the one that holds the lock: pg_blocking_pids names those queued ahead too, a review)
+                   ORDER BY EXISTS (SELECT FROM waits WHERE holder = r.pid AND waiter = b.pid) DESC, r.pid
+                   LIMIT 1) AS r ON true
 WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(%(pid)s))
 ORDER BY holds DESC, b.pid
 """
@@ -130,7 +135,7 @@ class TurnWatch:
             if holds and root[0] is not None:
                 root_pid, root_role, root_application, root_state, root_seconds, root_query = root
                 about["waits_for"] = {"backend": root_pid, "role": root_role, "application": root_application,
-                                      "state": root_state, "query": root_query}
+                                      "state": root_state, "seconds": root_seconds, "query": root_query}
                 log.warning('%s: the scheduling turn has waited %.0fs for a lock held by backend %s (role "%s",'
                             ' application "%s": %s), which waits for a lock held by backend %s (role "%s",'
                             ' application "%s", %s for %ss: %s); nothing starts until that one lets go',

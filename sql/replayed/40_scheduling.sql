@@ -1440,6 +1440,7 @@ DECLARE
     anchor timestamptz;  -- what a pause without drift counts from
     paused_until timestamptz;
 BEGIN
+    PERFORM pgtaskpy.lock_scheduling();  -- these rows may be being claimed
     -- pg_task's pause: the group's waiting tasks wait -max ms after this
     -- one's stop (drift) or until the first multiple of it after this one's
     -- plan that is in the future (no drift, as a repeat's next run: plan +
@@ -1462,18 +1463,19 @@ BEGIN
         END IF;
     END IF;
     -- (those with a negative max alone: one of max 2 in the group runs up to three at once, with
-    -- no pause; nor one whose `active` has run out, which expires rather than run after the pause.)
-    -- A row a client holds (SELECT ... FOR UPDATE, an INSERT of a dependent `after` it) is waited
-    -- for before the scheduling lock is taken, by this end alone: under the lock, a task author's
-    -- lock held back every role's tasks (a probe); passed over, the row kept its plan and expired
-    -- in the pause (a review).  A claim's own lock on a row is let go as its turn commits, and the
-    -- row is TAKE then, which this update leaves.  The group runs nothing else meanwhile: this
-    -- task is still running until its end commits.
+    -- no pause; nor one whose `active` has run out, which expires rather than run after the pause.
+    -- Not one a client holds, SKIP LOCKED: waited for under the scheduling lock, a task author's
+    -- SELECT ... FOR UPDATE of one held back every role's tasks, a probe; waited for before the
+    -- lock, an end in a burst or a launcher's turn waited, and clients locking two deadlocked with
+    -- it, a review.  The pause's row below holds it back all the same, its plan unchanged, as one
+    -- that comes due during the pause: its `active` counts on, README's `max`.)
     UPDATE @extschema@.task AS task
     SET plan = paused_until
-    WHERE task.hash = t.hash AND task.state = 'PLAN' AND task.waiting_for = 0 AND task.owner = t.owner
-      AND task.max < 0 AND task.plan < paused_until AND task.plan + task.active > clock_timestamp();
-    PERFORM pgtaskpy.lock_scheduling();  -- (the pause's row: claims read it under the lock)
+    WHERE task.id = ANY (ARRAY(
+        SELECT w.id FROM @extschema@.task AS w
+        WHERE w.hash = t.hash AND w.state = 'PLAN' AND w.waiting_for = 0 AND w.owner = t.owner
+          AND w.max < 0 AND w.plan < paused_until AND w.plan + w.active > clock_timestamp()
+        FOR NO KEY UPDATE SKIP LOCKED));
     -- Those that come due during the pause wait for its end too (claims pass over them).
     INSERT INTO pgtaskpy.group_spacing AS s (owner, hash, until) VALUES (t.owner, t.hash, paused_until)
     ON CONFLICT (owner, hash) DO UPDATE SET until = greatest(s.until, excluded.until);
