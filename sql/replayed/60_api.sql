@@ -475,6 +475,23 @@ BEGIN
 END
 $$;
 
+-- The mark of a running task's cancel, which its end reads (retry_plan): a user's, whose run is
+-- never retried, or a launcher's stop's (its session sets pgtaskpy.stop_cancels for its cancels,
+-- dispatch.py), retried as an error.  Any role may set the setting: a superuser's session only
+-- is a launcher's (a task author's own cancel was retried so, and an admin's of another role's).
+-- A user's stays, before or after a stop's: a stop's insert waits for a user's open one and then
+-- keeps it (marked later by the stop, a user's mark that committed as the stop's turn ran was
+-- taken for the stop's: a review).
+CREATE FUNCTION pgtaskpy.mark_cancelled(task_id bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO pgtaskpy.cancelled_run AS c (task_id, by_stop)
+    VALUES (task_id, coalesce(current_setting('pgtaskpy.stop_cancels', true), '') = 'on'
+                     AND (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
+    ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop AND NOT excluded.by_stop
+$$;
+REVOKE ALL ON FUNCTION pgtaskpy.mark_cancelled(bigint) FROM PUBLIC;
+
 -- The privileged half of task_cancel: a claimed task is stopped before it
 -- starts; a running one is cancelled through the backend that really runs
 -- it, found from the row the scheduler wrote (task authors cannot write
@@ -486,22 +503,6 @@ $$;
 -- task's worker belongs to the launcher's role); so the caller's right to the
 -- task is checked here again (take_steering_proof), as task_cancel's own
 -- check cannot be relied on by a direct call.
--- The mark of a running task's cancel, which its end reads (retry_plan): a user's, whose run is
--- never retried, or a launcher's stop's (its session sets pgtaskpy.stop_cancels for its cancels,
--- dispatch.py), retried as an error.  Any role may set the setting: a superuser's session only
--- is a launcher's (a task author's own cancel was retried so, and an admin's of another role's).  A user's stays, before or after a stop's: a stop's insert
--- waits for a user's open one and then keeps it (marked later by the stop, a user's mark that
--- committed as the stop's turn ran was taken for the stop's: a review).
-CREATE FUNCTION pgtaskpy.mark_cancelled(task_id bigint) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
-AS $$
-    INSERT INTO pgtaskpy.cancelled_run AS c (task_id, by_stop)
-    VALUES (task_id, coalesce(current_setting('pgtaskpy.stop_cancels', true), '') = 'on'
-                     AND (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
-    ON CONFLICT ON CONSTRAINT cancelled_run_pkey DO UPDATE SET by_stop = false WHERE c.by_stop AND NOT excluded.by_stop
-$$;
-REVOKE ALL ON FUNCTION pgtaskpy.mark_cancelled(bigint) FROM PUBLIC;
-
 CREATE FUNCTION pgtaskpy.cancel_running_task(task_id bigint, stop_series boolean) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
