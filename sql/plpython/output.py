@@ -142,9 +142,10 @@ class OutputWriter:
         another), the rest in the encoding it ended with (`ended_as`).  A line whose values were
         kept is formatted again from them, each read again; another is read again as a whole,
         but for the task's own text in it (`own`: its null, delimiter, quote, escape)."""
-        text = self.text()
-        if not every_line and (text is None or _is_plain(text)):
-            return text  # (every byte was text where it was read)
+        if not every_line:
+            text = self.text()
+            if text is None or _is_plain(text):
+                return text  # (every byte was text where it was read)
         own = (self.null, self.delimiter, self.quote, self.escape)
 
         def read(index, *codec):

@@ -680,7 +680,7 @@ class InputResults:
         decode = self.decoder(session, undecodable)  # (its encoding known now: see output.settled)
         lines, notices_before, error_before = self.input_returned or (len(self.writer.lines), len(session.notices),
                                                                       self.error is not None)
-        changed = self.read_as != session.codec or self.sent_in != session.encoding
+        changed = self.sent_in != session.encoding  # (its codec follows from it)
 
         writer = self.writer
 
